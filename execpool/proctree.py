@@ -1,0 +1,357 @@
+"""Process trees: the one function that kills them, and helpers for callers
+who start their own ``subprocess.Popen``.
+
+Every way a job ends in execpool -- exit, timeout, cancel, stream close,
+worker crash, pool close -- goes through :func:`kill_tree`. Its order follows
+DESIGN.md ("Process-tree kill, in order of strength"):
+
+1. Snapshot the leader's descendants while the leader still links them
+   (once the leader dies they are re-parented and the link is gone).
+2. ``killpg(SIGKILL)`` on every captured pgid. It stays valid after the
+   leader was reaped while any member lives, and it is one syscall, so it
+   runs first on the latency path.
+3. SIGKILL the snapshot: children that moved to a group of their own.
+4. Sweep for processes carrying the job's marker in their environment --
+   daemons that left the group with ``setsid`` and a double fork and were
+   re-parented to the worker (a child subreaper) or, when the worker itself
+   is gone, to anything else. Repeat until a sweep finds nothing, so a tree
+   that forks while it is being killed still ends.
+
+psutil pairs each pid with its creation time, so a recycled pid is never hit.
+Reaping is the caller's job: the worker reaps every child on SIGCHLD.
+"""
+
+from __future__ import annotations
+
+import codecs
+import io
+import os
+import queue
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from typing import Callable, Iterable, Optional
+
+import psutil
+
+#: Environment variable naming the job a process belongs to (inherited by the
+#: whole tree unless a process clears its environment).
+JOB_MARKER_ENV = "EXECPOOL_JOB"
+
+_MAX_SWEEPS = 8
+
+
+def marker_matches(value: Optional[str], marker: str) -> bool:
+    """A job marker is ``TOKEN/JOB``; matching ``TOKEN`` finds a whole worker's jobs."""
+    return value is not None and (value == marker or value.startswith(marker + "/"))
+
+
+def _killpg(pgid: int) -> None:
+    """Never the caller's own group (a child started without a new session
+    shares it), and a no-op where the platform has no process groups."""
+    killpg = getattr(os, "killpg", None)
+    if killpg is None or pgid <= 1 or pgid == os.getpgrp():
+        return
+    try:
+        killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _kill_all(procs: Iterable[psutil.Process]) -> int:
+    hit = 0
+    for proc in procs:
+        try:
+            proc.kill()
+            hit += 1
+        except psutil.Error:
+            pass
+    return hit
+
+
+def _descendants(pid: int) -> list:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _subtree(pid: int) -> list:
+    """``pid`` and its descendants, never the calling process itself (the worker
+    passes its own pid to take down everything below it at shutdown)."""
+    procs = _descendants(pid)
+    if pid != os.getpid():
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    return procs
+
+
+def children(pid: int) -> list:
+    """Direct children, from the kernel's own list when it keeps one (cheap even
+    with hundreds of tools running), else from psutil's scan of every ppid."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            pids = [int(child) for child in f.read().split()]
+    except OSError:
+        pids = None
+    if pids is not None:
+        children = []
+        for child in pids:
+            try:
+                children.append(psutil.Process(child))
+            except psutil.Error:
+                pass
+        return children
+    try:
+        return psutil.Process(pid).children()
+    except psutil.Error:
+        return []
+
+
+def _marked(marker: str, scope: Optional[int]) -> list:
+    """Live processes carrying ``marker``: direct children of ``scope`` (where a
+    subreaper collects escaped daemons), or anywhere when ``scope`` is None."""
+    candidates = psutil.process_iter() if scope is None else children(scope)
+    me = os.getpid()
+    found = []
+    for proc in candidates:
+        if proc.pid == me:
+            continue
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if marker_matches(proc.environ().get(JOB_MARKER_ENV), marker):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def kill_tree(
+    pgids: Iterable[int] = (),
+    *,
+    leader: Optional[int] = None,
+    marker: Optional[str] = None,
+    scope: Optional[int] = None,
+) -> int:
+    """SIGKILL a job's whole tree; return how many processes were signalled
+    beyond the process groups.
+
+    ``leader`` is the tool's pid if it may still be alive (not yet reaped, so
+    the pid cannot have been reused); it and its descendants are killed. ``marker`` the
+    job's (or a worker's) marker, ``scope`` the pid below which marked
+    processes are searched (the subreaper worker; None searches the whole
+    system, for when that worker is already dead).
+    """
+    snapshot = _subtree(leader) if leader is not None else []
+    for pgid in pgids:
+        _killpg(pgid)
+    hit = _kill_all(snapshot)
+    if marker is None:
+        return hit
+    for _ in range(_MAX_SWEEPS):
+        found = _marked(marker, scope)
+        if not found:
+            break
+        victims = list(found)
+        for proc in found:
+            victims.extend(_descendants(proc.pid))
+        hit += _kill_all(victims)
+    return hit
+
+
+# --- helpers for callers who run their own ``subprocess.Popen`` -------------
+
+_POLL = 0.05
+_GRACE = 0.1
+_CHUNK = 65536
+
+
+def capture_process_group(proc: subprocess.Popen) -> int | None:
+    """Record the child's pgid while its pid is still ours: once the leader is
+    reaped ``os.getpgid`` fails, yet ``killpg`` on the recorded pgid still
+    reaches any grandchild left in the group."""
+    getpgid = getattr(os, "getpgid", None)
+    if getpgid is None or proc.returncode is not None:
+        return None
+    try:
+        return getpgid(proc.pid)
+    except OSError:
+        return None
+
+
+def kill_process_tree(proc: subprocess.Popen, pgid: int | None = None) -> None:
+    """Kill everything ``proc`` started, through :func:`kill_tree`.
+
+    The pid is only trusted while Popen has not reaped it (a reaped pid may be
+    recycled); the caller's own group is never signalled, since a child started
+    without ``start_new_session`` shares it.
+    """
+    if pgid is None:
+        pgid = capture_process_group(proc)
+    kill_tree([] if pgid is None else [pgid], leader=proc.pid if proc.returncode is None else None)
+    proc.kill()
+
+
+class _Output:
+    """Decodes exactly as ``communicate()`` with ``text=True, errors="replace"``
+    would, while a character or ``\\r\\n`` may be split across reads, and hands
+    out complete lines as they arrive."""
+
+    def __init__(self, callback: Callable[[str], object] | None) -> None:
+        self._decoder = io.IncrementalNewlineDecoder(
+            codecs.getincrementaldecoder("utf-8")("replace"), translate=True
+        )
+        self._callback = callback
+        self._parts: list[str] = []
+        self._pending: list[str] = []
+
+    def feed(self, data: bytes, final: bool = False) -> None:
+        text = self._decoder.decode(data, final=final)
+        self._parts.append(text)
+        if self._callback is None:
+            return
+        if "\n" not in text:
+            self._pending.append(text)
+        else:
+            lines = ("".join(self._pending) + text).split("\n")
+            self._pending = [lines.pop()]
+            for line in lines:
+                self._emit(line + "\n")
+        if final and any(self._pending):
+            self._emit("".join(self._pending))
+
+    def finish(self) -> str:
+        self.feed(b"", final=True)
+        return "".join(self._parts)
+
+    def _emit(self, line: str) -> None:
+        # A broken display must not lose the output or leave the tree running.
+        try:
+            self._callback(line)
+        except Exception:
+            pass
+
+
+class _SelectReader:
+    """Waits on the pipe with a timeout so deadlines and cancellation are
+    checked even while nothing is written."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(fd, selectors.EVENT_READ)
+
+    def read(self, timeout: float | None) -> bytes | None:
+        """A chunk, ``b""`` at EOF, or None when nothing arrived in time."""
+        if not self._selector.select(timeout):
+            return None
+        try:
+            return os.read(self._fd, _CHUNK)
+        except OSError:
+            return b""
+
+    def close(self) -> None:
+        self._selector.close()
+
+
+class _ThreadReader:
+    """For Windows, where pipes cannot be selected on. The thread reads a
+    duplicate of the fd so it never reads a recycled fd number after the
+    caller closed ``proc.stdout``."""
+
+    def __init__(self, fd: int) -> None:
+        self._chunks: queue.Queue[bytes] = queue.Queue()
+        threading.Thread(target=self._pump, args=(os.dup(fd),), daemon=True).start()
+
+    def _pump(self, fd: int) -> None:
+        try:
+            while True:
+                try:
+                    chunk = os.read(fd, _CHUNK)
+                except OSError:
+                    chunk = b""
+                self._chunks.put(chunk)
+                if not chunk:
+                    return
+        finally:
+            os.close(fd)
+
+    def read(self, timeout: float | None) -> bytes | None:
+        try:
+            return self._chunks.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        pass
+
+
+_open_reader = _ThreadReader if os.name == "nt" else _SelectReader
+
+
+def _wait_time(deadline: float | None, poll: bool) -> float | None:
+    wait = _POLL if poll else None
+    if deadline is not None:
+        remaining = max(0.0, deadline - time.monotonic())
+        wait = remaining if wait is None else min(wait, remaining)
+    return wait
+
+
+def drain_process_output(
+    proc: subprocess.Popen,
+    timeout: float | None,
+    output_callback: Callable[[str], object] | None,
+    cancel_event: threading.Event | None = None,
+    *,
+    pgid: int | None = None,
+) -> tuple[str, bool]:
+    """``proc.communicate(timeout)`` for ``stdout=PIPE, stderr=STDOUT`` that
+    streams lines live and, on timeout or cancel, kills the whole tree instead
+    of leaving it running; returns ``(output, timed_out)``.
+
+    Raw reads rather than ``readline`` so a line is delivered the moment it is
+    complete and a silent child cannot block deadline or cancel checks. EOF,
+    not the leader's exit, ends the drain, so a grandchild's late output is
+    kept; the grandchild is still reached by the kill through ``pgid``, which
+    should be captured at spawn in case the leader is reaped first.
+    """
+    if pgid is None:
+        pgid = capture_process_group(proc)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    output = _Output(output_callback)
+    reader = _open_reader(proc.stdout.fileno())
+    stopping = timed_out = eof = False
+    try:
+        while True:
+            now = time.monotonic()
+            if not stopping:
+                cancelled = cancel_event is not None and cancel_event.is_set()
+                timed_out = not cancelled and deadline is not None and now >= deadline
+                if cancelled or timed_out:
+                    kill_process_tree(proc, pgid)
+                    stopping = True
+                    deadline = now + _GRACE  # collect what the tree wrote before dying
+            elif now >= deadline:
+                break
+            wait = _wait_time(deadline, cancel_event is not None and not stopping)
+            if eof:
+                try:
+                    proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            chunk = reader.read(wait)
+            if chunk:
+                output.feed(chunk)
+            eof = chunk == b""
+        text = output.finish()
+        proc.wait()
+    finally:
+        reader.close()
+        proc.stdout.close()
+    return text, timed_out

@@ -1,0 +1,382 @@
+"""The pool, as the caller's process runs it.
+
+::
+
+    caller threads / asyncio tasks           dispatcher thread (one per pool)
+    ------------------------------           --------------------------------
+    pool.run / stream / astream              connection.wait(worker pipes + wake pipe)
+      -> _submit: pick least-loaded  ---->   worker messages -> the job's sink
+         worker, send Start                  (a queue.SimpleQueue, or an asyncio
+      <- the job's sink: Output, Finished      queue fed with call_soon_threadsafe)
+      -> close()/cancel: send Cancel          EOF on a worker pipe -> the worker died:
+                                               kill its trees, fail only its jobs,
+                                               start a replacement
+
+Who runs this: the caller's process -- typically a large, multithreaded
+server. It owns N worker processes (execpool/worker.py), each started as a
+fresh interpreter (``sys.executable -m execpool.worker``) with its channel on
+two inherited pipes and a scrubbed environment: never forked from the caller
+(fork copies a big server's page tables, ~24 ms per GiB) and never through
+multiprocessing's spawn (it re-imports the caller's ``__main__``).
+
+What it owns: the worker processes, one pipe pair each, and ONE dispatcher
+thread that routes every worker's messages to per-job sinks, however many jobs
+run: the caller's thread count does not grow with concurrency. The pool
+records every process group a worker reports, so when a worker dies (even by
+SIGKILL) the supervisor kills those groups and every process carrying that
+worker's marker, fails only that worker's jobs (``Result.error``), and starts
+a replacement. Workers are recycled after ``max_jobs_per_worker`` jobs. When
+the caller's process dies, the workers see EOF on their control pipe and kill
+everything they own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection, wait
+from typing import Callable, Iterable, Optional
+
+from . import channel, drain
+from .jobs import Limits, PythonJob, ShellJob
+from .proctree import kill_tree
+from .result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, describe_exit
+
+#: Variables a tool may see from the caller's environment. Everything else --
+#: API keys, tokens, cloud credentials -- stays in the caller.
+DEFAULT_ENV_ALLOWLIST = (
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "TMPDIR",
+)
+
+#: How much output a Result keeps by default (the full length is always counted).
+DEFAULT_MAX_OUTPUT_CHARS = 1_000_000
+
+#: A worker that dies before saying Ready this many times in a row means the
+#: interpreter or the package is broken: stop respawning and say so.
+MAX_STARTUP_FAILURES = 3
+
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class PoolClosedError(ValueError, RuntimeError):
+    """The pool was closed: a ValueError like I/O on a closed file, and a
+    RuntimeError like submitting to a shut-down executor."""
+
+
+class _Worker:
+    """The supervisor's record of one worker process."""
+
+    def __init__(self, proc: subprocess.Popen, send: Connection, recv: Connection, token: str) -> None:
+        self.proc = proc
+        self.send_conn = send
+        self.recv = recv
+        self.token = token
+        self.send_lock = threading.Lock()
+        self.jobs: dict[int, _JobHandle] = {}
+        self.pgids: dict[int, int] = {}
+        self.started = 0
+        self.ready = threading.Event()
+        self.retiring = False
+
+    def send(self, msg: channel.ToWorker) -> bool:
+        try:
+            with self.send_lock:
+                self.send_conn.send(msg)
+            return True
+        except OSError:
+            return False  # it died; the dispatcher sees the EOF and fails its jobs
+
+
+class _JobHandle:
+    """The caller's side of one submitted job."""
+
+    __slots__ = ("job_id", "worker", "sink")
+
+    def __init__(self, job_id: int, worker: Optional[_Worker], sink: Callable[[object], None]) -> None:
+        self.job_id = job_id
+        self.worker = worker
+        self.sink = sink
+
+    def cancel(self) -> None:
+        worker = self.worker
+        if worker is not None and self.job_id in worker.jobs:
+            worker.send(channel.Cancel(self.job_id))
+
+
+class ExecPool:
+    """A pool of isolated worker processes running Python and shell jobs.
+
+    ``workers`` defaults to the number of CPUs; each worker runs any number of
+    jobs at once, so this bounds the pool's processes, not its concurrency.
+    ``python`` is the interpreter for Python tools (default ``sys.executable``),
+    ``limits`` the default rlimits for every job, ``env`` variables every tool
+    gets, and ``env_allowlist`` the names copied from the caller's environment.
+    The constructor returns once every worker is ready to take a job.
+    """
+
+    def __init__(
+        self,
+        workers: Optional[int] = None,
+        *,
+        python: Optional[str] = None,
+        limits: Limits = Limits(),
+        env: Optional[dict] = None,
+        env_allowlist: Iterable[str] = DEFAULT_ENV_ALLOWLIST,
+        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+        max_jobs_per_worker: int = 1000,
+        startup_timeout: float = 30.0,
+    ) -> None:
+        if workers is None:
+            workers = os.cpu_count() or 2
+        for name, value in (("workers", workers), ("max_output_chars", max_output_chars),
+                            ("max_jobs_per_worker", max_jobs_per_worker)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if not isinstance(limits, Limits):
+            raise TypeError(f"limits must be an execpool.Limits, not {type(limits).__name__}")
+        self.python = os.path.abspath(python) if python is not None else sys.executable
+        if not os.access(self.python, os.X_OK):
+            raise ValueError(f"python interpreter {self.python!r} is not an executable file")
+        # Validated the same way a job's env is.
+        self._base_env = {k: os.environ[k] for k in env_allowlist if k in os.environ}
+        self._base_env.update(PythonJob("pass", env=env or {}).env)
+        self.limits = limits
+        self.max_output_chars = max_output_chars
+        self.max_jobs_per_worker = max_jobs_per_worker
+        self._size = workers
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._workers: list[_Worker] = []
+        self._closed = False
+        self._broken: Optional[str] = None
+        self._startup_failures = 0
+        self._wake_r, self._wake_w = os.pipe()
+        with self._lock:
+            for _ in range(workers):
+                self._workers.append(self._spawn_worker())
+        self._dispatcher = threading.Thread(target=self._dispatch, name="execpool-dispatcher", daemon=True)
+        self._dispatcher.start()
+        self._wait_ready(startup_timeout)
+
+    # -- public API --------------------------------------------------------
+
+    def run(self, job: PythonJob | ShellJob, *, cancel_event: Optional[threading.Event] = None,
+            poll_interval_s: float = 0.25) -> Result:
+        """Run ``job`` to its end and return its Result (never raises for the
+        tool's own failures: non-zero exit, timeout, cancellation)."""
+        return drain.run_job(self._submit, job, cancel_event=cancel_event, poll_interval_s=poll_interval_s)
+
+    def stream(self, job: PythonJob | ShellJob, *, tool_name: str = "", tool_call_id: str = "",
+               cancel_event: Optional[threading.Event] = None, heartbeat_interval_s: float = 10.0,
+               poll_interval_s: float = 0.25) -> drain.EventStream:
+        """A generator of ``tool_output`` / ``heartbeat`` events that returns
+        the job's Result; ``close()`` cancels the job (SPEC §1)."""
+        self._check_open()
+        return drain.stream_job(self._submit, job, tool_name=tool_name, tool_call_id=tool_call_id,
+                                cancel_event=cancel_event, heartbeat_interval_s=heartbeat_interval_s,
+                                poll_interval_s=poll_interval_s)
+
+    def astream(self, job: PythonJob | ShellJob, *, tool_name: str = "", tool_call_id: str = "",
+                cancel_event: Optional[threading.Event] = None, heartbeat_interval_s: float = 10.0,
+                poll_interval_s: float = 0.25) -> drain.AsyncJobStream:
+        """The asyncio form of :meth:`stream`: ``async for event in ...``, then
+        ``.result``. Cancelling the consuming task cancels the job."""
+        self._check_open()
+        return drain.AsyncJobStream(self._submit, job, tool_name=tool_name, tool_call_id=tool_call_id,
+                                    cancel_event=cancel_event, heartbeat_interval_s=heartbeat_interval_s,
+                                    poll_interval_s=poll_interval_s)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Kill every tool tree, stop the workers and the dispatcher; bounded
+        by ``timeout`` per phase, after which workers are SIGKILLed."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            workers = list(self._workers)
+        for worker in workers:
+            worker.send(channel.Shutdown())
+        for worker in workers:
+            try:
+                worker.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                worker.proc.kill()
+        self._wake()
+        self._dispatcher.join(timeout)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _wait_ready(self, timeout: float) -> None:
+        """Block until every worker can take a job, so the first job's latency
+        is a job's latency and a broken interpreter fails here, loudly."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                pending = [w for w in self._workers if not w.ready.is_set()]
+            if self._broken is not None:
+                self.close()
+                raise RuntimeError(self._broken)
+            if not pending:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.close()
+                raise RuntimeError(f"execpool workers did not start within {timeout} s")
+            pending[0].ready.wait(min(remaining, 0.1))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def worker_pids(self) -> list[int]:
+        with self._lock:
+            return [w.proc.pid for w in self._workers]
+
+    def __enter__(self) -> "ExecPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- submission ----------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PoolClosedError("this ExecPool is closed")
+        if self._broken is not None:
+            raise RuntimeError(self._broken)
+
+    def _submit(self, job: PythonJob | ShellJob, sink: Callable[[object], None],
+                live_cap: Optional[int]) -> _JobHandle:
+        if not isinstance(job, (PythonJob, ShellJob)):
+            raise TypeError(f"job must be an execpool.PythonJob or ShellJob, not {type(job).__name__}")
+        if job.cwd is not None and not os.path.isdir(job.cwd):
+            raise ValueError(f"cwd {job.cwd!r} is not an existing directory")
+        self._check_open()
+        job_id = next(self._ids)
+        if not job.source.strip():
+            empty = NO_CODE_TEXT if isinstance(job, PythonJob) else NO_COMMAND_TEXT
+            sink(channel.Finished(job_id, Result(empty_message=empty, timeout=job.timeout)))
+            return _JobHandle(job_id, None, sink)
+        env = dict(self._base_env)
+        env.update(job.env or {})
+        start = channel.Start(
+            job_id=job_id, argv_kind=job.kind, source=job.source, cwd=job.cwd, env=env,
+            timeout=job.timeout, limits=job.limits or self.limits, live_cap=live_cap,
+            max_output_chars=job.max_output_chars or self.max_output_chars,
+            keep_background=job.keep_background, python=self.python,
+        )
+        with self._lock:
+            self._check_open()
+            worker = min((w for w in self._workers if not w.retiring), key=lambda w: len(w.jobs))
+            handle = _JobHandle(job_id, worker, sink)
+            worker.jobs[job_id] = handle
+            worker.started += 1
+            if worker.started >= self.max_jobs_per_worker:
+                worker.retiring = True
+                self._workers.append(self._spawn_worker())
+        worker.send(start)
+        return handle
+
+    # -- workers -------------------------------------------------------------
+
+    def _spawn_worker(self) -> _Worker:
+        """Called with the lock held."""
+        to_worker_r, to_worker_w = os.pipe()
+        from_worker_r, from_worker_w = os.pipe()
+        token = secrets.token_hex(6)
+        env = {k: v for k, v in self._base_env.items() if k in ("PATH", "LANG", "LC_ALL", "LC_CTYPE")}
+        env["PYTHONPATH"] = _PACKAGE_PARENT
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "execpool.worker", str(to_worker_r), str(from_worker_w), token],
+                pass_fds=(to_worker_r, from_worker_w), env=env, cwd="/", start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            )
+        finally:
+            os.close(to_worker_r)
+            os.close(from_worker_w)
+        self._wake()
+        return _Worker(proc, Connection(to_worker_w, readable=False),
+                       Connection(from_worker_r, writable=False), token)
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _dispatch(self) -> None:
+        """The one thread that reads every worker's messages."""
+        while True:
+            with self._lock:
+                by_conn = {w.recv: w for w in self._workers}
+                if self._closed and not by_conn:
+                    return
+            for ready in wait([self._wake_r, *by_conn]):
+                if ready == self._wake_r:
+                    os.read(self._wake_r, 4096)
+                    continue
+                worker = by_conn[ready]
+                try:
+                    while ready.poll():
+                        self._route(worker, ready.recv())
+                except (EOFError, OSError):
+                    self._on_worker_exit(worker)
+
+    def _route(self, worker: _Worker, msg: channel.FromWorker) -> None:
+        if isinstance(msg, channel.Output):
+            handle = worker.jobs.get(msg.job_id)
+            if handle is not None:
+                handle.sink(msg)
+        elif isinstance(msg, channel.Finished):
+            with self._lock:
+                handle = worker.jobs.pop(msg.job_id, None)
+                worker.pgids.pop(msg.job_id, None)
+                retire = worker.retiring and not worker.jobs
+            if handle is not None:
+                handle.sink(msg)
+            if retire:
+                worker.send(channel.Shutdown())
+        elif isinstance(msg, channel.Spawned):
+            worker.pgids[msg.job_id] = msg.pgid
+        elif isinstance(msg, channel.Ready):
+            worker.ready.set()
+            self._startup_failures = 0
+
+    def _on_worker_exit(self, worker: _Worker) -> None:
+        with self._lock:
+            if worker in self._workers:
+                self._workers.remove(worker)
+            lost, worker.jobs = worker.jobs, {}
+            replace = not self._closed and not worker.retiring
+            if replace and not worker.ready.is_set():
+                self._startup_failures += 1
+                if self._startup_failures >= MAX_STARTUP_FAILURES:
+                    self._broken = (f"execpool workers cannot start: {sys.executable} -m execpool.worker "
+                                    f"exited with {describe_exit(worker.proc.poll())} before it was ready")
+                    replace = False
+            if replace:
+                self._workers.append(self._spawn_worker())
+        try:
+            code = worker.proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            worker.proc.kill()
+            code = worker.proc.wait()
+        if lost or worker.pgids:
+            kill_tree(worker.pgids.values(), marker=worker.token)
+        cause = "the pool was closed" if self._closed else "it died unexpectedly"
+        for job_id, handle in lost.items():
+            error = (f"worker process {worker.proc.pid} running this job exited with "
+                     f"{describe_exit(code)}: {cause}; its process tree was killed")
+            handle.sink(channel.Finished(job_id, Result(error=error)))
+        worker.send_conn.close()
+        worker.recv.close()

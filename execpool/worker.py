@@ -1,0 +1,441 @@
+"""The worker process: many tools at once, on one thread.
+
+Runs as ``python -m execpool.worker READ_FD WRITE_FD TOKEN``, started clean by
+the supervisor (never forked from the caller), with its channel on the two
+inherited pipe fds and a scrubbed environment.
+
+One ``selectors`` loop waits on everything the worker owns:
+
+- the control pipe (Start / Cancel / Shutdown from the supervisor; EOF means
+  the process owning the pool is gone, so every tree is killed and the worker
+  exits),
+- a self-pipe fed by ``signal.set_wakeup_fd``: SIGCHLD reaps every child --
+  tool leaders and, because the worker is a child subreaper, any daemon that
+  escaped its group and was re-parented here -- so no zombie stays,
+- one non-blocking stdout pipe per running tool,
+- and a timer heap for deadlines, used as the select timeout.
+
+There are no threads, so forking a tool from here is safe and cheap (the
+worker's memory is small), and killing is immediate: a Cancel is handled the
+moment it is read. Output is read with ``os.read`` and decoded incrementally
+(UTF-8 with replacement, universal newlines), forwarded live only up to the
+stream's cap plus one character (the producer-side cap: a flood never fills
+any pipe or queue beyond it), and kept only as far as the Result needs.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import heapq
+import io
+import os
+import selectors
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections import deque
+from multiprocessing.connection import Connection
+from typing import Optional
+
+from . import channel
+from .jobs import Limits
+from .proctree import JOB_MARKER_ENV, children, kill_tree
+from .result import Result
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_libc = ctypes.CDLL(None, use_errno=True)
+
+#: One read per wake-up; 64 KiB is a full default pipe buffer.
+READ_SIZE = 1 << 16
+
+#: Lines that name a missing file are kept past the output head, because the
+#: model-facing missing-path hint is computed from them.
+ERROR_LINE_MARKERS = ("FileNotFoundError", "No such file or directory")
+MAX_ERROR_LINES = 32
+MAX_ERROR_LINE_CHARS = 4096
+
+#: A killed leader that is not reaped by then (stuck in the kernel) no longer
+#: holds up its Result.
+REAP_GRACE_S = 1.0
+
+_RLIMITS = (
+    ("address_space", "RLIMIT_AS"),
+    ("cpu_seconds", "RLIMIT_CPU"),
+    ("file_size", "RLIMIT_FSIZE"),
+    ("open_files", "RLIMIT_NOFILE"),
+)
+
+
+class _Capture:
+    """The bounded part of a tool's output that its Result needs: a head of at
+    most ``max_chars``, the total length, and the lines naming missing files."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.head: list[str] = []
+        self.kept = 0
+        self.total = 0
+        self.max_chars = max_chars
+        self.partial = ""
+        self.error_lines: deque[str] = deque(maxlen=MAX_ERROR_LINES)
+
+    def feed(self, text: str) -> None:
+        self.total += len(text)
+        room = self.max_chars - self.kept
+        if room > 0:
+            piece = text[:room]
+            self.head.append(piece)
+            self.kept += len(piece)
+        joined = self.partial + text
+        if any(marker in joined for marker in ERROR_LINE_MARKERS):
+            lines = joined.split("\n")
+            joined = lines.pop()
+            self.error_lines.extend(
+                line[-MAX_ERROR_LINE_CHARS:]
+                for line in lines
+                if any(marker in line for marker in ERROR_LINE_MARKERS)
+            )
+        else:
+            joined = joined[joined.rfind("\n") + 1 :]
+        self.partial = joined[-MAX_ERROR_LINE_CHARS:]
+
+    def finish(self) -> None:
+        if any(marker in self.partial for marker in ERROR_LINE_MARKERS):
+            self.error_lines.append(self.partial)
+        self.partial = ""
+
+
+class _Job:
+    """One running tool, as the worker sees it."""
+
+    def __init__(self, start: channel.Start, marker: str) -> None:
+        self.start = start
+        self.marker = marker
+        self.pid: Optional[int] = None
+        self.fd: Optional[int] = None
+        self.exit_code: Optional[int] = None
+        self.reaped = False
+        self.eof = False
+        self.end_reason: Optional[str] = None  # "timeout" | "cancel"
+        self.killed_at = 0.0
+        self.error: Optional[str] = None
+        self.capture = _Capture(start.max_output_chars)
+        self.decoder = io.IncrementalNewlineDecoder(
+            codecs.getincrementaldecoder("utf-8")("replace"), translate=True
+        )
+        self.live_sent = 0
+        self.started = time.monotonic()
+        self.tmpdir: Optional[str] = None
+        self.script: Optional[str] = None
+
+
+def _apply_limits(limits: Limits) -> None:
+    import resource
+
+    for field, name in _RLIMITS:
+        value = getattr(limits, field)
+        if value is None:
+            continue
+        which = getattr(resource, name)
+        _soft, hard = resource.getrlimit(which)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        resource.setrlimit(which, (value, value))
+
+
+def _exec_tool(argv: list, env: dict, cwd: str, limits: Limits, worker_pid: int, out_fd: int) -> None:
+    """Runs in the forked child, before exec; any exception is reported to
+    the worker through the error pipe."""
+    os.setsid()
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != worker_pid:
+        os._exit(137)  # the worker died between fork and prctl
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    _apply_limits(limits)
+    os.chdir(cwd)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.execve(argv[0], argv, env)
+
+
+class Worker:
+    def __init__(self, conn_in: Connection, conn_out: Connection, token: str) -> None:
+        self.conn_in = conn_in
+        self.conn_out = conn_out
+        self.token = token
+        self.pid = os.getpid()
+        self.shell = shutil.which("bash") or "/bin/sh"
+        self.sel = selectors.DefaultSelector()
+        self.jobs: dict[int, _Job] = {}
+        self.by_leader: dict[int, _Job] = {}
+        self.jobs_by_fd: dict[int, _Job] = {}
+        self.timers: list[tuple[float, int]] = []
+        self.kept_pgids: set[int] = set()
+        self.stopping = False
+
+    # -- the loop --------------------------------------------------------
+
+    def serve(self) -> None:
+        sig_r, sig_w = os.pipe()
+        os.set_blocking(sig_r, False)
+        os.set_blocking(sig_w, False)
+        signal.set_wakeup_fd(sig_w, warn_on_full_buffer=False)
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(sig, lambda *_: None)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.sel.register(sig_r, selectors.EVENT_READ, self._on_signal)
+        self.sel.register(self.conn_in.fileno(), selectors.EVENT_READ, self._on_control)
+        self._send(channel.Ready(self.pid))
+        while not self.stopping:
+            for key, _ in self.sel.select(self._next_timeout()):
+                key.data(key.fd)
+                if self.stopping:
+                    break
+            self._fire_timers()
+        self._shutdown()
+
+    def _next_timeout(self) -> Optional[float]:
+        deadlines = [t for t, _ in self.timers[:1]]
+        deadlines += [j.killed_at + REAP_GRACE_S for j in self.jobs.values() if j.end_reason and not j.reaped]
+        if not deadlines:
+            return None
+        return max(0.0, min(deadlines) - time.monotonic())
+
+    def _fire_timers(self) -> None:
+        now = time.monotonic()
+        while self.timers and self.timers[0][0] <= now:
+            _, job_id = heapq.heappop(self.timers)
+            job = self.jobs.get(job_id)
+            if job is not None and job.end_reason is None:
+                self._end(job, "timeout")
+        for job in [j for j in self.jobs.values() if j.end_reason and not j.reaped]:
+            if now >= job.killed_at + REAP_GRACE_S:
+                self._finish(job)
+
+    def _send(self, msg: object) -> None:
+        try:
+            self.conn_out.send(msg)
+        except OSError:
+            self.stopping = True  # the owner is gone; nobody reads results
+
+    # -- events ----------------------------------------------------------
+
+    def _on_control(self, _fd: int) -> None:
+        while not self.stopping:
+            try:
+                if not self.conn_in.poll():
+                    return
+                msg = self.conn_in.recv()
+            except (EOFError, OSError):
+                self.stopping = True
+                return
+            if isinstance(msg, channel.Start):
+                self._start(msg)
+            elif isinstance(msg, channel.Cancel):
+                job = self.jobs.get(msg.job_id)
+                if job is not None and job.end_reason is None:
+                    self._end(job, "cancel")
+            elif isinstance(msg, channel.Shutdown):
+                self.stopping = True
+
+    def _on_signal(self, fd: int) -> None:
+        try:
+            signums = os.read(fd, 4096)
+        except BlockingIOError:
+            signums = b""
+        if signal.SIGTERM in signums:
+            self.stopping = True
+        self._reap()
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            job = self.by_leader.pop(pid, None)
+            if job is None:
+                continue  # an orphan re-parented to us, already killed or done
+            job.exit_code = os.waitstatus_to_exitcode(status)
+            job.reaped = True
+            if job.eof or job.end_reason:
+                self._finish(job)
+
+    def _on_output(self, fd: int) -> None:
+        job = self.jobs_by_fd[fd]
+        try:
+            data = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self._consume(job, job.decoder.decode(data))
+            return
+        self._consume(job, job.decoder.decode(b"", final=True))
+        job.capture.finish()
+        self._close_output(job)
+        job.eof = True
+        if job.reaped:
+            self._finish(job)
+
+    def _consume(self, job: _Job, text: str) -> None:
+        if not text:
+            return
+        job.capture.feed(text)
+        cap = job.start.live_cap
+        if cap is not None and job.live_sent <= cap:
+            piece = text[: cap + 1 - job.live_sent]
+            job.live_sent += len(piece)
+            self._send(channel.Output(job.start.job_id, piece))
+
+    # -- a job's life ----------------------------------------------------
+
+    def _start(self, start: channel.Start) -> None:
+        job = _Job(start, f"{self.token}/{start.job_id}")
+        self.jobs[start.job_id] = job
+        try:
+            self._spawn(job)
+        except Exception as exc:  # noqa: BLE001 - any spawn failure is the job's Result
+            job.error = f"cannot start the tool: {exc}"
+            job.reaped = True
+            self._finish(job)
+            return
+        self._send(channel.Spawned(start.job_id, job.pid, job.pid))
+        if start.timeout is not None:
+            heapq.heappush(self.timers, (job.started + start.timeout, start.job_id))
+
+    def _spawn(self, job: _Job) -> None:
+        start = job.start
+        cwd = start.cwd
+        if cwd is None:
+            cwd = job.tmpdir = tempfile.mkdtemp(prefix="execpool-job-")
+        if start.argv_kind == "python":
+            job.script = os.path.join(cwd, f".execpool-{self.token}-{start.job_id}.py")
+            with open(job.script, "w", encoding="utf-8") as f:
+                f.write(start.source)
+            argv = [start.python, "-u", job.script]
+        else:
+            argv = [self.shell, "-c", start.source]
+        env = dict(start.env)
+        env[JOB_MARKER_ENV] = job.marker
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(out_r)
+                os.close(err_r)
+                _exec_tool(argv, env, cwd, start.limits, self.pid, out_w)
+            except BaseException as exc:  # noqa: BLE001 - report, never return into the loop
+                try:
+                    os.write(err_w, str(exc).encode("utf-8", "replace")[:2048])
+                finally:
+                    os._exit(127)
+        os.close(out_w)
+        os.close(err_w)
+        with os.fdopen(err_r, "rb") as err:
+            failure = err.read()
+        if failure:
+            os.close(out_r)
+            os.waitpid(pid, 0)
+            raise OSError(failure.decode("utf-8", "replace"))
+        os.set_blocking(out_r, False)
+        job.pid, job.fd = pid, out_r
+        self.by_leader[pid] = job
+        self.jobs_by_fd[out_r] = job
+        self.sel.register(out_r, selectors.EVENT_READ, self._on_output)
+
+    def _close_output(self, job: _Job) -> None:
+        if job.fd is not None:
+            self.sel.unregister(job.fd)
+            del self.jobs_by_fd[job.fd]
+            os.close(job.fd)
+            job.fd = None
+
+    def _end(self, job: _Job, reason: str) -> None:
+        """Timeout or cancel: the one kill path, then wait for the reap."""
+        job.end_reason = reason
+        job.killed_at = time.monotonic()
+        self._kill(job)
+        self._close_output(job)
+        if job.reaped:
+            self._finish(job)
+
+    def _kill(self, job: _Job) -> None:
+        kill_tree([job.pid], leader=None if job.reaped else job.pid, marker=job.marker, scope=self.pid)
+
+    def _finish(self, job: _Job) -> None:
+        if job.start.job_id not in self.jobs:
+            return
+        del self.jobs[job.start.job_id]
+        self._close_output(job)
+        if job.end_reason is None and job.pid is not None:
+            if job.start.keep_background:
+                self.kept_pgids.add(job.pid)
+            else:
+                self._kill(job)
+        if not self.jobs and not self.kept_pgids and children(self.pid):
+            # Strays that cleared their environment cannot be attributed to a
+            # job; once no job is left they cannot belong to a live one.
+            kill_tree(leader=self.pid)
+        if job.script is not None:
+            _unlink(job.script)
+        if job.tmpdir is not None:
+            shutil.rmtree(job.tmpdir, ignore_errors=True)
+        self._send(channel.Finished(job.start.job_id, self._result(job)))
+
+    def _result(self, job: _Job) -> Result:
+        capture = job.capture
+        return Result(
+            output="".join(capture.head),
+            exit_code=None if job.end_reason or job.error else job.exit_code,
+            timed_out=job.end_reason == "timeout",
+            cancelled=job.end_reason == "cancel",
+            duration_s=time.monotonic() - job.started,
+            output_chars=capture.total,
+            timeout=job.start.timeout,
+            error=job.error,
+            error_lines=tuple(capture.error_lines),
+        )
+
+    def _shutdown(self) -> None:
+        """Everything below the worker dies first, then every job still
+        running gets its (cancelled) Result."""
+        pgids = self.kept_pgids | {job.pid for job in self.jobs.values() if job.pid is not None}
+        kill_tree(pgids, leader=self.pid, marker=self.token, scope=self.pid)
+        for job in list(self.jobs.values()):
+            if job.end_reason is None:
+                job.end_reason = "cancel"
+            job.reaped = True
+            self._finish(job)
+        self._reap()
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def main(argv: list) -> None:
+    read_fd, write_fd, token = int(argv[0]), int(argv[1]), argv[2]
+    for fd in (read_fd, write_fd):
+        os.set_inheritable(fd, False)
+    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    worker = Worker(Connection(read_fd, writable=False), Connection(write_fd, readable=False), token)
+    worker.serve()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,76 @@
+"""Process-level checks shared by the tests: what is still alive, and waiting
+for a condition with a deadline instead of sleeping a fixed time."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Callable, Iterable
+
+import psutil
+
+from execpool.proctree import JOB_MARKER_ENV
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.005) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+def alive(pid: int) -> bool:
+    """Running or sleeping, not a zombie waiting to be reaped."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def all_dead(pids: Iterable[int], timeout: float = 2.0) -> bool:
+    pids = list(pids)
+    return wait_for(lambda: not any(alive(p) for p in pids), timeout)
+
+
+def pids_in(output: str) -> list[int]:
+    """Pids that a hostile tool announced with ``PIDS ...``."""
+    return [int(p) for line in re.findall(r"PIDS ([\d ]+)", output) for p in line.split()]
+
+
+def marked_processes(marker_prefix: str = "") -> list[psutil.Process]:
+    """Live processes anywhere that carry an execpool job marker."""
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            value = proc.environ().get(JOB_MARKER_ENV)
+        except psutil.Error:
+            continue
+        if value is not None and value.startswith(marker_prefix):
+            found.append(proc)
+    return found
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def collect(stream) -> tuple[list[dict], object]:
+    """Consume a stream; return its events and its Result."""
+    events = []
+    while True:
+        try:
+            events.append(next(stream))
+        except StopIteration as stop:
+            return events, stop.value
+
+
+def joined_output(events: list[dict]) -> str:
+    return "".join(e["text"] for e in events if e["type"] == "tool_output")
