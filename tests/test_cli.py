@@ -1,0 +1,65 @@
+"""``execpool run``: live output, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def execpool(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "execpool", *args], capture_output=True, text=True,
+                          timeout=60, **kwargs)
+
+
+def test_run_shell_streams_output_and_exits_with_the_tool_code():
+    done = execpool("run", "--shell", "echo hello; exit 3")
+    assert done.stdout == "hello\n" and done.returncode == 3
+
+
+def test_run_python_code_and_file(tmp_path):
+    assert execpool("run", "--python", "print(6 * 7)").stdout == "42\n"
+    script = tmp_path / "job.py"
+    script.write_text("import os\nprint(os.path.basename(__file__).endswith('.py'))\nopen('out.txt', 'w').write('x')")
+    done = execpool("run", "--cwd", str(tmp_path), str(script))
+    assert done.stdout == "True\n" and done.returncode == 0
+    assert (tmp_path / "out.txt").read_text() == "x"
+
+
+def test_timeout_exits_124():
+    done = execpool("run", "--timeout", "0.3", "--shell", "echo a; sleep 30")
+    assert done.returncode == 124 and done.stdout == "a\n"
+    assert "Execution timed out after 0.3 seconds." in done.stderr
+
+
+def test_signal_exit_is_128_plus_n():
+    assert execpool("run", "--shell", "kill -KILL $$").returncode == 137
+
+
+def test_output_is_live_before_the_tool_exits(tmp_path):
+    gate = tmp_path / "gate"
+    proc = subprocess.Popen([sys.executable, "-m", "execpool", "run", "--python",
+                             f"import os, time\nprint('first')\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.01)"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "first\n"
+        assert proc.poll() is None
+        gate.touch()
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+
+
+@pytest.mark.parametrize("args", [
+    ["run"], ["run", "--timeout", "abc", "--shell", "true"], ["run", "--timeout", "-1", "--shell", "true"],
+    ["run", "--shell", "true", "--python", "1"], ["frobnicate"], ["run", "/nonexistent/file.py"],
+    ["run", "--shell", "echo \x01\udcff"],
+])
+def test_bad_arguments_get_a_one_line_error(args):
+    done = execpool(*args)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("execpool: error:")

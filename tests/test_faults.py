@@ -1,0 +1,149 @@
+"""Killing things at the process boundary: workers, the pool's owner, close()."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+
+import hostile
+from execpool import ExecPool, ShellJob
+from helpers import all_dead, marked_processes, open_fds, pids_in, wait_for
+
+
+def test_sigkill_of_a_worker_fails_only_its_jobs_and_the_pool_recovers():
+    with ExecPool(workers=2) as pool:
+        victim = pool._workers[0]
+        outputs = {name: "" for name in "ab"}
+        results = {}
+
+        def run(name):
+            command = ("echo \"LEADER $$\"; for i in 1 2 3; do sleep 100 >/dev/null 2>&1 & echo \"PIDS $!\"; done; "
+                       "sleep 1.5; echo finished")
+            stream = pool.stream(ShellJob(command, timeout=None))
+            try:
+                while True:
+                    outputs[name] += next(stream).get("text", "")
+            except StopIteration as stop:
+                results[name] = (stop.value, time.monotonic())
+
+        threads = [threading.Thread(target=run, args=(name,)) for name in "ab"]
+        for t in threads:
+            t.start()
+        assert wait_for(lambda: all(len(pids_in(outputs[n])) >= 3 for n in "ab"))
+        leaders = {n: int(outputs[n].split("LEADER ")[1].split()[0]) for n in "ab"}
+        on_victim = [n for n in "ab" if psutil.Process(leaders[n]).ppid() == victim.proc.pid]
+        assert len(on_victim) == 1, "least-loaded dispatch puts one job on each worker"
+        doomed, kept = on_victim[0], ("b" if on_victim[0] == "a" else "a")
+        killed_at = time.monotonic()
+        os.kill(victim.proc.pid, signal.SIGKILL)
+        for t in threads:
+            t.join(10)
+        lost, ended_at = results[doomed]
+        assert ended_at - killed_at < 1.0
+        assert lost.text.startswith("Execution error: ") and "SIGKILL" in lost.text
+        assert str(victim.proc.pid) in lost.text
+        assert all_dead(pids_in(outputs[doomed]) + [leaders[doomed]], timeout=1.0)
+        assert results[kept][0].text.endswith("finished\n")
+        assert wait_for(lambda: len(pool.worker_pids) == 2 and victim.proc.pid not in pool.worker_pids)
+        assert pool.run(ShellJob("echo again")).text == "again\n"
+
+
+def test_sigkill_of_the_owner_leaves_no_worker_and_no_tool():
+    owner_code = textwrap.dedent(f"""
+        import json, sys, threading
+        from execpool import ExecPool, ShellJob
+        pool = ExecPool(workers=2)
+        pids = []
+        def run():
+            stream = pool.stream(ShellJob({hostile.FORK_TREE!r}, timeout=None))
+            text = ""
+            while text.count("PIDS") < 9:
+                text += next(stream)["text"]
+            pids.extend(int(p) for p in text.split() if p.isdigit())
+            done.set()
+            for _ in stream:
+                pass
+        done = threading.Event()
+        threading.Thread(target=run, daemon=True).start()
+        done.wait(30)
+        print(json.dumps({{"workers": pool.worker_pids, "tools": pids}}), flush=True)
+        threading.Event().wait()
+    """)
+    owner = subprocess.Popen([sys.executable, "-c", owner_code], stdout=subprocess.PIPE, text=True)
+    try:
+        report = json.loads(owner.stdout.readline())
+        assert len(report["tools"]) == 9
+        owner.kill()
+        owner.wait()
+        assert all_dead(report["workers"] + report["tools"], timeout=2.0)
+    finally:
+        owner.kill()
+
+
+def test_close_is_bounded_and_leaves_nothing_behind():
+    threads_before = threading.active_count()
+    fds_before = open_fds()
+    pool = ExecPool(workers=2)
+    workers = pool.worker_pids
+    streams = [pool.stream(ShellJob(hostile.GRANDCHILD_HOLDS_STDOUT, timeout=None)) for _ in range(4)]
+    tool_pids = []
+    for stream in streams:
+        tool_pids += pids_in(next(stream)["text"])
+    started = time.monotonic()
+    pool.close()
+    assert time.monotonic() - started < 5.0
+    assert all_dead(workers + tool_pids, timeout=1.0)
+    for stream in streams:
+        try:
+            while True:
+                next(stream)
+        except StopIteration as stop:
+            assert stop.value.cancelled or stop.value.error
+    assert threading.active_count() == threads_before
+    assert open_fds() == fds_before
+    assert not [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_close_twice_and_context_manager_exit():
+    with ExecPool(workers=1) as pool:
+        pool.run(ShellJob("true"))
+    assert pool.closed
+    pool.close()
+
+
+def test_workers_are_recycled_after_max_jobs():
+    with ExecPool(workers=1, max_jobs_per_worker=3) as pool:
+        first = pool.worker_pids
+        for i in range(7):
+            assert pool.run(ShellJob(f"echo {i}")).text == f"{i}\n"
+        assert wait_for(lambda: len(pool.worker_pids) == 1)
+        assert pool.worker_pids != first
+        assert wait_for(lambda: not psutil.pid_exists(first[0]) or
+                        psutil.Process(first[0]).status() == psutil.STATUS_ZOMBIE)
+
+
+def test_worker_crash_kills_escaped_daemons_by_marker():
+    with ExecPool(workers=1) as pool:
+        stream = pool.stream(ShellJob(
+            "setsid sleep 100 >/dev/null 2>&1 & echo \"PIDS $!\"; sleep 100", timeout=None))
+        pids = pids_in(next(stream)["text"])
+        token = pool._workers[0].token
+        assert marked_processes(token)
+        os.kill(pool.worker_pids[0], signal.SIGKILL)
+        _, result = None, None
+        try:
+            while True:
+                next(stream)
+        except StopIteration as stop:
+            result = stop.value
+        assert result.error is not None
+        assert all_dead(pids, timeout=1.0)
+        assert wait_for(lambda: not marked_processes(token), timeout=1.0)

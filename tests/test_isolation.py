@@ -1,0 +1,83 @@
+"""Per-job limits and the environment a tool sees."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from execpool import ExecPool, Limits, PythonJob, ShellJob
+
+
+def test_caller_secrets_never_reach_a_tool_or_a_worker(monkeypatch):
+    monkeypatch.setenv("EXECPOOL_TEST_SECRET", "hunter2")
+    with ExecPool(workers=1) as pool:
+        result = pool.run(ShellJob("env"))
+        assert "hunter2" not in result.output and "EXECPOOL_TEST_SECRET" not in result.output
+        for pid in pool.worker_pids:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                assert b"hunter2" not in f.read()
+
+
+def test_environment_is_the_allow_list_plus_what_the_job_passes(monkeypatch):
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.setenv("EXTRA_ALLOWED", "yes")
+    with ExecPool(workers=1, env_allowlist=("PATH", "LANG", "EXTRA_ALLOWED"), env={"POOL_WIDE": "1"}) as pool:
+        code = "import os, json; print(json.dumps(sorted(os.environ)))"
+        names = eval(pool.run(PythonJob(code, env={"JOB_ONLY": "2"})).output)
+        assert {"PATH", "LANG", "EXTRA_ALLOWED", "POOL_WIDE", "JOB_ONLY"} <= set(names)
+        assert set(names) - {"PATH", "LANG", "EXTRA_ALLOWED", "POOL_WIDE", "JOB_ONLY"} <= {
+            "EXECPOOL_JOB", "LC_CTYPE"}  # the job marker; LC_CTYPE is set by Python's locale coercion
+        assert pool.run(ShellJob("echo $JOB_ONLY", env={"JOB_ONLY": "x y"})).text == "x y\n"
+
+
+def test_file_size_limit_stops_a_disk_fill(tmp_path):
+    with ExecPool(workers=1) as pool:
+        limits = Limits(file_size=1 << 20)
+        result = pool.run(ShellJob("head -c 5000000 /dev/zero > big; echo rc=$?", cwd=str(tmp_path), limits=limits))
+        assert "File size limit exceeded" in result.output or "rc=1" in result.output
+        assert (tmp_path / "big").stat().st_size <= 1 << 20
+        assert pool.run(ShellJob("echo healthy")).text == "healthy\n"
+
+
+def test_address_space_limit_makes_a_memory_bomb_fail():
+    with ExecPool(workers=1, limits=Limits(address_space=512 << 20)) as pool:
+        result = pool.run(PythonJob("x = bytearray(2 << 30)\nprint('allocated')"))
+        assert result.exit_code == 1 and "MemoryError" in result.output
+        assert pool.run(PythonJob("print('healthy')")).text == "healthy\n"
+
+
+def test_open_files_limit():
+    with ExecPool(workers=1) as pool:
+        code = "import os\nfds = []\ntry:\n    while True: fds.append(os.open(os.devnull, os.O_RDONLY))\nexcept OSError as e:\n    print(len(fds) < 64, e.errno)"
+        result = pool.run(PythonJob(code, limits=Limits(open_files=64)))
+        assert result.output == "True 24\n"
+
+
+def test_cpu_seconds_limit_kills_a_busy_loop():
+    with ExecPool(workers=1) as pool:
+        result = pool.run(PythonJob("while True: pass", limits=Limits(cpu_seconds=1), timeout=30))
+        assert result.exit_code in (-9, -24)  # SIGKILL at the hard limit, SIGXCPU at the soft one
+        assert not result.timed_out
+
+
+def test_per_job_limits_override_the_pool_default():
+    with ExecPool(workers=1, limits=Limits(open_files=32)) as pool:
+        probe = "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+        assert pool.run(PythonJob(probe)).text == "32\n"
+        assert pool.run(PythonJob(probe, limits=Limits(open_files=100))).text == "100\n"
+
+
+def test_default_limits_are_applied():
+    with ExecPool(workers=1) as pool:
+        probe = ("import resource as r\nprint(r.getrlimit(r.RLIMIT_AS)[0], r.getrlimit(r.RLIMIT_FSIZE)[0], "
+                 "r.getrlimit(r.RLIMIT_NOFILE)[0])")
+        default = Limits()
+        assert pool.run(PythonJob(probe)).text == f"{default.address_space} {default.file_size} {default.open_files}\n"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs procfs")
+def test_tools_run_in_their_own_session():
+    with ExecPool(workers=1) as pool:
+        out = pool.run(ShellJob("ps -o pid=,pgid=,sid= -p $$")).output.split()
+        assert out[0] == out[1] == out[2]
