@@ -24,6 +24,7 @@ Reaping is the caller's job: the worker reaps every child on SIGCHLD.
 from __future__ import annotations
 
 import codecs
+import functools
 import io
 import os
 import queue
@@ -71,18 +72,30 @@ def _kill_all(procs: Iterable[psutil.Process]) -> int:
     return hit
 
 
-def _descendants(pid: int) -> list:
+@functools.lru_cache(maxsize=None)
+def _kernel_lists_children() -> bool:
+    return os.path.exists(f"/proc/self/task/{threading.get_native_id()}/children")
+
+
+def _child_pids(pid: int) -> Optional[list[int]]:
+    """Direct children from the kernel's per-thread lists: cheap even with
+    hundreds of tools running, where psutil would read every process's stat.
+    None where the kernel keeps no such list."""
+    if not _kernel_lists_children():
+        return None
+    found: list[int] = []
     try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.extend(int(child) for child in f.read().split())
+    except OSError:
+        pass  # the process (or one of its threads) is gone
+    return found
 
 
-def _subtree(pid: int) -> list:
-    """``pid`` and its descendants, never the calling process itself (the worker
-    passes its own pid to take down everything below it at shutdown)."""
-    procs = _descendants(pid)
-    if pid != os.getpid():
+def _as_processes(pids: Iterable[int]) -> list:
+    procs = []
+    for pid in pids:
         try:
             procs.append(psutil.Process(pid))
         except psutil.Error:
@@ -90,36 +103,52 @@ def _subtree(pid: int) -> list:
     return procs
 
 
-def children(pid: int) -> list:
-    """Direct children, from the kernel's own list when it keeps one (cheap even
-    with hundreds of tools running), else from psutil's scan of every ppid."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            pids = [int(child) for child in f.read().split()]
-    except OSError:
-        pids = None
+def _descendants(pid: int) -> list:
+    if not _kernel_lists_children():
+        try:
+            return psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            return []
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        level = [child for parent in frontier for child in (_child_pids(parent) or ())]
+        found.extend(level)
+        frontier = level
+    return _as_processes(found)
+
+
+def _subtree(pid: int) -> list:
+    """``pid`` and its descendants, never the calling process itself (the worker
+    passes its own pid to take down everything below it at shutdown)."""
+    procs = _descendants(pid)
+    if pid != os.getpid():
+        procs.extend(_as_processes([pid]))
+    return procs
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children of ``pid``."""
+    pids = _child_pids(pid)
     if pids is not None:
-        children = []
-        for child in pids:
-            try:
-                children.append(psutil.Process(child))
-            except psutil.Error:
-                pass
-        return children
+        return pids
     try:
-        return psutil.Process(pid).children()
+        return [child.pid for child in psutil.Process(pid).children()]
     except psutil.Error:
         return []
 
 
-def _marked(marker: str, scope: Optional[int]) -> list:
+def _marked(marker: str, scope: Optional[int], exclude: frozenset) -> list:
     """Live processes carrying ``marker``: direct children of ``scope`` (where a
     subreaper collects escaped daemons), or anywhere when ``scope`` is None."""
-    candidates = psutil.process_iter() if scope is None else children(scope)
+    if scope is None:
+        candidates = psutil.process_iter()
+    else:
+        candidates = _as_processes(pid for pid in child_pids(scope) if pid not in exclude)
     me = os.getpid()
     found = []
     for proc in candidates:
-        if proc.pid == me:
+        if proc.pid == me or proc.pid in exclude:
             continue
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
@@ -137,6 +166,7 @@ def kill_tree(
     leader: Optional[int] = None,
     marker: Optional[str] = None,
     scope: Optional[int] = None,
+    exclude: Iterable[int] = (),
 ) -> int:
     """SIGKILL a job's whole tree; return how many processes were signalled
     beyond the process groups.
@@ -145,8 +175,11 @@ def kill_tree(
     the pid cannot have been reused); it and its descendants are killed. ``marker`` the
     job's (or a worker's) marker, ``scope`` the pid below which marked
     processes are searched (the subreaper worker; None searches the whole
-    system, for when that worker is already dead).
+    system, for when that worker is already dead). ``exclude`` names pids
+    known not to be this job's (the leaders of the worker's other jobs), which
+    spares reading their environments on every job's end.
     """
+    exclude = frozenset(exclude)
     snapshot = _subtree(leader) if leader is not None else []
     for pgid in pgids:
         _killpg(pgid)
@@ -154,7 +187,7 @@ def kill_tree(
     if marker is None:
         return hit
     for _ in range(_MAX_SWEEPS):
-        found = _marked(marker, scope)
+        found = _marked(marker, scope, exclude)
         if not found:
             break
         victims = list(found)

@@ -42,7 +42,7 @@ from typing import Optional
 
 from . import channel
 from .jobs import Limits
-from .proctree import JOB_MARKER_ENV, children, kill_tree
+from .proctree import JOB_MARKER_ENV, child_pids, kill_tree
 from .result import Result
 
 _PR_SET_PDEATHSIG = 1
@@ -372,7 +372,8 @@ class Worker:
             self._finish(job)
 
     def _kill(self, job: _Job) -> None:
-        kill_tree([job.pid], leader=None if job.reaped else job.pid, marker=job.marker, scope=self.pid)
+        kill_tree([job.pid], leader=None if job.reaped else job.pid, marker=job.marker, scope=self.pid,
+                  exclude=self.by_leader)
 
     def _finish(self, job: _Job) -> None:
         if job.start.job_id not in self.jobs:
@@ -384,7 +385,7 @@ class Worker:
                 self.kept_pgids.add(job.pid)
             else:
                 self._kill(job)
-        if not self.jobs and not self.kept_pgids and children(self.pid):
+        if not self.jobs and not self.kept_pgids and child_pids(self.pid):
             # Strays that cleared their environment cannot be attributed to a
             # job; once no job is left they cannot belong to a live one.
             kill_tree(leader=self.pid)
