@@ -1,13 +1,13 @@
-"""What the benchmarks share: statistics, the final JSON line, and counting
-this process's threads, fds, memory and descendants."""
+"""What the benchmarks share: statistics, the table, the final JSON line,
+and finding processes (descendants, environments)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
-import threading
 from typing import Iterable, Sequence
 
 import psutil
@@ -50,27 +50,21 @@ def _cell(value: object) -> str:
 
 
 def emit_json(figures: dict) -> None:
-    """The machine-readable result: exactly one JSON object, the last line of stdout."""
+    """The machine-readable result: exactly one JSON object, the last line of
+    stdout (NaN and infinities, which JSON lacks, become null)."""
     sys.stdout.flush()
-    sys.stdout.write(json.dumps(figures, sort_keys=True, allow_nan=False, default=str) + "\n")
+    sys.stdout.write(json.dumps(_finite(figures), sort_keys=True, allow_nan=False, default=str) + "\n")
     sys.stdout.flush()
 
 
-def thread_count() -> int:
-    """Python threads; see native_thread_count for the kernel's view."""
-    return threading.active_count()
-
-
-def native_thread_count() -> int:
-    return len(os.listdir("/proc/self/task"))
-
-
-def fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def rss_bytes() -> int:
-    return psutil.Process().memory_info().rss
+def _finite(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def descendants(pid: int | None = None) -> list[psutil.Process]:
@@ -78,13 +72,6 @@ def descendants(pid: int | None = None) -> list[psutil.Process]:
         return psutil.Process(pid if pid is not None else os.getpid()).children(recursive=True)
     except psutil.Error:
         return []
-
-
-def is_zombie(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def environ_of(proc: psutil.Process) -> dict | None:

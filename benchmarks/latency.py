@@ -18,7 +18,9 @@ Run from the repository root::
    ``EXECPOOL_JOB``), then the clock runs from the start of ``gen.close()``
    until every recorded pid is *dead* (a zombie or gone) and until every one is
    *reaped* (gone from /proc; a pid whose start time changed counts as gone),
-   polled in a loop that never sleeps more than 0.1 ms.
+   polled in a loop that never sleeps more than 0.1 ms. Each round first waits
+   a random 0-0.2 s (the same delay for both designs) so the cancel lands at a
+   random point of the baseline's poll period.
 
    Baseline, interleaved round for round: a thread-per-call design in this
    process. One thread Popens ``bash -c`` with ``start_new_session=True`` and
@@ -41,6 +43,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -51,8 +54,6 @@ import time
 
 if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import psutil
 
 from benchmarks import _common as C
 from execpool import ExecPool, PythonJob, ShellJob
@@ -182,7 +183,7 @@ def _pool_tree(pool: ExecPool) -> dict[int, int]:
         time.sleep(0.001)
 
 
-def pool_cancel_round(pool: ExecPool) -> dict:
+def pool_cancel_round(pool: ExecPool, phase: float) -> dict:
     gen = pool.stream(ShellJob(CANCEL_COMMAND, timeout=60), heartbeat_interval_s=30.0)
     text = ""
     while "ready" not in text:
@@ -190,6 +191,7 @@ def pool_cancel_round(pool: ExecPool) -> dict:
         if event.get("type") == "tool_output":
             text += event["text"]
     tree = _pool_tree(pool)
+    time.sleep(phase)
     t0 = time.perf_counter()
     gen.close()
     close_s = time.perf_counter() - t0
@@ -243,7 +245,7 @@ class PollingWatcherCall:
         self.watcher.join(GONE_DEADLINE_S)
 
 
-def baseline_cancel_round() -> dict:
+def baseline_cancel_round(phase: float) -> dict:
     cancel = threading.Event()
     call = PollingWatcherCall(CANCEL_COMMAND, cancel)
     if not call.ready.wait(10.0):
@@ -254,6 +256,7 @@ def baseline_cancel_round() -> dict:
         if len(tree) >= TREE_SIZE or time.monotonic() > deadline:
             break
         time.sleep(0.001)
+    time.sleep(phase)
     t0 = time.perf_counter()
     cancel.set()
     dead, reaped = wait_gone(tree, t0)
@@ -278,14 +281,18 @@ def _summarise(rounds: list[dict]) -> dict:
     return summary
 
 
-def bench_cancel(pool: ExecPool, rounds: int, warmup: int) -> dict:
+def bench_cancel(pool: ExecPool, rounds: int, warmup: int, seed: int) -> dict:
     if _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
     try:
+        rng = random.Random(seed)
         pool_rounds, base_rounds = [], []
         for i in range(warmup + rounds):
-            p = pool_cancel_round(pool)
-            b = baseline_cancel_round()
+            # The cancel lands at a random point of the baseline's poll period,
+            # as a user's click would; the same delays for both designs.
+            phase = rng.uniform(0.0, BASELINE_POLL_S)
+            p = pool_cancel_round(pool, phase)
+            b = baseline_cancel_round(phase)
             if i >= warmup:
                 pool_rounds.append(p)
                 base_rounds.append(b)
@@ -305,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cancel-rounds", type=int, default=20, help="measured cancel rounds (default 20)")
     parser.add_argument("--warmup", type=int, default=5, help="warm-up pairs/rounds before measuring (default 5)")
     parser.add_argument("--workers", type=int, default=2, help="pool workers (default 2)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the cancel delays (default 1)")
     args = parser.parse_args(argv)
     for name in ("bash_iters", "python_iters", "cancel_rounds", "workers"):
         if getattr(args, name) < 1:
@@ -319,12 +327,18 @@ def main(argv: list[str] | None = None) -> int:
         with open(script, "w") as f:
             f.write('print("hi")\n')
         # Recycling a worker mid-run would put a worker start in some samples.
-        with ExecPool(workers=args.workers, max_jobs_per_worker=1_000_000) as pool:
+        try:
+            pool = ExecPool(workers=args.workers, max_jobs_per_worker=1_000_000)
+        except Exception as exc:  # noqa: BLE001 - reported as the run's result
+            print(f"execpool latency: cannot start the pool: {type(exc).__name__}: {exc}")
+            C.emit_json({"benchmark": "latency", "error": f"{type(exc).__name__}: {exc}"})
+            return 2
+        with pool:
             bash = bench_exec(pool, ShellJob("echo hi"), [BASH, "-c", "echo hi"], "hi\n",
                               args.bash_iters, args.warmup)
             python = bench_exec(pool, PythonJob('print("hi")'), [sys.executable, "-u", script], "hi\n",
                                 args.python_iters, args.warmup)
-            cancel = bench_cancel(pool, args.cancel_rounds, min(args.warmup, 2))
+            cancel = bench_cancel(pool, args.cancel_rounds, min(args.warmup, 2), args.seed)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     elapsed = time.perf_counter() - started

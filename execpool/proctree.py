@@ -8,9 +8,9 @@ DESIGN.md ("Process-tree kill, in order of strength"):
 1. Snapshot the leader's descendants while the leader still links them
    (once the leader dies they are re-parented and the link is gone).
 2. ``killpg(SIGKILL)`` on every captured pgid. It stays valid after the
-   leader was reaped while any member lives, and it is one syscall, so it
-   runs first on the latency path.
-3. SIGKILL the snapshot: children that moved to a group of their own.
+   leader was reaped while any member lives, and it is one syscall.
+3. SIGKILL the members of the snapshot the group kill did not reach:
+   children that moved to a group of their own.
 4. Sweep for processes carrying the job's marker in their environment --
    daemons that left the group with ``setsid`` and a double fork and were
    re-parented to the worker (a child subreaper) or, when the worker itself
@@ -49,16 +49,18 @@ def marker_matches(value: Optional[str], marker: str) -> bool:
     return value is not None and (value == marker or value.startswith(marker + "/"))
 
 
-def _killpg(pgid: int) -> None:
-    """Never the caller's own group (a child started without a new session
-    shares it), and a no-op where the platform has no process groups."""
+def _killpg(pgid: int) -> bool:
+    """SIGKILL a group; False where it was not tried: never the caller's own
+    group (a child started without a new session shares it), and nowhere
+    without process groups."""
     killpg = getattr(os, "killpg", None)
     if killpg is None or pgid <= 1 or pgid == os.getpgrp():
-        return
+        return False
     try:
         killpg(pgid, signal.SIGKILL)
     except OSError:
         pass
+    return True
 
 
 def _kill_all(procs: Iterable[psutil.Process]) -> int:
@@ -123,7 +125,9 @@ def _subtree(pid: int) -> list:
     passes its own pid to take down everything below it at shutdown)."""
     procs = _descendants(pid)
     if pid != os.getpid():
-        procs.extend(_as_processes([pid]))
+        # The leader dies first, so it cannot react to its children's deaths
+        # (a shell's ``wait`` returning, a supervisor respawning them).
+        procs[:0] = _as_processes([pid])
     return procs
 
 
@@ -138,17 +142,28 @@ def child_pids(pid: int) -> list[int]:
         return []
 
 
-def _marked(marker: str, scope: Optional[int], exclude: frozenset) -> list:
-    """Live processes carrying ``marker``: direct children of ``scope`` (where a
-    subreaper collects escaped daemons), or anywhere when ``scope`` is None."""
+def _in_groups(pid: int, pgids: frozenset) -> bool:
+    """Whether the group kill already reached ``pid`` (one cheap syscall,
+    where psutil would read procfs twice)."""
+    try:
+        return os.getpgid(pid) in pgids
+    except (OSError, AttributeError):
+        return False
+
+
+def _marked(marker: str, scope: Optional[int], skip: set, pgids: frozenset) -> list:
+    """Live processes carrying ``marker`` that no earlier step reached: direct
+    children of ``scope`` (where a subreaper collects escaped daemons), or
+    anywhere when ``scope`` is None."""
     if scope is None:
         candidates = psutil.process_iter()
     else:
-        candidates = _as_processes(pid for pid in child_pids(scope) if pid not in exclude)
+        candidates = _as_processes(
+            pid for pid in child_pids(scope) if pid not in skip and not _in_groups(pid, pgids))
     me = os.getpid()
     found = []
     for proc in candidates:
-        if proc.pid == me or proc.pid in exclude:
+        if proc.pid == me or proc.pid in skip:
             continue
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
@@ -169,31 +184,31 @@ def kill_tree(
     exclude: Iterable[int] = (),
 ) -> int:
     """SIGKILL a job's whole tree; return how many processes were signalled
-    beyond the process groups.
+    one by one (the group kill is not counted).
 
     ``leader`` is the tool's pid if it may still be alive (not yet reaped, so
-    the pid cannot have been reused); it and its descendants are killed. ``marker`` the
-    job's (or a worker's) marker, ``scope`` the pid below which marked
-    processes are searched (the subreaper worker; None searches the whole
-    system, for when that worker is already dead). ``exclude`` names pids
-    known not to be this job's (the leaders of the worker's other jobs), which
-    spares reading their environments on every job's end.
+    the pid cannot have been reused); it and its descendants are killed.
+    ``marker`` is the job's (or a whole worker's) marker, ``scope`` the pid
+    below which marked processes are searched (the subreaper worker; None
+    searches the whole system, for when that worker is already dead).
+    ``exclude`` names pids known not to be this job's (the leaders of the
+    worker's other jobs), which spares reading their environments.
     """
-    exclude = frozenset(exclude)
     snapshot = _subtree(leader) if leader is not None else []
-    for pgid in pgids:
-        _killpg(pgid)
-    hit = _kill_all(snapshot)
+    pgids = frozenset(pgid for pgid in pgids if pgid is not None and _killpg(pgid))
+    hit = _kill_all(p for p in snapshot if not _in_groups(p.pid, pgids))
     if marker is None:
         return hit
+    skip = set(exclude)
     for _ in range(_MAX_SWEEPS):
-        found = _marked(marker, scope, exclude)
+        found = _marked(marker, scope, skip, pgids)
         if not found:
             break
         victims = list(found)
         for proc in found:
             victims.extend(_descendants(proc.pid))
         hit += _kill_all(victims)
+        skip.update(p.pid for p in victims)
     return hit
 
 

@@ -60,6 +60,13 @@ DEFAULT_MAX_OUTPUT_CHARS = 1_000_000
 #: interpreter or the package is broken: stop respawning and say so.
 MAX_STARTUP_FAILURES = 3
 
+try:
+    from . import _spawn  # noqa: F401 - only whether it was built matters here
+
+    _DEFAULT_SPAWN_METHOD = "vfork"
+except ImportError:
+    _DEFAULT_SPAWN_METHOD = "fork"
+
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -116,7 +123,11 @@ class ExecPool:
     ``python`` is the interpreter for Python tools (default ``sys.executable``),
     ``limits`` the default rlimits for every job, ``env`` variables every tool
     gets, and ``env_allowlist`` the names copied from the caller's environment.
-    The constructor returns once every worker is ready to take a job.
+    ``spawn_method`` chooses how workers start tools: ``"vfork"`` through the
+    small C extension ``execpool._spawn`` (the default where it was built) or
+    ``"fork"``, pure Python and a few milliseconds slower per tool; both set
+    the session, rlimits and parent-death signal before the tool's first
+    instruction. The constructor returns once every worker is ready.
     """
 
     def __init__(
@@ -130,6 +141,7 @@ class ExecPool:
         max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
         max_jobs_per_worker: int = 1000,
         startup_timeout: float = 30.0,
+        spawn_method: str = "auto",
     ) -> None:
         if workers is None:
             workers = os.cpu_count() or 2
@@ -139,6 +151,13 @@ class ExecPool:
                 raise TypeError(f"{name} must be an int, not {type(value).__name__}")
             if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
+        if spawn_method == "auto":
+            spawn_method = _DEFAULT_SPAWN_METHOD
+        if spawn_method not in ("vfork", "fork"):
+            raise ValueError(f"spawn_method must be 'auto', 'vfork' or 'fork', not {spawn_method!r}")
+        if spawn_method == "vfork" and _DEFAULT_SPAWN_METHOD != "vfork":
+            raise ValueError("spawn_method='vfork' needs the execpool._spawn extension, which is not built here")
+        self.spawn_method = spawn_method
         if not isinstance(limits, Limits):
             raise TypeError(f"limits must be an execpool.Limits, not {type(limits).__name__}")
         self.python = os.path.abspath(python) if python is not None else sys.executable
@@ -297,7 +316,8 @@ class ExecPool:
         env["PYTHONPATH"] = _PACKAGE_PARENT
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "execpool.worker", str(to_worker_r), str(from_worker_w), token],
+                [sys.executable, "-m", "execpool.worker", str(to_worker_r), str(from_worker_w), token,
+                 self.spawn_method],
                 pass_fds=(to_worker_r, from_worker_w), env=env, cwd="/", start_new_session=True,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             )

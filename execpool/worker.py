@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import gc
 import heapq
 import io
 import os
+import resource
 import selectors
 import shutil
 import signal
@@ -37,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections import deque
+from dataclasses import astuple
 from multiprocessing.connection import Connection
 from typing import Optional
 
@@ -61,6 +64,16 @@ MAX_ERROR_LINE_CHARS = 4096
 #: A killed leader that is not reaped by then (stuck in the kernel) no longer
 #: holds up its Result.
 REAP_GRACE_S = 1.0
+
+try:
+    from . import _spawn
+except ImportError:  # not built here; the pure-Python start is used instead
+    _spawn = None
+
+#: How tools are started: "vfork" (execpool._spawn) or "fork" (pure Python).
+SPAWN_METHODS = ("vfork", "fork") if _spawn is not None else ("fork",)
+
+_DEVNULL = os.open(os.devnull, os.O_RDONLY)
 
 _RLIMITS = (
     ("address_space", "RLIMIT_AS"),
@@ -133,8 +146,6 @@ class _Job:
 
 
 def _apply_limits(limits: Limits) -> None:
-    import resource
-
     for field, name in _RLIMITS:
         value = getattr(limits, field)
         if value is None:
@@ -146,30 +157,71 @@ def _apply_limits(limits: Limits) -> None:
         resource.setrlimit(which, (value, value))
 
 
-def _exec_tool(argv: list, env: dict, cwd: str, limits: Limits, worker_pid: int, out_fd: int) -> None:
-    """Runs in the forked child, before exec; any exception is reported to
-    the worker through the error pipe."""
-    os.setsid()
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != worker_pid:
-        os._exit(137)  # the worker died between fork and prctl
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, ())
-    _apply_limits(limits)
-    os.chdir(cwd)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.dup2(out_fd, 1)
-    os.dup2(out_fd, 2)
-    os.execve(argv[0], argv, env)
+def _limit_values(limits: Limits) -> tuple:
+    return tuple(-1 if value is None else value for value in astuple(limits))
+
+
+def _fork_exec(argv: list, env: dict, cwd: str, limits: Limits, worker_pid: int, out_fd: int) -> int:
+    """The pure-Python tool start, where ``execpool._spawn`` was not built:
+    the same steps in the same order, after a (slower) full fork."""
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(err_r)
+            os.setsid()
+            _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != worker_pid:
+                os._exit(137)  # the worker died before the death signal was armed
+            _apply_limits(limits)
+            os.chdir(cwd)
+            os.dup2(_DEVNULL, 0)
+            os.dup2(out_fd, 1)
+            os.dup2(out_fd, 2)
+            # exec resets caught signals itself; ignored ones would stay ignored.
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(sig, signal.SIG_DFL)
+            os.execve(argv[0], argv, env)
+        except BaseException as exc:  # noqa: BLE001 - report, never return into the loop
+            try:
+                os.write(err_w, str(exc).encode("utf-8", "replace")[:2048])
+            finally:
+                os._exit(127)
+    os.close(err_w)
+    failure = b""
+    while chunk := os.read(err_r, 4096):
+        failure += chunk
+    os.close(err_r)
+    if failure:
+        os.waitpid(pid, 0)
+        raise OSError(failure.decode("utf-8", "replace"))
+    return pid
+
+
+def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str) -> tuple[int, int]:
+    """Start one tool in a new session with its limits; return its pid and
+    the read end of its merged stdout/stderr pipe."""
+    out_r, out_w = os.pipe()
+    try:
+        if method == "vfork":
+            envp = [f"{key}={value}" for key, value in env.items()]
+            pid = _spawn.spawn(argv, envp, cwd, _limit_values(limits), _DEVNULL, out_w)
+        else:
+            pid = _fork_exec(argv, env, cwd, limits, os.getpid(), out_w)
+    except BaseException:
+        os.close(out_r)
+        raise
+    finally:
+        os.close(out_w)
+    return pid, out_r
 
 
 class Worker:
-    def __init__(self, conn_in: Connection, conn_out: Connection, token: str) -> None:
+    def __init__(self, conn_in: Connection, conn_out: Connection, token: str, spawn_method: str) -> None:
         self.conn_in = conn_in
         self.conn_out = conn_out
         self.token = token
+        self.spawn_method = spawn_method
         self.pid = os.getpid()
         self.shell = shutil.which("bash") or "/bin/sh"
         self.sel = selectors.DefaultSelector()
@@ -189,7 +241,9 @@ class Worker:
         signal.set_wakeup_fd(sig_w, warn_on_full_buffer=False)
         for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, lambda *_: None)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Every object alive now lives as long as the worker: keep the
+        # collector from touching them, so forked tools copy fewer pages.
+        gc.freeze()
         self.sel.register(sig_r, selectors.EVENT_READ, self._on_signal)
         self.sel.register(self.conn_in.fileno(), selectors.EVENT_READ, self._on_control)
         self._send(channel.Ready(self.pid))
@@ -271,7 +325,9 @@ class Worker:
                 self._finish(job)
 
     def _on_output(self, fd: int) -> None:
-        job = self.jobs_by_fd[fd]
+        job = self.jobs_by_fd.get(fd)
+        if job is None:
+            return  # an event from the same select batch as the Cancel that closed it
         try:
             data = os.read(fd, READ_SIZE)
         except BlockingIOError:
@@ -328,27 +384,7 @@ class Worker:
             argv = [self.shell, "-c", start.source]
         env = dict(start.env)
         env[JOB_MARKER_ENV] = job.marker
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(out_r)
-                os.close(err_r)
-                _exec_tool(argv, env, cwd, start.limits, self.pid, out_w)
-            except BaseException as exc:  # noqa: BLE001 - report, never return into the loop
-                try:
-                    os.write(err_w, str(exc).encode("utf-8", "replace")[:2048])
-                finally:
-                    os._exit(127)
-        os.close(out_w)
-        os.close(err_w)
-        with os.fdopen(err_r, "rb") as err:
-            failure = err.read()
-        if failure:
-            os.close(out_r)
-            os.waitpid(pid, 0)
-            raise OSError(failure.decode("utf-8", "replace"))
+        pid, out_r = start_tool(argv, env, cwd, start.limits, self.spawn_method)
         os.set_blocking(out_r, False)
         job.pid, job.fd = pid, out_r
         self.by_leader[pid] = job
@@ -375,6 +411,8 @@ class Worker:
         kill_tree([job.pid], leader=None if job.reaped else job.pid, marker=job.marker, scope=self.pid,
                   exclude=self.by_leader)
 
+
+
     def _finish(self, job: _Job) -> None:
         if job.start.job_id not in self.jobs:
             return
@@ -385,10 +423,11 @@ class Worker:
                 self.kept_pgids.add(job.pid)
             else:
                 self._kill(job)
-        if not self.jobs and not self.kept_pgids and child_pids(self.pid):
+        if not self.jobs and not self.kept_pgids:
             # Strays that cleared their environment cannot be attributed to a
             # job; once no job is left they cannot belong to a live one.
-            kill_tree(leader=self.pid)
+            for pid in child_pids(self.pid):
+                kill_tree(leader=pid)
         if job.script is not None:
             _unlink(job.script)
         if job.tmpdir is not None:
@@ -430,11 +469,12 @@ def _unlink(path: str) -> None:
 
 
 def main(argv: list) -> None:
-    read_fd, write_fd, token = int(argv[0]), int(argv[1]), argv[2]
+    read_fd, write_fd, token, spawn_method = int(argv[0]), int(argv[1]), argv[2], argv[3]
     for fd in (read_fd, write_fd):
         os.set_inheritable(fd, False)
     _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    worker = Worker(Connection(read_fd, writable=False), Connection(write_fd, readable=False), token)
+    worker = Worker(Connection(read_fd, writable=False), Connection(write_fd, readable=False), token,
+                    spawn_method)
     worker.serve()
 
 

@@ -147,3 +147,26 @@ def test_worker_crash_kills_escaped_daemons_by_marker():
         assert result.error is not None
         assert all_dead(pids, timeout=1.0)
         assert wait_for(lambda: not marked_processes(token), timeout=1.0)
+
+
+def test_cancel_and_output_in_the_same_select_batch_do_not_crash_the_worker():
+    """Regression: a Cancel read before its job's pending output event closed
+    the fd, and the stale event then crashed the worker with KeyError."""
+    with ExecPool(workers=1) as pool:
+        worker = pool.worker_pids[0]
+        stream = pool.stream(ShellJob("echo ready; sleep 0.2; echo x; sleep 30"), poll_interval_s=0.01)
+        assert next(stream)["text"] == "ready\n"
+        os.kill(worker, signal.SIGSTOP)  # the worker is busy elsewhere...
+        try:
+            # ...while the Cancel lands on its control pipe and then the tool writes "x".
+            for handle in list(pool._workers[0].jobs.values()):
+                handle.cancel()
+            time.sleep(0.4)
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        try:
+            while True:
+                next(stream)
+        except StopIteration as stop:
+            assert stop.value.cancelled, stop.value
+        assert pool.worker_pids == [worker]

@@ -13,7 +13,7 @@ import pytest
 import hostile
 from execpool import TOOL_OUTPUT_STREAM_MAX_CHARS, PythonJob, ShellJob
 from execpool.drain import STREAM_CAP_NOTICE
-from helpers import all_dead, collect, joined_output, open_fds, pids_in, wait_for
+from helpers import all_dead, collect, joined_output, marked_processes, open_fds, pids_in, wait_for
 
 SAME_RESULT_JOBS = [
     PythonJob("print('hello')\nimport sys\nprint('err', file=sys.stderr)\nsys.exit(3)"),
@@ -162,11 +162,7 @@ def test_thousand_streams_started_and_closed_leave_nothing(pool):
         stream.close()
     assert wait_for(lambda: snapshot() == before, timeout=5), (snapshot(), before)
     assert wait_for(lambda: all(not w.jobs for w in pool._workers), timeout=5)
-    import psutil
-    workers = set(pool.worker_pids)
-    stray = [p for p in psutil.Process().children(recursive=True)
-             if p.pid not in workers and p.status() != psutil.STATUS_ZOMBIE]
-    assert not stray
+    assert wait_for(lambda: not any(marked_processes(w.token) for w in pool._workers), timeout=2)
 
 
 def test_unstarted_stream_runs_nothing(pool):

@@ -1,0 +1,661 @@
+"""Soak: many mixed jobs through one pool, then look for anything left behind.
+
+Run from the repository root::
+
+    python benchmarks/soak.py                       # or: python -m benchmarks.soak
+    python benchmarks/soak.py --jobs 2000 --concurrency 16 --max-jobs-per-worker 200
+
+The default is 2000 jobs at concurrency 16 on 2 workers recycled every 200
+jobs (15-25 s on a 2-core machine; 6000 jobs took 45 s); ``--jobs`` scales it.
+
+Every job's Result is checked against what that kind of job must give:
+
+====================  ==========================================================
+shell_output          exact output, exit 0
+python_output         exact output, exit 0
+stream_output         pool.stream: the events concatenate to the exact output
+fail                  exit_code 3, text "Exit code 3:\\n..."
+timeout               ``sleep`` past a 0.2 s timeout: timed_out, output kept
+cancel                cancel_event set by a timer after 0.1 s: cancelled
+stream_close          pool.stream closed after its first event (a client
+                      disconnect): the first event, close() returns promptly
+cancel_chatty         a job printing as fast as it can, cancelled after 0.1 s:
+                      cancelled, and its output only whole "tick" lines (the
+                      last one may be cut by the kill)
+stream_close_chatty   the same job's stream closed after its first event
+flood_shell/python    5 MB through pool.stream: the live events stop at the cap
+                      with the notice, output_chars == 5,000,000, the kept head
+                      is exact
+daemon_shell          ``( setsid sleep 1000 >/dev/null 2>&1 & )``: a double-fork
+                      daemon that left the group; "ok", exit 0
+daemon_python         the same with os.fork + os.setsid + os.fork
+daemon_holds_pipe     the daemon keeps stdout open, so no EOF: must time out
+                      (0.3 s) with the output kept
+background            background grandchildren (one in the group, one in a
+                      subshell); "bg", exit 0
+====================  ==========================================================
+
+Before the run (after a warm-up of ~50 jobs) and after it (after
+``gc.collect()`` and a settle of up to ``--settle`` seconds, polling until the
+counts stabilise) it records this process's thread count, open fds, RSS, the
+pool's worker count, and its descendants other than the workers, sorted into
+tool processes (carrying ``EXECPOOL_JOB``), the pool's own helpers (forks of a
+worker without a job marker, e.g. pre-forked tool processes), other processes,
+and zombies; and every live process on the system carrying ``EXECPOOL_JOB``
+(those of this run are told apart by an extra variable every job of this run
+gets; others, e.g. a concurrent test run, are reported but not blamed on this
+run). Every process below this one just before ``pool.close()`` must be dead
+(or a zombie) within ``--settle`` seconds after it.
+
+A job that fails because the worker under it crashed is counted as wrong
+(its Result has ``error``); the table says how many such errors there were,
+and the worker's traceback is on stderr. ``--skip KIND,...`` leaves kinds out.
+
+Exits 1 on any wrong Result or any leak: threads, fds, tool or other
+processes, zombies, workers, a surviving process of this run, or a process
+still running after ``pool.close()``. RSS growth is reported only.
+The last line of stdout is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+if __package__ in (None, ""):  # run as a file: make the repository importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import psutil
+
+from benchmarks import _common as C
+from execpool import TOOL_OUTPUT_STREAM_MAX_CHARS, ExecPool, PythonJob, Result, ShellJob
+from execpool.drain import STREAM_CAP_NOTICE
+
+RUN_VAR = "EXECPOOL_SOAK_RUN"
+KIND_VAR = "EXECPOOL_SOAK_KIND"
+MARKER_VAR = "EXECPOOL_JOB"
+
+FLOOD_CHARS = 5_000_000
+DEFAULT_MAX_OUTPUT_CHARS = 1_000_000  # the pool's default Result head
+JOB_TIMEOUT_S = 30  # bounds every job that is not meant to time out
+TIMEOUT_S = 0.2
+HOLDS_PIPE_TIMEOUT_S = 0.3
+CANCEL_AFTER_S = 0.1
+#: A job that ends by timeout/cancel/close must not take longer than this.
+END_SLACK_S = 5.0
+#: In Result.error when the worker under a job died.
+WORKER_DIED = "died unexpectedly"
+#: A whole job of any kind; past it the soak reports a hang.
+HANG_S = 60.0
+
+
+@dataclass
+class Outcome:
+    index: int
+    kind: str
+    wall_s: float
+    problem: Optional[str] = None
+
+
+@dataclass
+class Soak:
+    pool: ExecPool
+    run_id: str
+
+    def env(self, kind: str) -> dict:
+        return {RUN_VAR: self.run_id, KIND_VAR: kind}
+
+
+# --- the job kinds ------------------------------------------------------------------
+# Each returns None when the job did what it must, else a description.
+
+def _expect(result: Result, *, output: Optional[str] = None, exit_code: Optional[int] = 0,
+            timed_out: bool = False, cancelled: bool = False) -> Optional[str]:
+    problems = []
+    if result.error is not None:
+        problems.append(f"error={result.error!r}")
+    if result.exit_code != exit_code:
+        problems.append(f"exit_code={result.exit_code!r} (want {exit_code!r})")
+    if result.timed_out != timed_out:
+        problems.append(f"timed_out={result.timed_out} (want {timed_out})")
+    if result.cancelled != cancelled:
+        problems.append(f"cancelled={result.cancelled} (want {cancelled})")
+    if output is not None and result.output != output:
+        problems.append(f"output={result.output[:60]!r} (want {output[:60]!r})")
+    return "; ".join(problems) or None
+
+
+def _drain(gen) -> tuple[list[dict], Result]:
+    events = []
+    while True:
+        try:
+            events.append(next(gen))
+        except StopIteration as stop:
+            return events, stop.value
+
+
+def _text(events: list[dict]) -> str:
+    return "".join(e["text"] for e in events if e.get("type") == "tool_output")
+
+
+def shell_output(s: Soak, i: int) -> Optional[str]:
+    r = s.pool.run(ShellJob(f"echo out-{i}; printf 'line 2\\n' >&2", timeout=JOB_TIMEOUT_S, env=s.env("shell_output")))
+    return _expect(r, output=f"out-{i}\nline 2\n")
+
+
+def python_output(s: Soak, i: int) -> Optional[str]:
+    code = f"import sys\nprint('py-{i}')\nprint('err', file=sys.stderr)\n"
+    r = s.pool.run(PythonJob(code, timeout=JOB_TIMEOUT_S, env=s.env("python_output")))
+    return _expect(r, output=f"py-{i}\nerr\n")
+
+
+def stream_output(s: Soak, i: int) -> Optional[str]:
+    job = ShellJob(f"for n in 1 2 3; do echo s{i}-$n; done", timeout=JOB_TIMEOUT_S, env=s.env("stream_output"))
+    events, r = _drain(s.pool.stream(job, tool_name="soak"))
+    want = "".join(f"s{i}-{n}\n" for n in (1, 2, 3))
+    problem = _expect(r, output=want)
+    if problem is None and _text(events) != want:
+        problem = f"streamed {_text(events)!r} (want {want!r})"
+    return problem
+
+
+def fail(s: Soak, i: int) -> Optional[str]:
+    r = s.pool.run(ShellJob("echo failing >&2; exit 3", timeout=JOB_TIMEOUT_S, env=s.env("fail")))
+    problem = _expect(r, output="failing\n", exit_code=3)
+    if problem is None and r.text != "Exit code 3:\nfailing\n":
+        problem = f"text={r.text!r}"
+    return problem
+
+
+def timeout(s: Soak, i: int) -> Optional[str]:
+    t0 = time.monotonic()
+    r = s.pool.run(ShellJob("echo start; sleep 5; echo late", timeout=TIMEOUT_S, env=s.env("timeout")))
+    wall = time.monotonic() - t0
+    problem = _expect(r, output="start\n", exit_code=None, timed_out=True)
+    if problem is None and not (TIMEOUT_S <= wall < TIMEOUT_S + END_SLACK_S):
+        problem = f"took {wall:.3f} s for a {TIMEOUT_S} s timeout"
+    if problem is None and r.text != f"Execution timed out after {TIMEOUT_S} seconds.":
+        problem = f"text={r.text!r}"
+    return problem
+
+
+def cancel(s: Soak, i: int) -> Optional[str]:
+    event = threading.Event()
+    timer = threading.Timer(CANCEL_AFTER_S, event.set)
+    timer.daemon = True
+    timer.start()
+    t0 = time.monotonic()
+    r = s.pool.run(ShellJob("echo start; sleep 5; echo late", timeout=JOB_TIMEOUT_S, env=s.env("cancel")),
+                   cancel_event=event, poll_interval_s=0.05)
+    wall = time.monotonic() - t0
+    timer.join()
+    problem = _expect(r, exit_code=None, cancelled=True)
+    if problem is None and wall > CANCEL_AFTER_S + END_SLACK_S:
+        problem = f"took {wall:.3f} s to cancel"
+    if problem is None and r.text != "Execution cancelled.":
+        problem = f"text={r.text!r}"
+    return problem
+
+
+def stream_close(s: Soak, i: int) -> Optional[str]:
+    gen = s.pool.stream(ShellJob(f"echo first-{i}; sleep 5; echo late", timeout=JOB_TIMEOUT_S,
+                                 env=s.env("stream_close")), tool_name="soak")
+    first = next(gen)
+    t0 = time.monotonic()
+    gen.close()
+    took = time.monotonic() - t0
+    if first.get("type") != "tool_output" or first.get("text") != f"first-{i}\n":
+        return f"first event {first!r}"
+    if took > END_SLACK_S:
+        return f"close() took {took:.3f} s"
+    return None
+
+
+CHATTY = "while :; do echo tick; done"
+
+
+def _only_ticks(output: str) -> bool:
+    """Whole "tick\\n" lines, the last possibly cut by the kill."""
+    whole = len(output) // 5
+    return output[: whole * 5] == "tick\n" * whole and "tick\n".startswith(output[whole * 5 :])
+
+
+def cancel_chatty(s: Soak, i: int) -> Optional[str]:
+    event = threading.Event()
+    timer = threading.Timer(CANCEL_AFTER_S, event.set)
+    timer.daemon = True
+    timer.start()
+    t0 = time.monotonic()
+    r = s.pool.run(ShellJob(CHATTY, timeout=JOB_TIMEOUT_S, env=s.env("cancel_chatty")),
+                   cancel_event=event, poll_interval_s=0.05)
+    wall = time.monotonic() - t0
+    timer.join()
+    problem = _expect(r, exit_code=None, cancelled=True)
+    if problem is None and not _only_ticks(r.output):
+        problem = f"output {r.output[:40]!r}...{r.output[-40:]!r} is not ticks"
+    if problem is None and wall > CANCEL_AFTER_S + END_SLACK_S:
+        problem = f"took {wall:.3f} s to cancel"
+    return problem
+
+
+def stream_close_chatty(s: Soak, i: int) -> Optional[str]:
+    gen = s.pool.stream(ShellJob(CHATTY, timeout=JOB_TIMEOUT_S, env=s.env("stream_close_chatty")),
+                        tool_name="soak")
+    first = next(gen)
+    t0 = time.monotonic()
+    gen.close()
+    took = time.monotonic() - t0
+    if first.get("type") != "tool_output" or not first.get("text") or not _only_ticks(first["text"]):
+        return f"first event {str(first)[:200]}"
+    if took > END_SLACK_S:
+        return f"close() took {took:.3f} s"
+    return None
+
+
+def _flood(s: Soak, job) -> Optional[str]:
+    events, r = _drain(s.pool.stream(job, tool_name="soak", heartbeat_interval_s=30.0))
+    problem = _expect(r, output="x" * DEFAULT_MAX_OUTPUT_CHARS)
+    if problem is None and r.output_chars != FLOOD_CHARS:
+        problem = f"output_chars={r.output_chars} (want {FLOOD_CHARS})"
+    streamed = _text(events)
+    if problem is None and streamed != "x" * TOOL_OUTPUT_STREAM_MAX_CHARS + STREAM_CAP_NOTICE:
+        problem = f"streamed {len(streamed)} chars ending {streamed[-60:]!r}"
+    return problem
+
+
+def flood_shell(s: Soak, i: int) -> Optional[str]:
+    cmd = f"head -c {FLOOD_CHARS} /dev/zero | tr '\\0' x"
+    return _flood(s, ShellJob(cmd, timeout=JOB_TIMEOUT_S, env=s.env("flood_shell")))
+
+
+def flood_python(s: Soak, i: int) -> Optional[str]:
+    code = f"import sys\nfor _ in range({FLOOD_CHARS // 100_000}):\n    sys.stdout.write('x' * 100_000)\n"
+    return _flood(s, PythonJob(code, timeout=JOB_TIMEOUT_S, env=s.env("flood_python")))
+
+
+def daemon_shell(s: Soak, i: int) -> Optional[str]:
+    cmd = "( setsid sleep 1000 >/dev/null 2>&1 & ) ; echo ok"
+    return _expect(s.pool.run(ShellJob(cmd, timeout=JOB_TIMEOUT_S, env=s.env("daemon_shell"))), output="ok\n")
+
+
+_DAEMON_PY = """\
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        fd = os.open(os.devnull, os.O_RDWR)
+        for n in (0, 1, 2):
+            os.dup2(fd, n)
+        time.sleep(1000)
+    os._exit(0)
+os.wait()
+print("ok")
+"""
+
+
+def daemon_python(s: Soak, i: int) -> Optional[str]:
+    return _expect(s.pool.run(PythonJob(_DAEMON_PY, timeout=JOB_TIMEOUT_S, env=s.env("daemon_python"))),
+                   output="ok\n")
+
+
+def daemon_holds_pipe(s: Soak, i: int) -> Optional[str]:
+    # The daemon inherits stdout, so the output never ends: like communicate(),
+    # the job runs to its timeout, and then the escaped daemon must die too.
+    r = s.pool.run(ShellJob("( setsid sleep 1000 & ) ; echo ok", timeout=HOLDS_PIPE_TIMEOUT_S,
+                            env=s.env("daemon_holds_pipe")))
+    return _expect(r, output="ok\n", exit_code=None, timed_out=True)
+
+
+def background(s: Soak, i: int) -> Optional[str]:
+    cmd = "sleep 1000 >/dev/null 2>&1 & (sleep 1000 >/dev/null 2>&1 &) ; echo bg"
+    return _expect(s.pool.run(ShellJob(cmd, timeout=JOB_TIMEOUT_S, env=s.env("background"))), output="bg\n")
+
+
+#: kind -> (function, weight per 100 jobs)
+KINDS: dict[str, tuple[Callable[[Soak, int], Optional[str]], int]] = {
+    "shell_output": (shell_output, 14),
+    "python_output": (python_output, 8),
+    "stream_output": (stream_output, 6),
+    "fail": (fail, 10),
+    "timeout": (timeout, 8),
+    "cancel": (cancel, 8),
+    "stream_close": (stream_close, 8),
+    "cancel_chatty": (cancel_chatty, 3),
+    "stream_close_chatty": (stream_close_chatty, 3),
+    "flood_shell": (flood_shell, 3),
+    "flood_python": (flood_python, 2),
+    "daemon_shell": (daemon_shell, 8),
+    "daemon_python": (daemon_python, 5),
+    "daemon_holds_pipe": (daemon_holds_pipe, 4),
+    "background": (background, 10),
+}
+
+
+def schedule(n: int, seed: int, skip: frozenset = frozenset()) -> list[str]:
+    """n kinds in the KINDS proportions, each block of 100 shuffled."""
+    block = [kind for kind, (_, weight) in KINDS.items() if kind not in skip for _ in range(weight)]
+    rng = random.Random(seed)
+    kinds: list[str] = []
+    while len(kinds) < n:
+        rng.shuffle(block)
+        kinds.extend(block)
+    return kinds[:n]
+
+
+def run_one(s: Soak, i: int, kind: str) -> Outcome:
+    t0 = time.monotonic()
+    try:
+        problem = KINDS[kind][0](s, i)
+    except Exception as exc:  # noqa: BLE001 - a raised exception is a wrong result
+        problem = f"raised {type(exc).__name__}: {exc}"
+    return Outcome(i, kind, time.monotonic() - t0, problem)
+
+
+def run_batch(s: Soak, kinds: list[str], concurrency: int, first_index: int) -> list[Outcome]:
+    # A fresh executor per batch, shut down before any count is taken.
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="soak") as ex:
+        futures = [ex.submit(run_one, s, first_index + n, kind) for n, kind in enumerate(kinds)]
+        outcomes = []
+        for n, fut in enumerate(futures):
+            try:
+                outcomes.append(fut.result(timeout=HANG_S))
+            except Exception as exc:  # noqa: BLE001 - a hang
+                outcomes.append(Outcome(first_index + n, kinds[n], HANG_S, f"no result: {exc!r}"))
+    return outcomes
+
+
+# --- counting what is left ------------------------------------------------------------
+
+def fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def native_thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def is_zombie(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def marked_processes(run_id: str) -> dict:
+    """Live processes anywhere carrying EXECPOOL_JOB: of this run / of others."""
+    ours: list[dict] = []
+    others = 0
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        env = C.environ_of(proc)
+        if not env or MARKER_VAR not in env:
+            continue
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            name = proc.name()
+        except psutil.Error:
+            continue
+        if env.get(RUN_VAR) == run_id:
+            ours.append({"pid": proc.pid, "name": name, "kind": env.get(KIND_VAR), "job": env.get(MARKER_VAR)})
+        else:
+            others += 1
+    return {"ours": ours, "others": others}
+
+
+def _is_pool_helper(proc: psutil.Process, env: Optional[dict]) -> bool:
+    """A process of the pool's own below a worker (e.g. a pre-forked tool
+    process waiting for its job): a fork of the worker, so the worker's
+    command line and no job marker."""
+    if env is not None and MARKER_VAR in env:
+        return False
+    try:
+        return "execpool.worker" in proc.cmdline()
+    except psutil.Error:
+        return False
+
+
+def snapshot(pool: ExecPool, run_id: str) -> dict:
+    workers = set(pool.worker_pids)
+    zombies = tools = helpers = others = 0
+    for proc in C.descendants():
+        if proc.pid in workers:
+            continue
+        if is_zombie(proc):
+            zombies += 1
+            continue
+        env = C.environ_of(proc)
+        if env is not None and MARKER_VAR in env:
+            tools += 1
+        elif _is_pool_helper(proc, env):
+            helpers += 1
+        else:
+            others += 1
+    marked = marked_processes(run_id)
+    return {
+        "threads": threading.active_count(),
+        "native_threads": native_thread_count(),
+        "fds": fd_count(),
+        "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
+        "workers": len(workers),
+        "pool_helpers": helpers,
+        "tool_processes": tools,
+        "other_processes": others,
+        "zombies": zombies,
+        "marked_ours": len(marked["ours"]),
+        "marked_others": marked["others"],
+        "_marked_detail": marked["ours"][:10],
+    }
+
+
+def survivors_of_close(before_close: list[tuple[int, float]], seconds: float) -> list[int]:
+    """Pids (with their start times) recorded before pool.close() that are
+    still running after it; zombies count as dead (whoever inherited them
+    reaps them)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = []
+        for pid, created in before_close:
+            try:
+                proc = psutil.Process(pid)
+                if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.Error:
+                pass
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
+
+
+STABLE_KEYS = ("threads", "native_threads", "fds", "workers", "tool_processes", "other_processes", "zombies",
+               "marked_ours")
+
+
+def settle(pool: ExecPool, run_id: str, seconds: float, target: Optional[dict] = None) -> dict:
+    """gc, then sample until the counts match ``target`` (or, without one,
+    stop changing for a few samples) or ``seconds`` pass."""
+    gc.collect()
+    deadline = time.monotonic() + seconds
+    snap = snapshot(pool, run_id)
+    stable = 0
+    while time.monotonic() < deadline:
+        if target is not None and all(snap[k] <= target[k] for k in STABLE_KEYS):
+            break
+        time.sleep(0.05)
+        gc.collect()
+        new = snapshot(pool, run_id)
+        same = all(new[k] == snap[k] for k in STABLE_KEYS)
+        snap = new
+        stable = stable + 1 if same else 0
+        if target is None and stable >= 5 and snap["marked_ours"] == 0 and snap["tool_processes"] == 0:
+            break
+    return snap
+
+
+def kill_leftovers(run_id: str, pids: list[int]) -> int:
+    """Leave nothing of this run behind, whatever the verdict."""
+    killed = 0
+    for pid in {entry["pid"] for entry in marked_processes(run_id)["ours"]} | set(pids):
+        try:
+            psutil.Process(pid).kill()
+            killed += 1
+        except psutil.Error:
+            pass
+    return killed
+
+
+# --- main ---------------------------------------------------------------------------
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=2000, help="jobs in the measured run (default 2000)")
+    parser.add_argument("--concurrency", type=int, default=16, help="caller threads (default 16)")
+    parser.add_argument("--workers", type=int, default=2, help="pool workers (default 2)")
+    parser.add_argument("--max-jobs-per-worker", type=int, default=200,
+                        help="recycle workers after this many jobs (default 200)")
+    parser.add_argument("--warmup", type=int, default=50, help="warm-up jobs before the first count (default 50)")
+    parser.add_argument("--settle", type=float, default=2.0, help="max seconds to let counts settle (default 2)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the job order (default 1)")
+    parser.add_argument("--skip", default="", help="comma-separated kinds to leave out, e.g. cancel_chatty")
+    args = parser.parse_args(argv)
+    skip = {k for k in args.skip.split(",") if k}
+    if skip - set(KINDS):
+        parser.error(f"unknown kinds {sorted(skip - set(KINDS))}; kinds are {', '.join(KINDS)}")
+    if skip >= set(KINDS):
+        parser.error("--skip leaves no kind to run")
+    for name in ("jobs", "concurrency", "workers", "max_jobs_per_worker"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.warmup < 0 or args.settle < 0:
+        parser.error("--warmup and --settle must not be negative")
+
+    run_id = uuid.uuid4().hex
+    started = time.perf_counter()
+    try:
+        pool = ExecPool(workers=args.workers, max_jobs_per_worker=args.max_jobs_per_worker)
+    except Exception as exc:  # noqa: BLE001 - reported as the run's result
+        print(f"execpool soak: cannot start the pool: {type(exc).__name__}: {exc}")
+        C.emit_json({"benchmark": "soak", "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        return 2
+    try:
+        soak = Soak(pool, run_id)
+        warm = run_batch(soak, schedule(args.warmup, args.seed + 1, frozenset(skip)), args.concurrency, 0) if args.warmup else []
+        before = settle(pool, run_id, args.settle)
+        t0 = time.perf_counter()
+        outcomes = run_batch(soak, schedule(args.jobs, args.seed, frozenset(skip)), args.concurrency, args.warmup)
+        run_s = time.perf_counter() - t0
+        after = settle(pool, run_id, args.settle, target=before)
+        settle_s = time.perf_counter() - t0 - run_s
+    finally:
+        below = []
+        for proc in C.descendants():
+            try:
+                below.append((proc.pid, proc.create_time()))
+            except psutil.Error:
+                pass
+        pool.close()
+    survivors = survivors_of_close(below, args.settle)
+    after_close = marked_processes(run_id)
+    killed = kill_leftovers(run_id, survivors)
+    elapsed = time.perf_counter() - started
+
+    # Problems of their own first: a crashed worker fails every job it ran.
+    wrong = sorted((o for o in warm + outcomes if o.problem is not None),
+                   key=lambda o: (WORKER_DIED in (o.problem or ""), o.index))
+    crash_errors = sum(WORKER_DIED in (o.problem or "") for o in wrong)
+    by_kind: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        by_kind.setdefault(o.kind, []).append(o)
+    leaks = []
+    for key in ("threads", "native_threads", "fds", "tool_processes", "other_processes"):
+        if after[key] > before[key]:
+            leaks.append(f"{key}: {before[key]} -> {after[key]}")
+    if after["workers"] != args.workers:
+        leaks.append(f"workers: {after['workers']} (want {args.workers})")
+    if after["zombies"]:
+        leaks.append(f"zombies among descendants: {after['zombies']}")
+    if after["marked_ours"]:
+        leaks.append(f"processes of this run still alive: {after['marked_ours']} "
+                     f"e.g. {after['_marked_detail'][:3]}")
+    if survivors:
+        leaks.append(f"processes below this process still running after pool.close(): {survivors[:10]}")
+    if after_close["ours"]:
+        leaks.append(f"processes of this run alive after pool.close(): {len(after_close['ours'])}")
+
+    print(f"execpool soak: {args.jobs} jobs (+{args.warmup} warm-up), concurrency {args.concurrency}, "
+          f"{args.workers} workers recycled every {args.max_jobs_per_worker} jobs, {os.cpu_count()} CPUs")
+    print(f"  run {run_s:.1f} s ({args.jobs / run_s:.0f} jobs/s), settle {settle_s:.2f} s, total {elapsed:.1f} s")
+    print()
+    C.print_table(
+        "Jobs by kind (wall ms per job, from the caller's thread)",
+        ["kind", "jobs", "wrong", "median", "p90", "max"],
+        [[k, len(v), sum(o.problem is not None for o in v), C.ms(C.median([o.wall_s for o in v])),
+          C.ms(C.quantile([o.wall_s for o in v], 0.9)), C.ms(max(o.wall_s for o in v))]
+         for k, v in sorted(by_kind.items())],
+    )
+    rows = []
+    for key in ("threads", "native_threads", "fds", "rss_mb", "workers", "pool_helpers", "tool_processes",
+                "other_processes", "zombies", "marked_ours", "marked_others"):
+        delta = after[key] - before[key]
+        rows.append([key, before[key], after[key], round(delta, 1) if isinstance(delta, float) else delta])
+    rows.append(["running after pool.close()", len(below), len(survivors), ""])
+    C.print_table("Before (after warm-up) / after (after settle)", ["count", "before", "after", "delta"], rows)
+    if after["marked_others"]:
+        print(f"  note: {after['marked_others']} EXECPOOL_JOB process(es) of another run are alive (not counted)")
+    if crash_errors:
+        print(f"  {crash_errors} wrong result(s) are jobs failed by a crashed worker (see stderr)")
+    for o in wrong[:10]:
+        print(f"  WRONG job {o.index} ({o.kind}): {o.problem}")
+    if len(wrong) > 10:
+        print(f"  ... and {len(wrong) - 10} more wrong results")
+    for leak in leaks:
+        print(f"  LEAK {leak}")
+    if killed:
+        print(f"  killed {killed} leftover process(es) of this run")
+    ok = not wrong and not leaks
+    print(f"  verdict: {'OK' if ok else 'FAIL'}")
+    print()
+
+    C.emit_json({
+        "benchmark": "soak",
+        "ok": ok,
+        "jobs": args.jobs,
+        "warmup_jobs": args.warmup,
+        "concurrency": args.concurrency,
+        "workers": args.workers,
+        "max_jobs_per_worker": args.max_jobs_per_worker,
+        "cpus": os.cpu_count(),
+        "run_s": round(run_s, 2),
+        "jobs_per_s": round(args.jobs / run_s, 1),
+        "settle_s": round(settle_s, 2),
+        "elapsed_s": round(elapsed, 2),
+        "wrong": len(wrong),
+        "wrong_from_worker_crash": crash_errors,
+        "skipped_kinds": sorted(skip),
+        "wrong_examples": [f"{o.index} {o.kind}: {o.problem}" for o in wrong[:5]],
+        "kinds": {k: {"jobs": len(v), "wrong": sum(o.problem is not None for o in v),
+                      "median_ms": C.ms(C.median([o.wall_s for o in v]))} for k, v in sorted(by_kind.items())},
+        "before": {k: v for k, v in before.items() if not k.startswith("_")},
+        "after": {k: v for k, v in after.items() if not k.startswith("_")},
+        "processes_below_at_close": len(below),
+        "running_after_close": len(survivors),
+        "leaks": leaks,
+        "leftovers_killed": killed,
+    })
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
