@@ -14,6 +14,18 @@ from .proctree import capture_process_group, drain_process_output, kill_process_
 from .result import Result
 from .supervisor import ExecPool, PoolClosedError
 
+
+
+def __getattr__(name: str):
+    """``execpool.chat_with_tools`` without importing httpx for callers who
+    only run jobs."""
+    if name == "chat_with_tools":
+        from .loop import chat_with_tools
+
+        return chat_with_tools
+    raise AttributeError(f"module 'execpool' has no attribute {name!r}")
+
+
 __all__ = [
     "TOOL_OUTPUT_STREAM_MAX_CHARS",
     "AsyncJobStream",
@@ -25,6 +37,7 @@ __all__ = [
     "ShellJob",
     "accepts_output_callback",
     "capture_process_group",
+    "chat_with_tools",
     "drain_process_output",
     "drain_queue",
     "kill_process_tree",

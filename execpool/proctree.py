@@ -5,13 +5,15 @@ Every way a job ends in execpool -- exit, timeout, cancel, stream close,
 worker crash, pool close -- goes through :func:`kill_tree`. Its order follows
 DESIGN.md ("Process-tree kill, in order of strength"):
 
-1. Snapshot the leader's descendants while the leader still links them
-   (once the leader dies they are re-parented and the link is gone).
-2. ``killpg(SIGKILL)`` on every captured pgid. It stays valid after the
-   leader was reaped while any member lives, and it is one syscall.
-3. SIGKILL the members of the snapshot the group kill did not reach:
-   children that moved to a group of their own.
-4. Sweep for processes carrying the job's marker in their environment --
+1. ``killpg(SIGKILL)`` on every captured pgid: one syscall that ends most
+   trees at once, so it comes first on the latency path. The pgid stays
+   valid after the leader was reaped while any member lives.
+2. Walk the leader's descendants (through the kernel's child lists) and
+   SIGKILL those the group kill did not reach: children that moved to a
+   group of their own. One that is missed here because its dying parent
+   already let go of it is re-parented to the subreaper worker, where the
+   next step finds it.
+3. Sweep for processes carrying the job's marker in their environment --
    daemons that left the group with ``setsid`` and a double fork and were
    re-parented to the worker (a child subreaper) or, when the worker itself
    is gone, to anything else. Repeat until a sweep finds nothing, so a tree
@@ -105,30 +107,33 @@ def _as_processes(pids: Iterable[int]) -> list:
     return procs
 
 
-def _descendants(pid: int) -> list:
+def _descendant_pids(pid: int) -> list[int]:
     if not _kernel_lists_children():
         try:
-            return psutil.Process(pid).children(recursive=True)
+            return [child.pid for child in psutil.Process(pid).children(recursive=True)]
         except psutil.Error:
             return []
     found: list[int] = []
     frontier = [pid]
     while frontier:
-        level = [child for parent in frontier for child in (_child_pids(parent) or ())]
-        found.extend(level)
-        frontier = level
-    return _as_processes(found)
+        frontier = [child for parent in frontier for child in (_child_pids(parent) or ())]
+        found.extend(frontier)
+    return found
 
 
-def _subtree(pid: int) -> list:
+def _descendants(pid: int) -> list:
+    return _as_processes(_descendant_pids(pid))
+
+
+def _subtree_pids(pid: int) -> list[int]:
     """``pid`` and its descendants, never the calling process itself (the worker
     passes its own pid to take down everything below it at shutdown)."""
-    procs = _descendants(pid)
+    pids = _descendant_pids(pid)
     if pid != os.getpid():
         # The leader dies first, so it cannot react to its children's deaths
         # (a shell's ``wait`` returning, a supervisor respawning them).
-        procs[:0] = _as_processes([pid])
-    return procs
+        pids.insert(0, pid)
+    return pids
 
 
 def child_pids(pid: int) -> list[int]:
@@ -194,9 +199,10 @@ def kill_tree(
     ``exclude`` names pids known not to be this job's (the leaders of the
     worker's other jobs), which spares reading their environments.
     """
-    snapshot = _subtree(leader) if leader is not None else []
     pgids = frozenset(pgid for pgid in pgids if pgid is not None and _killpg(pgid))
-    hit = _kill_all(p for p in snapshot if not _in_groups(p.pid, pgids))
+    hit = 0
+    if leader is not None:
+        hit += _kill_all(_as_processes(p for p in _subtree_pids(leader) if not _in_groups(p, pgids)))
     if marker is None:
         return hit
     skip = set(exclude)

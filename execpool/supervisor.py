@@ -251,6 +251,12 @@ class ExecPool:
             pending[0].ready.wait(min(remaining, 0.1))
 
     @property
+    def env(self) -> dict:
+        """The environment every tool starts from: the allow-listed caller
+        variables plus the pool's ``env`` (a job's own ``env`` goes on top)."""
+        return dict(self._base_env)
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
