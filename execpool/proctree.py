@@ -5,14 +5,12 @@ Every way a job ends in execpool -- exit, timeout, cancel, stream close,
 worker crash, pool close -- goes through :func:`kill_tree`. Its order follows
 DESIGN.md ("Process-tree kill, in order of strength"):
 
-1. ``killpg(SIGKILL)`` on every captured pgid: one syscall that ends most
-   trees at once, so it comes first on the latency path. The pgid stays
-   valid after the leader was reaped while any member lives.
-2. Walk the leader's descendants (through the kernel's child lists) and
-   SIGKILL those the group kill did not reach: children that moved to a
-   group of their own. One that is missed here because its dying parent
-   already let go of it is re-parented to the subreaper worker, where the
-   next step finds it.
+1. Walk the leader's descendants through the kernel's child lists while the
+   leader still links them, keeping those outside the job's group.
+2. ``killpg(SIGKILL)`` on every captured pgid: one syscall that ends most
+   trees at once. It stays valid after the leader was reaped while any
+   member lives. Then SIGKILL the ones from step 1: children that moved to
+   a group of their own.
 3. Sweep for processes carrying the job's marker in their environment --
    daemons that left the group with ``setsid`` and a double fork and were
    re-parented to the worker (a child subreaper) or, when the worker itself
@@ -51,18 +49,17 @@ def marker_matches(value: Optional[str], marker: str) -> bool:
     return value is not None and (value == marker or value.startswith(marker + "/"))
 
 
-def _killpg(pgid: int) -> bool:
-    """SIGKILL a group; False where it was not tried: never the caller's own
-    group (a child started without a new session shares it), and nowhere
-    without process groups."""
-    killpg = getattr(os, "killpg", None)
-    if killpg is None or pgid <= 1 or pgid == os.getpgrp():
-        return False
+def _group_killable(pgid: Optional[int]) -> bool:
+    """Never the caller's own group (a child started without a new session
+    shares it), and nowhere without process groups."""
+    return pgid is not None and pgid > 1 and hasattr(os, "killpg") and pgid != os.getpgrp()
+
+
+def _killpg(pgid: int) -> None:
     try:
-        killpg(pgid, signal.SIGKILL)
+        os.killpg(pgid, signal.SIGKILL)
     except OSError:
         pass
-    return True
 
 
 def _kill_all(procs: Iterable[psutil.Process]) -> int:
@@ -90,8 +87,10 @@ def _child_pids(pid: int) -> Optional[list[int]]:
     found: list[int] = []
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                found.extend(int(child) for child in f.read().split())
+            # Unbuffered bytes: this runs once per process of a tree being
+            # killed, and a text wrapper would cost more than the read.
+            with open(f"/proc/{pid}/task/{tid}/children", "rb", buffering=0) as f:
+                found.extend(map(int, f.read().split()))
     except OSError:
         pass  # the process (or one of its threads) is gone
     return found
@@ -199,10 +198,17 @@ def kill_tree(
     ``exclude`` names pids known not to be this job's (the leaders of the
     worker's other jobs), which spares reading their environments.
     """
-    pgids = frozenset(pgid for pgid in pgids if pgid is not None and _killpg(pgid))
-    hit = 0
+    pgids = frozenset(pgid for pgid in pgids if _group_killable(pgid))
+    # Walked before the group dies: a dying parent lets go of its children,
+    # and one that left the group could then be found only by its marker.
+    # The Process objects are made now too, so a pid recycled meanwhile is
+    # recognised as someone else's.
+    outside = []
     if leader is not None:
-        hit += _kill_all(_as_processes(p for p in _subtree_pids(leader) if not _in_groups(p, pgids)))
+        outside = _as_processes(p for p in _subtree_pids(leader) if not _in_groups(p, pgids))
+    for pgid in pgids:
+        _killpg(pgid)
+    hit = _kill_all(outside)
     if marker is None:
         return hit
     skip = set(exclude)
