@@ -33,6 +33,8 @@ class Start:
     max_output_chars: int
     keep_background: bool
     python: str
+    stdin: Optional[str]
+    warm: bool
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,10 @@ class Shutdown:
 
 @dataclass(frozen=True)
 class Ready:
+    """The worker takes jobs; ``preload_errors`` names modules it could not import."""
+
     pid: int
+    preload_errors: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ class _Job:
     limits: Optional[Limits] = None
     keep_background: bool = False
     max_output_chars: Optional[int] = None
+    stdin: Optional[str] = None
 
     kind = ""
     _source_field = ""
@@ -116,16 +117,34 @@ class _Job:
         if not isinstance(self.keep_background, bool):
             raise TypeError("keep_background must be a bool")
         _check_positive_int("max_output_chars", self.max_output_chars)
+        if self.stdin is not None:
+            if not isinstance(self.stdin, str):
+                raise TypeError(f"stdin must be str or None, not {type(self.stdin).__name__}")
+            try:
+                self.stdin.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"stdin is not valid text: {exc.reason} at index {exc.start}") from None
 
 
 @dataclass(frozen=True)
 class PythonJob(_Job):
     """Run ``code`` as ``python -u FILE`` with the FILE in the job's working
-    directory, so ``__file__`` and ``sys.path[0]`` point there."""
+    directory, so ``__file__`` and ``sys.path[0]`` point there.
+
+    ``warm=True`` runs it in a fork of the worker instead of a new
+    interpreter: the same file, ``__main__``, limits, session and exit codes,
+    without the interpreter's start-up (see the README for what can differ).
+    """
 
     code: str
+    warm: bool = field(default=False, kw_only=True)
     kind = "python"
     _source_field = "code"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.warm, bool):
+            raise TypeError("warm must be a bool")
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection, wait
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 from . import channel, drain
 from .jobs import Limits, PythonJob, ShellJob
@@ -127,7 +127,9 @@ class ExecPool:
     small C extension ``execpool._spawn`` (the default where it was built) or
     ``"fork"``, pure Python and a few milliseconds slower per tool; both set
     the session, rlimits and parent-death signal before the tool's first
-    instruction. The constructor returns once every worker is ready.
+    instruction. ``preload`` names modules every worker imports at start, so
+    warm jobs (``PythonJob(warm=True)``) that import them start fast. The
+    constructor returns once every worker is ready.
     """
 
     def __init__(
@@ -142,6 +144,7 @@ class ExecPool:
         max_jobs_per_worker: int = 1000,
         startup_timeout: float = 30.0,
         spawn_method: str = "auto",
+        preload: Iterable[str] = (),
     ) -> None:
         if workers is None:
             workers = os.cpu_count() or 2
@@ -158,6 +161,13 @@ class ExecPool:
         if spawn_method == "vfork" and _DEFAULT_SPAWN_METHOD != "vfork":
             raise ValueError("spawn_method='vfork' needs the execpool._spawn extension, which is not built here")
         self.spawn_method = spawn_method
+        if isinstance(preload, str):
+            raise TypeError("preload must be a list of module names, not one string")
+        self.preload = tuple(preload)
+        for name in self.preload:
+            if not isinstance(name, str) or not all(part.isidentifier() for part in name.split(".")):
+                raise ValueError(f"preload entry {name!r} is not a module name")
+        self._preload_errors: tuple = ()
         if not isinstance(limits, Limits):
             raise TypeError(f"limits must be an execpool.Limits, not {type(limits).__name__}")
         self.python = os.path.abspath(python) if python is not None else sys.executable
@@ -212,6 +222,35 @@ class ExecPool:
                                     cancel_event=cancel_event, heartbeat_interval_s=heartbeat_interval_s,
                                     poll_interval_s=poll_interval_s)
 
+    def map(self, jobs: Iterable[PythonJob | ShellJob], *,
+            max_in_flight: Optional[int] = None) -> Iterator[Result]:
+        """Results of ``jobs`` in input order, as an iterator. Jobs are taken
+        from the iterable lazily and at most ``max_in_flight`` run at once
+        (default: two per CPU), so a million-job generator is fine; closing
+        the iterator early cancels what is still running."""
+        from .batch import map_jobs
+
+        self._check_open()
+        return map_jobs(self._submit, jobs, self._in_flight(max_in_flight))
+
+    def imap_unordered(self, jobs: Iterable[PythonJob | ShellJob], *,
+                       max_in_flight: Optional[int] = None) -> Iterator[tuple[int, Result]]:
+        """``(index, Result)`` pairs as jobs finish, ``index`` being the job's
+        position in ``jobs``; otherwise like :meth:`map`."""
+        from .batch import imap_unordered_jobs
+
+        self._check_open()
+        return imap_unordered_jobs(self._submit, jobs, self._in_flight(max_in_flight))
+
+    def _in_flight(self, max_in_flight: Optional[int]) -> int:
+        if max_in_flight is None:
+            return 2 * (os.cpu_count() or 2)
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
+            raise TypeError(f"max_in_flight must be an int, not {type(max_in_flight).__name__}")
+        if max_in_flight <= 0:
+            raise ValueError(f"max_in_flight must be positive, got {max_in_flight}")
+        return max_in_flight
+
     def close(self, timeout: float = 5.0) -> None:
         """Kill every tool tree, stop the workers and the dispatcher; bounded
         by ``timeout`` per phase, after which workers are SIGKILLed."""
@@ -242,6 +281,9 @@ class ExecPool:
             if self._broken is not None:
                 self.close()
                 raise RuntimeError(self._broken)
+            if self._preload_errors:
+                self.close()
+                raise ValueError("cannot preload in the workers: " + "; ".join(self._preload_errors))
             if not pending:
                 return
             remaining = deadline - time.monotonic()
@@ -297,7 +339,8 @@ class ExecPool:
             job_id=job_id, argv_kind=job.kind, source=job.source, cwd=job.cwd, env=env,
             timeout=job.timeout, limits=job.limits or self.limits, live_cap=live_cap,
             max_output_chars=job.max_output_chars or self.max_output_chars,
-            keep_background=job.keep_background, python=self.python,
+            keep_background=job.keep_background, python=self.python, stdin=job.stdin,
+            warm=getattr(job, "warm", False),
         )
         with self._lock:
             self._check_open()
@@ -323,7 +366,7 @@ class ExecPool:
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "execpool.worker", str(to_worker_r), str(from_worker_w), token,
-                 self.spawn_method],
+                 self.spawn_method, ",".join(self.preload)],
                 pass_fds=(to_worker_r, from_worker_w), env=env, cwd="/", start_new_session=True,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             )
@@ -375,6 +418,7 @@ class ExecPool:
         elif isinstance(msg, channel.Spawned):
             worker.pgids[msg.job_id] = msg.pgid
         elif isinstance(msg, channel.Ready):
+            self._preload_errors = self._preload_errors or msg.preload_errors
             worker.ready.set()
             self._startup_failures = 0
 

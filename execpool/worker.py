@@ -1,6 +1,6 @@
 """The worker process: many tools at once, on one thread.
 
-Runs as ``python -m execpool.worker READ_FD WRITE_FD TOKEN``, started clean by
+Runs as ``python -m execpool.worker READ_FD WRITE_FD TOKEN METHOD [PRELOAD]``, started clean by
 the supervisor (never forked from the caller), with its channel on the two
 inherited pipe fds and a scrubbed environment.
 
@@ -29,6 +29,7 @@ import codecs
 import ctypes
 import gc
 import heapq
+import importlib
 import io
 import os
 import resource
@@ -41,9 +42,9 @@ import time
 from collections import deque
 from dataclasses import astuple
 from multiprocessing.connection import Connection
-from typing import Optional
+from typing import Callable, Optional
 
-from . import channel
+from . import channel, warm
 from .jobs import Limits
 from .proctree import JOB_MARKER_ENV, child_pids, kill_tree
 from .result import Result
@@ -74,6 +75,10 @@ except ImportError:  # not built here; the pure-Python start is used instead
 SPAWN_METHODS = ("vfork", "fork") if _spawn is not None else ("fork",)
 
 _DEVNULL = os.open(os.devnull, os.O_RDONLY)
+
+#: What the worker's own PYTHONPATH added to sys.path (execpool itself), which
+#: a warm job's sys.path must not have: a cold tool does not.
+_WORKER_PATH = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 _RLIMITS = (
     ("address_space", "RLIMIT_AS"),
@@ -161,53 +166,74 @@ def _limit_values(limits: Limits) -> tuple:
     return tuple(-1 if value is None else value for value in astuple(limits))
 
 
-def _fork_exec(argv: list, env: dict, cwd: str, limits: Limits, worker_pid: int, out_fd: int) -> int:
-    """The pure-Python tool start, where ``execpool._spawn`` was not built:
-    the same steps in the same order, after a (slower) full fork."""
-    err_r, err_w = os.pipe()
+def _fork_child(cwd: str, limits: Limits, stdin_fd: int, out_fd: int,
+                then: Callable[[int], None]) -> int:
+    """Fork, set the child up as every tool is set up, then hand it to
+    ``then(ready_fd)``, which execs, or closes ``ready_fd`` and runs warm.
+    A failure before that point reaches the worker through ``ready_fd``."""
+    ready_r, ready_w = os.pipe()
+    worker_pid = os.getpid()
     pid = os.fork()
     if pid == 0:
         try:
-            os.close(err_r)
+            os.close(ready_r)
             os.setsid()
             _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() != worker_pid:
                 os._exit(137)  # the worker died before the death signal was armed
             _apply_limits(limits)
             os.chdir(cwd)
-            os.dup2(_DEVNULL, 0)
+            os.dup2(stdin_fd, 0)
             os.dup2(out_fd, 1)
             os.dup2(out_fd, 2)
-            # exec resets caught signals itself; ignored ones would stay ignored.
-            for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-                signal.signal(sig, signal.SIG_DFL)
-            os.execve(argv[0], argv, env)
+            # The worker's pipes, selector and channel are not the tool's.
+            os.closerange(3, ready_w)
+            os.closerange(ready_w + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+            then(ready_w)
         except BaseException as exc:  # noqa: BLE001 - report, never return into the loop
             try:
-                os.write(err_w, str(exc).encode("utf-8", "replace")[:2048])
+                os.write(ready_w, str(exc).encode("utf-8", "replace")[:2048])
             finally:
                 os._exit(127)
-    os.close(err_w)
+    os.close(ready_w)
     failure = b""
-    while chunk := os.read(err_r, 4096):
+    while chunk := os.read(ready_r, 4096):
         failure += chunk
-    os.close(err_r)
+    os.close(ready_r)
     if failure:
         os.waitpid(pid, 0)
         raise OSError(failure.decode("utf-8", "replace"))
     return pid
 
 
-def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str) -> tuple[int, int]:
+def _exec(argv: list, env: dict) -> Callable[[int], None]:
+    def then(_ready_fd: int) -> None:
+        # exec resets caught signals itself; ignored ones would stay ignored.
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
+        os.execve(argv[0], argv, env)
+
+    return then
+
+
+def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str,
+               stdin_fd: int = -1) -> tuple[int, int]:
     """Start one tool in a new session with its limits; return its pid and
-    the read end of its merged stdout/stderr pipe."""
+    the read end of its merged stdout/stderr pipe. ``method`` is "vfork",
+    "fork" (the pure-Python fallback) or "warm" (argv is ``[python, -u, FILE]``,
+    run in a fork of this worker)."""
+    stdin_fd = _DEVNULL if stdin_fd < 0 else stdin_fd
     out_r, out_w = os.pipe()
     try:
         if method == "vfork":
             envp = [f"{key}={value}" for key, value in env.items()]
-            pid = _spawn.spawn(argv, envp, cwd, _limit_values(limits), _DEVNULL, out_w)
+            pid = _spawn.spawn(argv, envp, cwd, _limit_values(limits), stdin_fd, out_w)
+        elif method == "warm":
+            script = argv[-1]
+            pid = _fork_child(cwd, limits, stdin_fd, out_w,
+                              lambda ready: warm.run(script, env, _WORKER_PATH, ready))
         else:
-            pid = _fork_exec(argv, env, cwd, limits, os.getpid(), out_w)
+            pid = _fork_child(cwd, limits, stdin_fd, out_w, _exec(argv, env))
     except BaseException:
         os.close(out_r)
         raise
@@ -216,12 +242,26 @@ def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str) -> 
     return pid, out_r
 
 
+def _stdin_file(text: str) -> int:
+    """An anonymous file holding a job's stdin, rewound, so the tool reads it
+    at its own pace and the worker never blocks writing it."""
+    fd = os.memfd_create("execpool-stdin", os.MFD_CLOEXEC)
+    data = text.encode("utf-8")
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 class Worker:
-    def __init__(self, conn_in: Connection, conn_out: Connection, token: str, spawn_method: str) -> None:
+    def __init__(self, conn_in: Connection, conn_out: Connection, token: str, spawn_method: str,
+                 preload: tuple = ()) -> None:
         self.conn_in = conn_in
         self.conn_out = conn_out
         self.token = token
         self.spawn_method = spawn_method
+        self.preload = preload
         self.pid = os.getpid()
         self.shell = shutil.which("bash") or "/bin/sh"
         self.sel = selectors.DefaultSelector()
@@ -241,12 +281,9 @@ class Worker:
         signal.set_wakeup_fd(sig_w, warn_on_full_buffer=False)
         for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, lambda *_: None)
-        # Every object alive now lives as long as the worker: keep the
-        # collector from touching them, so forked tools copy fewer pages.
-        gc.freeze()
         self.sel.register(sig_r, selectors.EVENT_READ, self._on_signal)
         self.sel.register(self.conn_in.fileno(), selectors.EVENT_READ, self._on_control)
-        self._send(channel.Ready(self.pid))
+        self._send(channel.Ready(self.pid, self._preload()))
         while not self.stopping:
             for key, _ in self.sel.select(self._next_timeout()):
                 key.data(key.fd)
@@ -254,6 +291,21 @@ class Worker:
                     break
             self._fire_timers()
         self._shutdown()
+
+    def _preload(self) -> tuple:
+        """Import what warm jobs should find already loaded; report failures
+        instead of dying, so the pool can say which module is at fault."""
+        errors = []
+        for name in self.preload:
+            try:
+                importlib.import_module(name)
+            except BaseException as exc:  # noqa: BLE001 - any failure is the caller's to see
+                errors.append(f"{name}: {type(exc).__name__}: {exc}")
+        gc.collect()
+        # Every object alive now lives as long as the worker: keep the
+        # collector from touching them, so forked tools copy fewer pages.
+        gc.freeze()
+        return tuple(errors)
 
     def _next_timeout(self) -> Optional[float]:
         deadlines = [t for t, _ in self.timers[:1]]
@@ -384,7 +436,13 @@ class Worker:
             argv = [self.shell, "-c", start.source]
         env = dict(start.env)
         env[JOB_MARKER_ENV] = job.marker
-        pid, out_r = start_tool(argv, env, cwd, start.limits, self.spawn_method)
+        method = "warm" if start.warm else self.spawn_method
+        stdin_fd = _stdin_file(start.stdin) if start.stdin is not None else -1
+        try:
+            pid, out_r = start_tool(argv, env, cwd, start.limits, method, stdin_fd)
+        finally:
+            if stdin_fd >= 0:
+                os.close(stdin_fd)
         os.set_blocking(out_r, False)
         job.pid, job.fd = pid, out_r
         self.by_leader[pid] = job
@@ -470,11 +528,12 @@ def _unlink(path: str) -> None:
 
 def main(argv: list) -> None:
     read_fd, write_fd, token, spawn_method = int(argv[0]), int(argv[1]), argv[2], argv[3]
+    preload = tuple(name for name in argv[4].split(",") if name) if len(argv) > 4 else ()
     for fd in (read_fd, write_fd):
         os.set_inheritable(fd, False)
     _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     worker = Worker(Connection(read_fd, writable=False), Connection(write_fd, readable=False), token,
-                    spawn_method)
+                    spawn_method, preload)
     worker.serve()
 
 

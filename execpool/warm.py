@@ -1,0 +1,133 @@
+"""Warm Python: a job's file run in a fork of the worker, as ``python -u FILE``
+would run it, without an interpreter start-up.
+
+Runs only in the forked child, after the worker has given it its session,
+death signal, rlimits, working directory and stdin/stdout/stderr
+(execpool/worker.py). What is reset here is what a cold interpreter would
+have differently from the worker: the environment, ``sys.argv``,
+``sys.path[0]``, fresh unbuffered std streams, a new ``__main__``, signal
+dispositions and exit handlers. What a cold run does at the end is done
+too: uncaught exceptions through ``sys.excepthook`` with the runner's own
+frame cut off, ``SystemExit`` codes, waiting for non-daemon threads, atexit
+handlers, flushing.
+
+What can still differ from a cold run (the README lists it for users):
+modules the worker had imported (or preloaded) are already in
+``sys.modules`` -- that is the speed-up -- with their state as of the fork;
+``sys.flags`` and ``sys.orig_argv`` are the worker's; a ``sitecustomize`` is
+re-imported only when the job's ``PYTHONPATH`` provides one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import io
+import os
+import signal
+import sys
+import threading
+import types
+from importlib.machinery import SourceFileLoader
+from typing import NoReturn
+
+#: ``sys.exit("message")`` and anything else that is not an int.
+_EXIT_FAILURE = 1
+#: What CPython exits with when flushing stdout fails at the end.
+_EXIT_FLUSH_FAILED = 120
+
+
+def run(path: str, env: dict, worker_path: list, ready_fd: int) -> NoReturn:
+    """Become the job's interpreter, close ``ready_fd`` (telling the worker
+    the job started), run ``path`` as ``__main__`` and exit with its status."""
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    atexit._clear()
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = [path]
+    job_path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [os.path.dirname(path), *job_path,
+                   *(p for p in sys.path[1:] if p not in worker_path and p not in job_path)]
+    _fresh_std_streams()
+    if job_path:
+        sys.modules.pop("sitecustomize", None)
+        try:
+            import sitecustomize  # noqa: F401 - what a cold start imports from the job's path
+        except ImportError:
+            pass
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins, __package__=None,
+                         __spec__=None, __loader__=SourceFileLoader("__main__", path))
+    sys.modules["__main__"] = main
+    os.close(ready_fd)
+    status = _run_main(path, main)
+    os._exit(status)
+
+
+def _fresh_std_streams() -> None:
+    """What ``-u`` gives: unbuffered binary layers, write-through text, in the
+    encodings and error handlers this interpreter chose for its own streams
+    (the worker's locale is the tools' locale)."""
+    def text(fd: int, mode: str, like: io.TextIOWrapper) -> io.TextIOWrapper:
+        raw = io.FileIO(fd, mode, closefd=False)
+        layer = io.BufferedReader(raw) if mode == "rb" else raw
+        return io.TextIOWrapper(layer, encoding=like.encoding, errors=like.errors,
+                                write_through=mode != "rb")
+
+    sys.stdin = sys.__stdin__ = text(0, "rb", sys.__stdin__ or sys.stdin)
+    sys.stdout = sys.__stdout__ = text(1, "wb", sys.__stdout__ or sys.stdout)
+    sys.stderr = sys.__stderr__ = text(2, "wb", sys.__stderr__ or sys.stderr)
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return _EXIT_FAILURE
+
+
+def _run_main(path: str, main: types.ModuleType) -> int:
+    interrupted = False
+    try:
+        with open(path, "rb") as f:
+            code = compile(f.read(), path, "exec", dont_inherit=True)
+        exec(code, main.__dict__)
+        status = 0
+    except SystemExit as exc:
+        status = _exit_code(exc.code)
+    except BaseException as exc:  # noqa: BLE001 - the job's uncaught exception, reported as Python would
+        # Cut this frame off, on the exception itself: the default hook
+        # prints the exception's own traceback, not the one it is given.
+        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        status = _EXIT_FAILURE
+    status = _finalize(status)
+    if interrupted:
+        # A cold interpreter ends an uncaught Ctrl-C by dying of SIGINT.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return status
+
+
+def _finalize(status: int) -> int:
+    """Py_FinalizeEx's order: non-daemon threads, atexit handlers, flush."""
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]
+    except BaseException:  # noqa: BLE001 - a cold interpreter ignores these too
+        pass
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+    except BaseException:  # noqa: BLE001
+        status = _EXIT_FLUSH_FAILED
+    try:
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001
+        pass
+    return status

@@ -1,0 +1,124 @@
+"""Warm Python (``PythonJob(warm=True)``): a fork of the worker that behaves as
+``python -u FILE`` would, and job stdin."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import pytest
+
+import hostile
+from execpool import ExecPool, Limits, PythonJob, ShellJob
+from helpers import all_dead, pids_in
+
+CORPUS = {
+    "print": "print('hello')\nprint(1, 2, sep='-', end='!\\n')",
+    "unicode": "print('é ✓ 日本')\nimport sys\nsys.stdout.write('\\u2603\\n')",
+    "interleaved": "import sys\nfor i in range(3):\n    print('out', i)\n    print('err', i, file=sys.stderr)",
+    "traceback": "def inner():\n    raise ValueError('boom')\n\ndef outer():\n    inner()\n\nouter()",
+    "chained": "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    raise KeyError('k') from e",
+    "syntax_error": "print('never')\nx = (",
+    "exit_int": "import sys\nprint('bye')\nsys.exit(3)",
+    "exit_message": "raise SystemExit('went wrong')",
+    "exit_none": "import sys\nsys.exit()",
+    "os_exit": "import os\nprint('flushed', flush=True)\nos._exit(5)",
+    "keyboard_interrupt": "raise KeyboardInterrupt",
+    "identity": ("import os, sys\nprint(__name__, sys.argv == [__file__], sys.path[0] == os.getcwd(),\n"
+                 "      os.path.dirname(__file__) == os.getcwd(), __spec__, __package__)"),
+    "no_execpool_on_path": "import sys\nprint([p for p in sys.path if 'execpool' in p or p == '/'])",
+    "environment": "import os, json\nprint(json.dumps(sorted(k for k in os.environ if k != 'EXECPOOL_JOB')))",
+    "stdin": "import sys\ndata = sys.stdin.read()\nprint(repr(data))\nprint(input.__name__)",
+    "atexit": "import atexit\natexit.register(print, 'at exit')\nprint('main')",
+    "non_daemon_thread": ("import threading, time\ndef later():\n    time.sleep(0.1)\n    print('thread done')\n"
+                          "threading.Thread(target=later).start()\nprint('main done')"),
+    "pickle_main": ("import pickle\nclass Point:\n    pass\np = Point()\n"
+                    "print(type(pickle.loads(pickle.dumps(p))).__qualname__)"),
+    "segfault": hostile.SEGFAULT,
+    "unbuffered_before_crash": "import sys, os\nsys.stdout.write('partial')\nos.kill(os.getpid(), 9)",
+}
+
+
+def normalized(result) -> tuple:
+    """Both runs name their file after their own job id; nothing else may differ."""
+    return re.sub(r"\.execpool-\w+-\d+\.py", "JOB.py", result.output), result.exit_code
+
+
+@pytest.fixture(scope="module")
+def warm_pool():
+    with ExecPool(workers=2) as pool:
+        yield pool
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_warm_output_is_byte_identical_to_cold(warm_pool, name, tmp_path):
+    code = CORPUS[name]
+    cold = warm_pool.run(PythonJob(code, cwd=str(tmp_path), stdin="line one\nline two\n"))
+    warm = warm_pool.run(PythonJob(code, cwd=str(tmp_path), stdin="line one\nline two\n", warm=True))
+    assert normalized(warm) == normalized(cold)
+    assert warm.text.startswith("Exit code") == cold.text.startswith("Exit code")
+
+
+def test_exit_codes_and_tracebacks(warm_pool):
+    assert warm_pool.run(PythonJob(CORPUS["exit_int"], warm=True)).exit_code == 3
+    assert warm_pool.run(PythonJob(CORPUS["keyboard_interrupt"], warm=True)).exit_code == -2
+    result = warm_pool.run(PythonJob(CORPUS["traceback"], warm=True))
+    assert result.exit_code == 1
+    assert "warm.py" not in result.output and "/execpool/" not in result.output
+    assert result.output.startswith("Traceback (most recent call last):\n  File ")
+
+
+def test_warm_jobs_get_limits_session_and_working_directory(warm_pool, tmp_path):
+    probe = ("import os, resource\nprint(os.getpid() == os.getpgid(0) == os.getsid(0))\n"
+             "print(resource.getrlimit(resource.RLIMIT_NOFILE))\nprint(os.getcwd())\nprint(sorted(os.listdir('/proc/self/fd')))")
+    out = warm_pool.run(PythonJob(probe, cwd=str(tmp_path), warm=True, limits=Limits(open_files=50))).output
+    assert out.splitlines() == ["True", "(50, 50)", str(tmp_path), "['0', '1', '2', '3']"]
+
+
+def test_warm_timeout_cancel_and_background_cleanup(warm_pool):
+    result = warm_pool.run(PythonJob("import time\nprint('up', flush=True)\ntime.sleep(30)", warm=True, timeout=0.3))
+    assert result.text == "Execution timed out after 0.3 seconds."
+    result = warm_pool.run(PythonJob("import subprocess\nprint('PIDS', subprocess.Popen(['sleep', '100'], "
+                                     "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)", warm=True))
+    assert all_dead(pids_in(result.output))
+    daemon = warm_pool.run(PythonJob(hostile.SETSID_DAEMON, warm=True))
+    assert all_dead(pids_in(daemon.output))
+
+
+def test_warm_memory_limit_fails_the_job_not_the_worker(warm_pool):
+    result = warm_pool.run(PythonJob("x = bytearray(4 << 30)", warm=True, limits=Limits(address_space=1 << 30)))
+    assert result.exit_code == 1 and "MemoryError" in result.output
+    assert warm_pool.run(PythonJob("print('fine')", warm=True)).text == "fine\n"
+
+
+def test_warm_job_state_does_not_leak_into_the_next(warm_pool):
+    warm_pool.run(PythonJob("import json, os\njson.dumps = None\nos.environ['LEAK'] = '1'", warm=True))
+    assert warm_pool.run(PythonJob("import json, os\nprint(json.dumps([1]), os.environ.get('LEAK'))",
+                                   warm=True)).text == "[1] None\n"
+
+
+def test_preload(tmp_path):
+    with ExecPool(workers=1, preload=["decimal"]) as pool:
+        probe = "import sys\nprint('decimal' in sys.modules)"
+        assert pool.run(PythonJob(probe, warm=True)).text == "True\n"
+        assert pool.run(PythonJob(probe)).text == "False\n"
+    with pytest.raises(ValueError, match="no_such_module_xyz"):
+        ExecPool(workers=1, preload=["no_such_module_xyz"])
+    with pytest.raises(TypeError):
+        ExecPool(workers=1, preload="json")
+    with pytest.raises(ValueError):
+        ExecPool(workers=1, preload=["not a module"])
+
+
+def test_stdin_feeds_shell_and_python_and_defaults_to_empty(pool):
+    assert pool.run(ShellJob("tr a-z A-Z", stdin="shout\n")).text == "SHOUT\n"
+    assert pool.run(PythonJob("print(len(input()))", stdin="x" * 1_000_000 + "\n")).text == "1000000\n"
+    assert pool.run(ShellJob("wc -c")).text == "0\n"
+    with pytest.raises(TypeError):
+        ShellJob("cat", stdin=b"bytes")
+
+
+def test_warm_rejects_non_bool():
+    with pytest.raises(TypeError):
+        PythonJob("pass", warm=1)
