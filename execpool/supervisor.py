@@ -67,6 +67,9 @@ try:
 except ImportError:
     _DEFAULT_SPAWN_METHOD = "fork"
 
+#: Messages the dispatcher takes from one worker before it looks at the others.
+_DISPATCH_BATCH = 64
+
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -113,6 +116,15 @@ class _JobHandle:
         worker = self.worker
         if worker is not None and self.job_id in worker.jobs:
             worker.send(channel.Cancel(self.job_id))
+
+
+def _deliver(handle: _JobHandle, msg: object) -> None:
+    """Hand a message to its job's consumer. A consumer's failure is its own:
+    the dispatcher thread serves every other job and must not die of it."""
+    try:
+        handle.sink(msg)
+    except Exception as exc:  # noqa: BLE001
+        print(f"execpool: dropped a message for job {handle.job_id}: {exc!r}", file=sys.stderr)
 
 
 class ExecPool:
@@ -344,7 +356,10 @@ class ExecPool:
         )
         with self._lock:
             self._check_open()
-            worker = min((w for w in self._workers if not w.retiring), key=lambda w: len(w.jobs))
+            candidates = [w for w in self._workers if not w.retiring]
+            if not candidates:
+                raise RuntimeError(self._broken or "execpool has no worker to run this job")
+            worker = min(candidates, key=lambda w: len(w.jobs))
             handle = _JobHandle(job_id, worker, sink)
             worker.jobs[job_id] = handle
             worker.started += 1
@@ -396,8 +411,11 @@ class ExecPool:
                     continue
                 worker = by_conn[ready]
                 try:
-                    while ready.poll():
+                    # A bounded batch, so one flooding worker cannot starve the others.
+                    for _ in range(_DISPATCH_BATCH):
                         self._route(worker, ready.recv())
+                        if not ready.poll():
+                            break
                 except (EOFError, OSError):
                     self._on_worker_exit(worker)
 
@@ -405,14 +423,14 @@ class ExecPool:
         if isinstance(msg, channel.Output):
             handle = worker.jobs.get(msg.job_id)
             if handle is not None:
-                handle.sink(msg)
+                _deliver(handle, msg)
         elif isinstance(msg, channel.Finished):
             with self._lock:
                 handle = worker.jobs.pop(msg.job_id, None)
                 worker.pgids.pop(msg.job_id, None)
                 retire = worker.retiring and not worker.jobs
             if handle is not None:
-                handle.sink(msg)
+                _deliver(handle, msg)
             if retire:
                 worker.send(channel.Shutdown())
         elif isinstance(msg, channel.Spawned):
@@ -435,7 +453,12 @@ class ExecPool:
                                     f"exited with {describe_exit(worker.proc.poll())} before it was ready")
                     replace = False
             if replace:
-                self._workers.append(self._spawn_worker())
+                try:
+                    self._workers.append(self._spawn_worker())
+                except OSError as exc:
+                    print(f"execpool: cannot start a replacement worker: {exc}", file=sys.stderr)
+                    if not self._workers:
+                        self._broken = f"execpool cannot start a worker: {exc}"
         try:
             code = worker.proc.wait(1.0)
         except subprocess.TimeoutExpired:
@@ -447,6 +470,6 @@ class ExecPool:
         for job_id, handle in lost.items():
             error = (f"worker process {worker.proc.pid} running this job exited with "
                      f"{describe_exit(code)}: {cause}; its process tree was killed")
-            handle.sink(channel.Finished(job_id, Result(error=error)))
+            _deliver(handle, channel.Finished(job_id, Result(error=error)))
         worker.send_conn.close()
         worker.recv.close()

@@ -170,3 +170,17 @@ def test_cancel_and_output_in_the_same_select_batch_do_not_crash_the_worker():
         except StopIteration as stop:
             assert stop.value.cancelled, stop.value
         assert pool.worker_pids == [worker]
+
+
+def test_a_failing_consumer_does_not_stop_the_dispatcher():
+    with ExecPool(workers=1) as pool:
+        finished = threading.Event()
+
+        def broken_sink(msg):
+            if type(msg).__name__ == "Finished":
+                finished.set()
+            raise RuntimeError("consumer bug")
+
+        pool._submit(ShellJob("echo one; echo two"), broken_sink, 1000)
+        assert finished.wait(10)
+        assert pool.run(ShellJob("echo still served")).text == "still served\n"
