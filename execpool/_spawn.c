@@ -16,6 +16,7 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -27,7 +28,7 @@ static const int limit_resources[] = {RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMI
 #define N_LIMITS 4
 
 static const char *const step_names[] = {
-    "setsid", "prctl(PR_SET_PDEATHSIG)", "setrlimit", "chdir", "dup2", "execve",
+    "setsid", "prctl(PR_SET_PDEATHSIG)", "setrlimit", "chdir", "dup2", "execve", "unshare(CLONE_NEWNET)",
 };
 
 static void free_vector(char **vector) {
@@ -78,9 +79,12 @@ static volatile int child_errno;
 static volatile int child_step;
 
 static void child(char **argv, char **envp, const char *cwd, const long long *limits, int stdin_fd,
-                  int out_fd, pid_t parent, const sigset_t *old_mask) {
+                  int out_fd, int no_network, pid_t parent, const sigset_t *old_mask) {
     int step = 0;
     if (setsid() < 0)
+        goto fail;
+    step = 6;
+    if (no_network && unshare(CLONE_NEWNET) < 0)
         goto fail;
     step = 1;
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
@@ -130,18 +134,20 @@ fail:
 }
 
 PyDoc_STRVAR(spawn_doc,
-"spawn(argv, env, cwd, limits, stdin_fd, out_fd) -> pid\n\n"
+"spawn(argv, env, cwd, limits, stdin_fd, out_fd, no_network) -> pid\n\n"
 "Start argv[0] (an absolute path) in a new session with env (a list of\n"
 "'KEY=value'), the parent-death signal SIGKILL, the rlimits (address space,\n"
 "CPU seconds, file size, open files; -1 leaves one unchanged) applied as\n"
 "both soft and hard limits, cwd as working directory, stdin from stdin_fd\n"
-"and stdout and stderr on out_fd. Raises OSError naming the step that failed.");
+"and stdout and stderr on out_fd, in a network namespace of its own (only a\n"
+"loopback that is down) when no_network is true. Raises OSError naming the\n"
+"step that failed.");
 
 static PyObject *spawn(PyObject *self, PyObject *args) {
     PyObject *argv_obj, *env_obj, *cwd_obj, *limits_obj;
-    int stdin_fd, out_fd;
-    if (!PyArg_ParseTuple(args, "OOO&Oii", &argv_obj, &env_obj, PyUnicode_FSConverter, &cwd_obj,
-                          &limits_obj, &stdin_fd, &out_fd))
+    int stdin_fd, out_fd, no_network;
+    if (!PyArg_ParseTuple(args, "OOO&Oiip", &argv_obj, &env_obj, PyUnicode_FSConverter, &cwd_obj,
+                          &limits_obj, &stdin_fd, &out_fd, &no_network))
         return NULL;
     long long limits[N_LIMITS];
     char **argv = NULL, **envp = NULL;
@@ -181,7 +187,7 @@ static PyObject *spawn(PyObject *self, PyObject *args) {
     pid_t parent = getpid();
     pid_t pid = vfork();
     if (pid == 0)
-        child(argv, envp, PyBytes_AS_STRING(cwd_obj), limits, stdin_fd, out_fd, parent, &old_mask);
+        child(argv, envp, PyBytes_AS_STRING(cwd_obj), limits, stdin_fd, out_fd, no_network, parent, &old_mask);
     int saved_errno = errno;
     pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     if (pid < 0) {

@@ -35,6 +35,7 @@ class Start:
     python: str
     stdin: Optional[str]
     warm: bool
+    network: bool
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ class _Job:
     keep_background: bool = False
     max_output_chars: Optional[int] = None
     stdin: Optional[str] = None
+    network: bool = True
 
     kind = ""
     _source_field = ""
@@ -117,6 +118,8 @@ class _Job:
         if not isinstance(self.keep_background, bool):
             raise TypeError("keep_background must be a bool")
         _check_positive_int("max_output_chars", self.max_output_chars)
+        if not isinstance(self.network, bool):
+            raise TypeError("network must be a bool")
         if self.stdin is not None:
             if not isinstance(self.stdin, str):
                 raise TypeError(f"stdin must be str or None, not {type(self.stdin).__name__}")

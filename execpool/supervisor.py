@@ -67,6 +67,8 @@ try:
 except ImportError:
     _DEFAULT_SPAWN_METHOD = "fork"
 
+_PR_SET_DUMPABLE = 4
+
 #: Messages the dispatcher takes from one worker before it looks at the others.
 _DISPATCH_BATCH = 64
 
@@ -118,6 +120,19 @@ class _JobHandle:
             worker.send(channel.Cancel(self.job_id))
 
 
+def _make_non_dumpable() -> None:
+    """PR_SET_DUMPABLE 0 on the calling process: a tool running as the same
+    user can then no longer read ``/proc/<caller>/environ`` or ptrace it
+    (root still can). It applies to the whole process and disables its core
+    dumps, which is why it is an option."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl(PR_SET_DUMPABLE, 0): {os.strerror(errno)}")
+
+
 def _deliver(handle: _JobHandle, msg: object) -> None:
     """Hand a message to its job's consumer. A consumer's failure is its own:
     the dispatcher thread serves every other job and must not die of it."""
@@ -141,7 +156,9 @@ class ExecPool:
     the session, rlimits and parent-death signal before the tool's first
     instruction. ``preload`` names modules every worker imports at start, so
     warm jobs (``PythonJob(warm=True)``) that import them start fast. The
-    constructor returns once every worker is ready.
+    constructor returns once every worker is ready. ``non_dumpable=True``
+    makes the calling process non-dumpable, so tools running as the same user
+    cannot read its environment (its secrets) through ``/proc``.
     """
 
     def __init__(
@@ -157,6 +174,7 @@ class ExecPool:
         startup_timeout: float = 30.0,
         spawn_method: str = "auto",
         preload: Iterable[str] = (),
+        non_dumpable: bool = False,
     ) -> None:
         if workers is None:
             workers = os.cpu_count() or 2
@@ -180,6 +198,10 @@ class ExecPool:
             if not isinstance(name, str) or not all(part.isidentifier() for part in name.split(".")):
                 raise ValueError(f"preload entry {name!r} is not a module name")
         self._preload_errors: tuple = ()
+        if not isinstance(non_dumpable, bool):
+            raise TypeError("non_dumpable must be a bool")
+        if non_dumpable:
+            _make_non_dumpable()
         if not isinstance(limits, Limits):
             raise TypeError(f"limits must be an execpool.Limits, not {type(limits).__name__}")
         self.python = os.path.abspath(python) if python is not None else sys.executable
@@ -352,7 +374,7 @@ class ExecPool:
             timeout=job.timeout, limits=job.limits or self.limits, live_cap=live_cap,
             max_output_chars=job.max_output_chars or self.max_output_chars,
             keep_background=job.keep_background, python=self.python, stdin=job.stdin,
-            warm=getattr(job, "warm", False),
+            warm=getattr(job, "warm", False), network=job.network,
         )
         with self._lock:
             self._check_open()

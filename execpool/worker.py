@@ -51,6 +51,7 @@ from .result import Result
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
+_CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 #: One read per wake-up; 64 KiB is a full default pipe buffer.
@@ -166,7 +167,7 @@ def _limit_values(limits: Limits) -> tuple:
     return tuple(-1 if value is None else value for value in astuple(limits))
 
 
-def _fork_child(cwd: str, limits: Limits, stdin_fd: int, out_fd: int,
+def _fork_child(cwd: str, limits: Limits, stdin_fd: int, out_fd: int, no_network: bool,
                 then: Callable[[int], None]) -> int:
     """Fork, set the child up as every tool is set up, then hand it to
     ``then(ready_fd)``, which execs, or closes ``ready_fd`` and runs warm.
@@ -178,6 +179,8 @@ def _fork_child(cwd: str, limits: Limits, stdin_fd: int, out_fd: int,
         try:
             os.close(ready_r)
             os.setsid()
+            if no_network and _libc.unshare(_CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"unshare(CLONE_NEWNET): {os.strerror(ctypes.get_errno())}")
             _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() != worker_pid:
                 os._exit(137)  # the worker died before the death signal was armed
@@ -217,7 +220,7 @@ def _exec(argv: list, env: dict) -> Callable[[int], None]:
 
 
 def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str,
-               stdin_fd: int = -1) -> tuple[int, int]:
+               stdin_fd: int = -1, no_network: bool = False) -> tuple[int, int]:
     """Start one tool in a new session with its limits; return its pid and
     the read end of its merged stdout/stderr pipe. ``method`` is "vfork",
     "fork" (the pure-Python fallback) or "warm" (argv is ``[python, -u, FILE]``,
@@ -227,13 +230,13 @@ def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str,
     try:
         if method == "vfork":
             envp = [f"{key}={value}" for key, value in env.items()]
-            pid = _spawn.spawn(argv, envp, cwd, _limit_values(limits), stdin_fd, out_w)
+            pid = _spawn.spawn(argv, envp, cwd, _limit_values(limits), stdin_fd, out_w, no_network)
         elif method == "warm":
             script = argv[-1]
-            pid = _fork_child(cwd, limits, stdin_fd, out_w,
+            pid = _fork_child(cwd, limits, stdin_fd, out_w, no_network,
                               lambda ready: warm.run(script, env, _WORKER_PATH, ready))
         else:
-            pid = _fork_child(cwd, limits, stdin_fd, out_w, _exec(argv, env))
+            pid = _fork_child(cwd, limits, stdin_fd, out_w, no_network, _exec(argv, env))
     except BaseException:
         os.close(out_r)
         raise
@@ -439,7 +442,7 @@ class Worker:
         method = "warm" if start.warm else self.spawn_method
         stdin_fd = _stdin_file(start.stdin) if start.stdin is not None else -1
         try:
-            pid, out_r = start_tool(argv, env, cwd, start.limits, method, stdin_fd)
+            pid, out_r = start_tool(argv, env, cwd, start.limits, method, stdin_fd, not start.network)
         finally:
             if stdin_fd >= 0:
                 os.close(stdin_fd)

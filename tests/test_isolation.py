@@ -81,3 +81,44 @@ def test_tools_run_in_their_own_session():
     with ExecPool(workers=1) as pool:
         out = pool.run(ShellJob("ps -o pid=,pgid=,sid= -p $$")).output.split()
         assert out[0] == out[1] == out[2]
+
+
+NET_PROBE = ("import socket\nprint(sorted(line.split(':')[0].strip() for line in open('/proc/net/dev').readlines()[2:]))\n"
+             "s = socket.socket()\ns.settimeout(2)\nprint(s.connect_ex(('127.0.0.1', 9)) != 0)")
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_network_false_gives_a_namespace_with_nothing_but_loopback(pool, warm):
+    result = pool.run(PythonJob(NET_PROBE, network=False, warm=warm))
+    if result.error and "Operation not permitted" in result.error:
+        pytest.skip("this user may not create network namespaces")
+    assert result.text == "['lo']\nTrue\n"
+    with_network = pool.run(PythonJob(NET_PROBE, warm=warm)).output.splitlines()[0]
+    assert with_network != "['lo']"
+
+
+def test_network_must_be_a_bool():
+    with pytest.raises(TypeError):
+        ShellJob("true", network="no")
+
+
+def test_non_dumpable_caller(tmp_path):
+    """Runs in a child process: the flag applies to the whole caller."""
+    import subprocess
+    import sys
+    import textwrap
+
+    owner = textwrap.dedent("""
+        import ctypes, sys
+        from execpool import ExecPool, ShellJob
+        libc = ctypes.CDLL(None)
+        before = libc.prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+        with ExecPool(workers=1, non_dumpable=True) as pool:
+            after = libc.prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+            assert pool.run(ShellJob("echo ok")).text == "ok\n"
+        print(before, after)
+    """)
+    done = subprocess.run([sys.executable, "-c", owner], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["1", "0"], done.stderr
+    with pytest.raises(TypeError):
+        ExecPool(workers=1, non_dumpable="yes")
