@@ -115,7 +115,7 @@ def test_non_dumpable_caller(tmp_path):
         before = libc.prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
         with ExecPool(workers=1, non_dumpable=True) as pool:
             after = libc.prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
-            assert pool.run(ShellJob("echo ok")).text == "ok\n"
+            assert pool.run(ShellJob("echo ok")).text.strip() == "ok"
         print(before, after)
     """)
     done = subprocess.run([sys.executable, "-c", owner], capture_output=True, text=True, timeout=60)
