@@ -26,9 +26,11 @@
 
 static const int limit_resources[] = {RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE};
 #define N_LIMITS 4
+#define MAX_JOIN_FDS 8
 
 static const char *const step_names[] = {
     "setsid", "prctl(PR_SET_PDEATHSIG)", "setrlimit", "chdir", "dup2", "execve", "unshare(CLONE_NEWNET)",
+    "joining the job's cgroup",
 };
 
 static void free_vector(char **vector) {
@@ -79,8 +81,15 @@ static volatile int child_errno;
 static volatile int child_step;
 
 static void child(char **argv, char **envp, const char *cwd, const long long *limits, int stdin_fd,
-                  int out_fd, int no_network, pid_t parent, const sigset_t *old_mask) {
-    int step = 0;
+                  int out_fd, int no_network, const int *join_fds, Py_ssize_t n_join, pid_t parent,
+                  const sigset_t *old_mask) {
+    int step = 7;
+    /* "0" names the writer itself: the tool is in its job's cgroup before
+     * it can fork anything. */
+    for (Py_ssize_t i = 0; i < n_join; i++)
+        if (write(join_fds[i], "0", 1) != 1)
+            goto fail;
+    step = 0;
     if (setsid() < 0)
         goto fail;
     step = 6;
@@ -134,22 +143,25 @@ fail:
 }
 
 PyDoc_STRVAR(spawn_doc,
-"spawn(argv, env, cwd, limits, stdin_fd, out_fd, no_network) -> pid\n\n"
+"spawn(argv, env, cwd, limits, stdin_fd, out_fd, no_network, join_fds) -> pid\n\n"
 "Start argv[0] (an absolute path) in a new session with env (a list of\n"
 "'KEY=value'), the parent-death signal SIGKILL, the rlimits (address space,\n"
 "CPU seconds, file size, open files; -1 leaves one unchanged) applied as\n"
 "both soft and hard limits, cwd as working directory, stdin from stdin_fd\n"
 "and stdout and stderr on out_fd, in a network namespace of its own (only a\n"
-"loopback that is down) when no_network is true. Raises OSError naming the\n"
-"step that failed.");
+"loopback that is down) when no_network is true, after writing \"0\" to each\n"
+"of join_fds (open cgroup.procs files). Raises OSError naming the step that\n"
+"failed.");
 
 static PyObject *spawn(PyObject *self, PyObject *args) {
-    PyObject *argv_obj, *env_obj, *cwd_obj, *limits_obj;
+    PyObject *argv_obj, *env_obj, *cwd_obj, *limits_obj, *join_obj;
     int stdin_fd, out_fd, no_network;
-    if (!PyArg_ParseTuple(args, "OOO&Oiip", &argv_obj, &env_obj, PyUnicode_FSConverter, &cwd_obj,
-                          &limits_obj, &stdin_fd, &out_fd, &no_network))
+    if (!PyArg_ParseTuple(args, "OOO&OiipO", &argv_obj, &env_obj, PyUnicode_FSConverter, &cwd_obj,
+                          &limits_obj, &stdin_fd, &out_fd, &no_network, &join_obj))
         return NULL;
     long long limits[N_LIMITS];
+    int join_fds[MAX_JOIN_FDS];
+    Py_ssize_t n_join = 0;
     char **argv = NULL, **envp = NULL;
     PyObject *result = NULL;
     PyObject *fast = PySequence_Fast(limits_obj, "limits must be a sequence");
@@ -163,6 +175,23 @@ static PyObject *spawn(PyObject *self, PyObject *args) {
     for (int i = 0; i < N_LIMITS; i++) {
         limits[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
         if (limits[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            goto done;
+        }
+    }
+    Py_DECREF(fast);
+    fast = PySequence_Fast(join_obj, "join_fds must be a sequence");
+    if (fast == NULL)
+        goto done;
+    n_join = PySequence_Fast_GET_SIZE(fast);
+    if (n_join > MAX_JOIN_FDS) {
+        PyErr_SetString(PyExc_ValueError, "too many join_fds");
+        Py_DECREF(fast);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n_join; i++) {
+        join_fds[i] = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (join_fds[i] == -1 && PyErr_Occurred()) {
             Py_DECREF(fast);
             goto done;
         }
@@ -187,7 +216,8 @@ static PyObject *spawn(PyObject *self, PyObject *args) {
     pid_t parent = getpid();
     pid_t pid = vfork();
     if (pid == 0)
-        child(argv, envp, PyBytes_AS_STRING(cwd_obj), limits, stdin_fd, out_fd, no_network, parent, &old_mask);
+        child(argv, envp, PyBytes_AS_STRING(cwd_obj), limits, stdin_fd, out_fd, no_network, join_fds, n_join,
+              parent, &old_mask);
     int saved_errno = errno;
     pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     if (pid < 0) {

@@ -54,7 +54,8 @@ def _check_text(name: str, value: object) -> None:
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-tool rlimits, applied in the tool's process before exec.
+    """Per-tool limits: rlimits applied in the tool's process before exec,
+    and the cgroup caps below.
 
     ``None`` leaves the worker's own limit in place. The defaults stop a
     runaway allocation, a disk fill or an fd leak without getting in the way
@@ -66,10 +67,20 @@ class Limits:
     cpu_seconds: Optional[int] = None
     file_size: Optional[int] = 1 * GiB
     open_files: Optional[int] = 1024
+    #: Processes (and threads) the job may have at once, and its memory in
+    #: bytes: caps that hold for root too, kept by a cgroup per job (see
+    #: execpool/cgroups.py); a job asking for them where execpool cannot
+    #: create cgroups ends with an ``Execution error``.
+    processes: Optional[int] = None
+    memory: Optional[int] = None
 
     def __post_init__(self) -> None:
-        for name in ("address_space", "cpu_seconds", "file_size", "open_files"):
+        for name in ("address_space", "cpu_seconds", "file_size", "open_files", "processes", "memory"):
             _check_positive_int(name, getattr(self, name))
+
+    @property
+    def needs_cgroup(self) -> bool:
+        return self.processes is not None or self.memory is not None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ DESIGN.md ("Process-tree kill, in order of strength"):
    trees at once. It stays valid after the leader was reaped while any
    member lives. Then SIGKILL the ones from step 1: children that moved to
    a group of their own.
-3. Sweep for processes carrying the job's marker in their environment --
+3. Where the job has a cgroup, SIGKILL everything in it: whatever a
+   process did to its session, group or environment, it cannot leave.
+4. Sweep for processes carrying the job's marker in their environment --
    daemons that left the group with ``setsid`` and a double fork and were
    re-parented to the worker (a child subreaper) or, when the worker itself
    is gone, to anything else. Repeat until a sweep finds nothing, so a tree
@@ -33,7 +35,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import psutil
 
@@ -186,6 +188,7 @@ def kill_tree(
     marker: Optional[str] = None,
     scope: Optional[int] = None,
     exclude: Iterable[int] = (),
+    group: Optional[Any] = None,
 ) -> int:
     """SIGKILL a job's whole tree; return how many processes were signalled
     one by one (the group kill is not counted).
@@ -197,6 +200,7 @@ def kill_tree(
     searches the whole system, for when that worker is already dead).
     ``exclude`` names pids known not to be this job's (the leaders of the
     worker's other jobs), which spares reading their environments.
+    ``group`` is the job's cgroup (execpool/cgroups.py) where it has one.
     """
     pgids = frozenset(pgid for pgid in pgids if _group_killable(pgid))
     # Walked before the group dies: a dying parent lets go of its children,
@@ -209,6 +213,8 @@ def kill_tree(
     for pgid in pgids:
         _killpg(pgid)
     hit = _kill_all(outside)
+    if group is not None:
+        group.kill()
     if marker is None:
         return hit
     skip = set(exclude)

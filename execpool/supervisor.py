@@ -42,7 +42,7 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Callable, Iterable, Iterator, Optional
 
-from . import channel, drain
+from . import cgroups, channel, drain
 from .jobs import Limits, PythonJob, ShellJob
 from .proctree import kill_tree
 from .result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, describe_exit
@@ -488,6 +488,7 @@ class ExecPool:
             code = worker.proc.wait()
         if lost or worker.pgids:
             kill_tree(worker.pgids.values(), marker=worker.token)
+        cgroups.remove_tree(cgroups.worker_bases(worker.token))
         cause = "the pool was closed" if self._closed else "it died unexpectedly"
         for job_id, handle in lost.items():
             error = (f"worker process {worker.proc.pid} running this job exited with "

@@ -40,12 +40,12 @@ import sys
 import tempfile
 import time
 from collections import deque
-from dataclasses import astuple
 from multiprocessing.connection import Connection
 from typing import Callable, Optional
 
 from . import channel, warm
 from .jobs import Limits
+from .cgroups import Cgroups, JobGroup
 from .proctree import JOB_MARKER_ENV, child_pids, kill_tree
 from .result import Result
 
@@ -149,6 +149,7 @@ class _Job:
         self.started = time.monotonic()
         self.tmpdir: Optional[str] = None
         self.script: Optional[str] = None
+        self.group: Optional[JobGroup] = None
 
 
 def _apply_limits(limits: Limits) -> None:
@@ -164,11 +165,12 @@ def _apply_limits(limits: Limits) -> None:
 
 
 def _limit_values(limits: Limits) -> tuple:
-    return tuple(-1 if value is None else value for value in astuple(limits))
+    """The rlimits in the order execpool._spawn takes them, -1 for none."""
+    return tuple(-1 if getattr(limits, field) is None else getattr(limits, field) for field, _ in _RLIMITS)
 
 
 def _fork_child(cwd: str, limits: Limits, stdin_fd: int, out_fd: int, no_network: bool,
-                then: Callable[[int], None]) -> int:
+                join_fds: list, then: Callable[[int], None]) -> int:
     """Fork, set the child up as every tool is set up, then hand it to
     ``then(ready_fd)``, which execs, or closes ``ready_fd`` and runs warm.
     A failure before that point reaches the worker through ``ready_fd``."""
@@ -178,6 +180,8 @@ def _fork_child(cwd: str, limits: Limits, stdin_fd: int, out_fd: int, no_network
     if pid == 0:
         try:
             os.close(ready_r)
+            for fd in join_fds:
+                os.write(fd, b"0")  # this process into its job's cgroup
             os.setsid()
             if no_network and _libc.unshare(_CLONE_NEWNET) != 0:
                 raise OSError(ctypes.get_errno(), f"unshare(CLONE_NEWNET): {os.strerror(ctypes.get_errno())}")
@@ -220,7 +224,7 @@ def _exec(argv: list, env: dict) -> Callable[[int], None]:
 
 
 def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str,
-               stdin_fd: int = -1, no_network: bool = False) -> tuple[int, int]:
+               stdin_fd: int = -1, no_network: bool = False, join_fds: list = ()) -> tuple[int, int]:
     """Start one tool in a new session with its limits; return its pid and
     the read end of its merged stdout/stderr pipe. ``method`` is "vfork",
     "fork" (the pure-Python fallback) or "warm" (argv is ``[python, -u, FILE]``,
@@ -230,13 +234,13 @@ def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str,
     try:
         if method == "vfork":
             envp = [f"{key}={value}" for key, value in env.items()]
-            pid = _spawn.spawn(argv, envp, cwd, _limit_values(limits), stdin_fd, out_w, no_network)
+            pid = _spawn.spawn(argv, envp, cwd, _limit_values(limits), stdin_fd, out_w, no_network, list(join_fds))
         elif method == "warm":
             script = argv[-1]
-            pid = _fork_child(cwd, limits, stdin_fd, out_w, no_network,
+            pid = _fork_child(cwd, limits, stdin_fd, out_w, no_network, list(join_fds),
                               lambda ready: warm.run(script, env, _WORKER_PATH, ready))
         else:
-            pid = _fork_child(cwd, limits, stdin_fd, out_w, no_network, _exec(argv, env))
+            pid = _fork_child(cwd, limits, stdin_fd, out_w, no_network, list(join_fds), _exec(argv, env))
     except BaseException:
         os.close(out_r)
         raise
@@ -273,6 +277,9 @@ class Worker:
         self.jobs_by_fd: dict[int, _Job] = {}
         self.timers: list[tuple[float, int]] = []
         self.kept_pgids: set[int] = set()
+        self.cgroup_tier: Optional[Cgroups] = None
+        self.cgroups_detected = False
+        self.stale_groups: list[JobGroup] = []
         self.stopping = False
 
     # -- the loop --------------------------------------------------------
@@ -294,6 +301,16 @@ class Worker:
                     break
             self._fire_timers()
         self._shutdown()
+
+    def _cgroups(self) -> Cgroups:
+        """The cgroup tier, detected the first time a job needs it."""
+        if not self.cgroups_detected:
+            self.cgroups_detected = True
+            self.cgroup_tier = Cgroups.detect(self.token)
+        if self.cgroup_tier is None:
+            raise OSError("Limits(processes=..., memory=...) need cgroups, and execpool cannot create "
+                          "them here (no pids/memory controller it may write to)")
+        return self.cgroup_tier
 
     def _preload(self) -> tuple:
         """Import what warm jobs should find already loaded; report failures
@@ -373,6 +390,8 @@ class Worker:
                 return
             job = self.by_leader.pop(pid, None)
             if job is None:
+                if self.stale_groups:
+                    self.stale_groups = [group for group in self.stale_groups if not group.remove()]
                 continue  # an orphan re-parented to us, already killed or done
             job.exit_code = os.waitstatus_to_exitcode(status)
             job.reaped = True
@@ -440,12 +459,17 @@ class Worker:
         env = dict(start.env)
         env[JOB_MARKER_ENV] = job.marker
         method = "warm" if start.warm else self.spawn_method
+        join_fds = []
+        if start.limits.needs_cgroup:
+            job.group = self._cgroups().create(start.job_id, start.limits.processes, start.limits.memory)
+            join_fds = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in job.group.procs_files()]
         stdin_fd = _stdin_file(start.stdin) if start.stdin is not None else -1
         try:
-            pid, out_r = start_tool(argv, env, cwd, start.limits, method, stdin_fd, not start.network)
+            pid, out_r = start_tool(argv, env, cwd, start.limits, method, stdin_fd, not start.network, join_fds)
         finally:
-            if stdin_fd >= 0:
-                os.close(stdin_fd)
+            for fd in [*join_fds, stdin_fd]:
+                if fd >= 0:
+                    os.close(fd)
         os.set_blocking(out_r, False)
         job.pid, job.fd = pid, out_r
         self.by_leader[pid] = job
@@ -470,7 +494,7 @@ class Worker:
 
     def _kill(self, job: _Job) -> None:
         kill_tree([job.pid], leader=None if job.reaped else job.pid, marker=job.marker, scope=self.pid,
-                  exclude=self.by_leader)
+                  exclude=self.by_leader, group=job.group)
 
 
 
@@ -489,6 +513,11 @@ class Worker:
             # job; once no job is left they cannot belong to a live one.
             for pid in child_pids(self.pid):
                 kill_tree(leader=pid)
+        if job.group is not None:
+            if job.group.oom_killed() and job.end_reason is None:
+                job.error = f"the job went over its memory limit ({job.start.limits.memory} bytes) and was killed"
+            if job.start.keep_background or not job.group.remove():
+                self.stale_groups.append(job.group)  # removed once its last process is reaped
         if job.script is not None:
             _unlink(job.script)
         if job.tmpdir is not None:
@@ -520,6 +549,8 @@ class Worker:
             job.reaped = True
             self._finish(job)
         self._reap()
+        if self.cgroup_tier is not None:
+            self.cgroup_tier.close()
 
 
 def _unlink(path: str) -> None:

@@ -1,0 +1,235 @@
+"""The optional cgroup tier: a cap on a job's processes that holds for root
+(RLIMIT_NPROC does not), a cap on its memory, and a kill that reaches every
+process of the job whatever it did to its session, group or environment.
+
+Runs in the worker (creating, joining, killing, removing) and in the
+supervisor (removing what a crashed worker left). Detected at first use,
+never required: a job that asks for ``Limits(processes=...)`` or
+``Limits(memory=...)`` where no usable controller exists gets a clear
+``Execution error``. It creates and removes only its own groups: one
+``execpool-<worker token>`` directory per controller, below the cgroup the
+worker itself is in, and one ``job-<id>`` directory per job inside it.
+
+cgroup v2 is used where the worker's own group delegates the controllers
+(``pids``/``memory`` in its ``cgroup.subtree_control``); v1 otherwise, with
+the ``pids`` and ``memory`` hierarchies.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Iterable, Optional
+
+#: Rounds of "kill every pid listed" before giving up on a v1 group; a group
+#: under a pids cap cannot outgrow a round by more than the cap.
+_KILL_ROUNDS = 16
+
+
+def _own_groups() -> dict:
+    """controller name (or "" for v2) -> this process's cgroup path."""
+    groups = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _id, controllers, path = line.rstrip("\n").split(":", 2)
+            for name in controllers.split(",") if controllers else [""]:
+                groups[name] = path
+    return groups
+
+
+def _mounts() -> dict:
+    """controller name (or "" for v2) -> mount point."""
+    mounts = {}
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            _dev, point, fstype, options = line.split()[:4]
+            if fstype == "cgroup2":
+                mounts.setdefault("", point)
+            elif fstype == "cgroup":
+                for option in options.split(","):
+                    mounts.setdefault(option, point)
+    return mounts
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+class JobGroup:
+    """One job's cgroup directories (one per controller on v1)."""
+
+    def __init__(self, paths: list, version: int) -> None:
+        self.paths = paths
+        self.version = version
+
+    def procs_files(self) -> list:
+        return [os.path.join(path, "cgroup.procs") for path in self.paths]
+
+    def pids(self) -> set:
+        found = set()
+        for procs in self.procs_files():
+            try:
+                with open(procs) as f:
+                    found.update(int(pid) for pid in f.read().split())
+            except OSError:
+                pass
+        return found
+
+    def kill(self) -> None:
+        """SIGKILL everything in the group. v2 has one write for it; on v1 a
+        few rounds of killing what is listed end even a fork storm, since the
+        pids cap bounds what can appear between two rounds."""
+        if self.version == 2:
+            try:
+                _write(os.path.join(self.paths[0], "cgroup.kill"), "1")
+                return
+            except OSError:
+                pass  # kernels before 5.14: no cgroup.kill
+        for _ in range(_KILL_ROUNDS):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel killed a process of this job for its memory cap."""
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        for path in self.paths:
+            try:
+                with open(os.path.join(path, name)) as f:
+                    for line in f:
+                        key, _, value = line.partition(" ")
+                        if key == "oom_kill" and int(value) > 0:
+                            return True
+            except (OSError, ValueError):
+                continue
+        return False
+
+    def remove(self) -> bool:
+        """rmdir the group; False while a process of it is not yet reaped."""
+        done = True
+        for path in self.paths:
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                done = False
+        return done
+
+
+class Cgroups:
+    """The worker's own cgroup directories, parents of its jobs' groups."""
+
+    def __init__(self, bases: dict, version: int) -> None:
+        self.bases = bases  # controller -> the worker's execpool-<token> directory
+        self.version = version
+
+    @classmethod
+    def detect(cls, token: str) -> Optional["Cgroups"]:
+        """The tier if this process may create groups with the pids and/or
+        memory controllers here, else None."""
+        try:
+            groups, mounts = _own_groups(), _mounts()
+        except OSError:
+            return None
+        if "" in mounts and "" in groups:
+            own = mounts[""] + groups[""]
+            try:
+                with open(os.path.join(own, "cgroup.subtree_control")) as f:
+                    delegated = set(f.read().split())
+            except OSError:
+                delegated = set()
+            usable = delegated & {"pids", "memory"}
+            if usable:
+                base = os.path.join(own, f"execpool-{token}")
+                if _try_mkdir(base):
+                    _write(os.path.join(base, "cgroup.subtree_control"),
+                           " ".join(f"+{name}" for name in sorted(usable)))
+                    return cls({name: base for name in usable}, 2)
+        bases = {}
+        for name in ("pids", "memory"):
+            if name in mounts and name in groups:
+                base = os.path.join(mounts[name] + groups[name], f"execpool-{token}")
+                if _try_mkdir(base):
+                    bases[name] = base
+        return cls(bases, 1) if bases else None
+
+    def create(self, job_id: int, processes: Optional[int], memory: Optional[int]) -> JobGroup:
+        """A group for one job with its caps; raises OSError naming what is missing."""
+        wanted = {"pids": processes, "memory": memory}
+        missing = [name for name, value in wanted.items() if value is not None and name not in self.bases]
+        if missing:
+            raise OSError(f"the cgroup {' and '.join(missing)} controller is not available to execpool here")
+        paths = sorted({self.bases[name] for name, value in wanted.items() if value is not None})
+        paths = [os.path.join(base, f"job-{job_id}") for base in paths]
+        group = JobGroup(paths, self.version)
+        try:
+            for path in paths:
+                os.mkdir(path)
+            for name, value in wanted.items():
+                if value is None:
+                    continue
+                directory = os.path.join(self.bases[name], f"job-{job_id}")
+                if name == "pids":
+                    _write(os.path.join(directory, "pids.max"), str(value))
+                elif self.version == 2:
+                    _write(os.path.join(directory, "memory.max"), str(value))
+                    if os.path.exists(os.path.join(directory, "memory.swap.max")):
+                        _write(os.path.join(directory, "memory.swap.max"), "0")
+                else:
+                    _write(os.path.join(directory, "memory.limit_in_bytes"), str(value))
+        except OSError:
+            group.remove()
+            raise
+        return group
+
+    def close(self) -> None:
+        remove_tree(self.bases.values())
+
+
+def _try_mkdir(path: str) -> bool:
+    try:
+        os.mkdir(path)
+        return True
+    except FileExistsError:
+        return True
+    except OSError:
+        return False
+
+
+def remove_tree(bases: Iterable[str]) -> None:
+    """Kill whatever is left in a worker's groups and remove them: used at
+    worker shutdown, and by the supervisor for a worker that died."""
+    for base in set(bases):
+        try:
+            jobs = [os.path.join(base, entry) for entry in os.listdir(base) if entry.startswith("job-")]
+        except OSError:
+            continue
+        for path in jobs:
+            group = JobGroup([path], 1)
+            group.kill()
+            group.remove()
+        try:
+            os.rmdir(base)
+        except OSError:
+            pass
+
+
+def worker_bases(token: str) -> list:
+    """Where a worker with this token would have put its groups (for the
+    supervisor, which has not detected anything itself)."""
+    try:
+        groups, mounts = _own_groups(), _mounts()
+    except OSError:
+        return []
+    candidates = []
+    for name, point in mounts.items():
+        if name in groups:
+            candidates.append(os.path.join(point + groups[name], f"execpool-{token}"))
+    return [path for path in candidates if os.path.isdir(path)]
