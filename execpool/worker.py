@@ -262,6 +262,10 @@ def _stdin_file(text: str) -> int:
 
 
 class Worker:
+    """The loop and everything it owns: the jobs by id, by leader pid and by
+    output fd, the deadline heap, and the process groups kept alive for
+    ``keep_background`` jobs until shutdown."""
+
     def __init__(self, conn_in: Connection, conn_out: Connection, token: str, spawn_method: str,
                  preload: tuple = ()) -> None:
         self.conn_in = conn_in
@@ -328,21 +332,23 @@ class Worker:
         return tuple(errors)
 
     def _next_timeout(self) -> Optional[float]:
-        deadlines = [t for t, _ in self.timers[:1]]
-        deadlines += [j.killed_at + REAP_GRACE_S for j in self.jobs.values() if j.end_reason and not j.reaped]
-        if not deadlines:
+        if not self.timers:
             return None
-        return max(0.0, min(deadlines) - time.monotonic())
+        return max(0.0, self.timers[0][0] - time.monotonic())
 
     def _fire_timers(self) -> None:
+        """One heap holds both kinds of deadline: a job's timeout, and the
+        grace a killed job's leader has to be reaped before its Result goes
+        out anyway. Entries of jobs that ended otherwise are stale; skip them."""
         now = time.monotonic()
         while self.timers and self.timers[0][0] <= now:
             _, job_id = heapq.heappop(self.timers)
             job = self.jobs.get(job_id)
-            if job is not None and job.end_reason is None:
+            if job is None:
+                continue
+            if job.end_reason is None:
                 self._end(job, "timeout")
-        for job in [j for j in self.jobs.values() if j.end_reason and not j.reaped]:
-            if now >= job.killed_at + REAP_GRACE_S:
+            elif not job.reaped and now >= job.killed_at + REAP_GRACE_S:
                 self._finish(job)
 
     def _send(self, msg: object) -> None:
@@ -487,6 +493,7 @@ class Worker:
         """Timeout or cancel: the one kill path, then wait for the reap."""
         job.end_reason = reason
         job.killed_at = time.monotonic()
+        heapq.heappush(self.timers, (job.killed_at + REAP_GRACE_S, job.start.job_id))
         self._kill(job)
         self._close_output(job)
         if job.reaped:
