@@ -147,7 +147,7 @@ class _JobConsumer:
         self.poll = poll_interval_s
         self.result: Optional[Result] = None
         self.cancel_sent = False
-        self.handle = submit(job, sink, TOOL_OUTPUT_STREAM_MAX_CHARS if live else None)
+        self.handle = submit(job, sink, TOOL_OUTPUT_STREAM_MAX_CHARS if live else None, cancel_event)
 
     def wait_timeout(self) -> Optional[float]:
         """How long the driver may block on the sink (None: until a message)."""

@@ -137,6 +137,15 @@ def _subtree_pids(pid: int) -> list[int]:
     return pids
 
 
+def is_zombie(pid: int) -> bool:
+    """Dead and waiting to be reaped (or gone): nothing to kill."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb", buffering=0) as f:
+            return f.read().rpartition(b")")[2].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return True
+
+
 def child_pids(pid: int) -> list[int]:
     """Direct children of ``pid``."""
     pids = _child_pids(pid)

@@ -46,7 +46,7 @@ from typing import Callable, Optional
 from . import channel, warm
 from .jobs import Limits
 from .cgroups import Cgroups, JobGroup
-from .proctree import JOB_MARKER_ENV, child_pids, kill_tree
+from .proctree import JOB_MARKER_ENV, child_pids, is_zombie, kill_tree
 from .result import Result
 
 _PR_SET_PDEATHSIG = 1
@@ -515,11 +515,6 @@ class Worker:
                 self.kept_pgids.add(job.pid)
             else:
                 self._kill(job)
-        if not self.jobs and not self.kept_pgids:
-            # Strays that cleared their environment cannot be attributed to a
-            # job; once no job is left they cannot belong to a live one.
-            for pid in child_pids(self.pid):
-                kill_tree(leader=pid)
         if job.group is not None:
             if job.group.oom_killed() and job.end_reason is None:
                 job.error = f"the job went over its memory limit ({job.start.limits.memory} bytes) and was killed"
@@ -530,6 +525,13 @@ class Worker:
         if job.tmpdir is not None:
             shutil.rmtree(job.tmpdir, ignore_errors=True)
         self._send(channel.Finished(job.start.job_id, self._result(job)))
+        if not self.jobs and not self.kept_pgids:
+            # Strays that cleared their environment cannot be attributed to a
+            # job; once no job is left they cannot belong to a live one. After
+            # the Result, because the tree it belongs to is dead already.
+            for pid in child_pids(self.pid):
+                if not is_zombie(pid):
+                    kill_tree(leader=pid)
 
     def _result(self, job: _Job) -> Result:
         capture = job.capture

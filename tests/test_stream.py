@@ -211,3 +211,22 @@ def test_cancelling_the_consuming_task_cancels_the_job(pool):
     text = asyncio.run(main())
     assert cancel.is_set()
     assert all_dead(pids_in(text))
+
+
+def test_cancel_event_reaches_the_worker_without_waiting_for_the_poll_interval(pool):
+    """Regression: a cancel_event was only looked at every poll_interval_s."""
+    cancel = threading.Event()
+    stream = pool.stream(ShellJob("echo up; sleep 30"), cancel_event=cancel, poll_interval_s=10)
+    assert next(stream)["text"] == "up\n"
+    set_at = time.monotonic()
+    cancel.set()
+    events, result = collect(stream)
+    assert result.cancelled
+    assert time.monotonic() - set_at < 1.0
+
+
+def test_run_with_a_shared_cancel_event_leaves_no_watch_behind(pool):
+    cancel = threading.Event()
+    for _ in range(20):
+        assert pool.run(ShellJob("true"), cancel_event=cancel).exit_code == 0
+    assert not pool._watcher._watched
