@@ -1,16 +1,38 @@
 """What the benchmarks share: statistics, the table, the final JSON line,
-and finding processes (descendants, environments)."""
+the machine and its load, memory and thread sampling, child trials, and
+process trees (finding them, timing their death).
+
+Every benchmark ends with exactly one JSON object on the last line of stdout.
+Its ``targets`` entry maps a name to ``{"target", "value", "met"}`` so that
+``python -m benchmarks`` can summarise any of them the same way.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import dataclasses
 import json
 import math
 import os
+import platform
+import resource
+import signal
 import statistics
+import subprocess
 import sys
-from typing import Iterable, Sequence
+import threading
+import time
+from typing import Iterable, Optional, Sequence
 
 import psutil
+
+MiB = 1 << 20
+KiB = 1 << 10
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --- statistics and output ------------------------------------------------------------
 
 
 def median(values: Sequence[float]) -> float:
@@ -30,6 +52,10 @@ def ms(seconds: float) -> float:
     return round(seconds * 1000.0, 3)
 
 
+def mib(nbytes: float) -> float:
+    return round(nbytes / MiB, 2)
+
+
 def print_table(title: str, header: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
     rows = [[_cell(c) for c in row] for row in rows]
     header = list(header)
@@ -44,7 +70,13 @@ def print_table(title: str, header: Sequence[str], rows: Iterable[Sequence[objec
 
 
 def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
     if isinstance(value, float):
+        if not math.isfinite(value):
+            return "-"
         return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
     return str(value)
 
@@ -67,6 +99,194 @@ def _finite(value: object) -> object:
     return value
 
 
+def target(value: Optional[float], goal: float, op: str, unit: str = "") -> dict:
+    """One entry of a benchmark's ``targets``: ``op`` is "<=" or ">=";
+    a missing value (the measurement failed) is never met."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        met = False
+    else:
+        met = value <= goal if op == "<=" else value >= goal
+    return {"target": f"{op} {goal:g}{(' ' + unit) if unit else ''}", "value": value, "met": met}
+
+
+def met_cell(entry: dict) -> str:
+    return "yes" if entry["met"] else "NO"
+
+
+# --- the machine ----------------------------------------------------------------------
+
+
+def load() -> list[float]:
+    """The 1, 5 and 15 minute load averages: other engineers' test suites run
+    on this machine, so every benchmark records how busy it was."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def machine() -> dict:
+    return {
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "mem_total_mib": round(psutil.virtual_memory().total / MiB),
+    }
+
+
+def raise_nofile(need: int) -> dict:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit when ``need``
+    fds would not fit (children, the pool's workers included, inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    info = {"soft_before": soft, "hard": hard, "raised": False}
+    if soft != resource.RLIM_INFINITY and soft < need and soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        info["raised"] = True
+    info["soft"] = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return info
+
+
+def python_job_accepts(name: str) -> bool:
+    """Whether this execpool's PythonJob has the keyword ``name`` (e.g. warm)."""
+    from execpool import PythonJob
+
+    return name in {f.name for f in dataclasses.fields(PythonJob)}
+
+
+# --- memory and threads ---------------------------------------------------------------
+
+
+def rss(pid: Optional[int] = None) -> int:
+    """Resident set size in bytes (0 once the process is gone)."""
+    try:
+        return psutil.Process(pid).memory_info().rss
+    except psutil.Error:
+        return 0
+
+
+def thread_count() -> int:
+    """This process's native threads, from /proc (every thread, not only
+    those the threading module knows)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def reset_peak_rss(pid: Optional[int] = None) -> bool:
+    """Reset the kernel's high-water mark of RSS (VmHWM) to the current RSS;
+    False where /proc/PID/clear_refs is not writable."""
+    try:
+        with open(f"/proc/{pid or 'self'}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss(pid: Optional[int] = None) -> Optional[int]:
+    """VmHWM in bytes: the exact peak since start or since reset_peak_rss()."""
+    try:
+        with open(f"/proc/{pid or 'self'}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * KiB
+    except OSError:
+        pass
+    return None
+
+
+class Sampler:
+    """One thread sampling, every ``interval_s``, the RSS of named processes
+    (psutil) and this process's native thread count, keeping the peaks.
+
+    The sampler's own thread is counted in ``thread_count``; the baselines
+    are taken by ``start()`` with it already running, so growth figures are
+    net of it.
+    """
+
+    def __init__(self, pids: dict[str, int], interval_s: float = 0.005) -> None:
+        self.interval_s = interval_s
+        self.procs = {}
+        for name, pid in pids.items():
+            try:
+                self.procs[name] = psutil.Process(pid)
+            except psutil.Error:
+                pass
+        self.base: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+        self.base_threads = 0
+        self.peak_threads = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+
+    def _sample(self) -> None:
+        for name, proc in self.procs.items():
+            try:
+                value = proc.memory_info().rss
+            except psutil.Error:
+                continue
+            if value > self.peak.get(name, 0):
+                self.peak[name] = value
+        self.peak_threads = max(self.peak_threads, thread_count())
+        self.samples += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def start(self) -> "Sampler":
+        self._thread.start()
+        for name, proc in self.procs.items():
+            try:
+                self.base[name] = self.peak[name] = proc.memory_info().rss
+            except psutil.Error:
+                pass
+        self.base_threads = self.peak_threads = thread_count()
+        return self
+
+    def stop(self) -> "Sampler":
+        self._sample()
+        self._stop.set()
+        self._thread.join()
+        return self
+
+    def growth(self, name: str) -> Optional[int]:
+        if name not in self.base:
+            return None
+        return self.peak[name] - self.base[name]
+
+
+# --- trials in child processes --------------------------------------------------------
+
+
+def run_child(module: str, args: Sequence[str], timeout: float) -> dict:
+    """Run ``python -m benchmarks.MODULE ARGS`` (a single trial in a fresh
+    process, so its memory figures start from a clean heap) and return its
+    final JSON line."""
+    argv = [sys.executable, "-m", f"benchmarks.{module}", *args]
+    proc = subprocess.run(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=timeout)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{' '.join(argv[2:])} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+    return json.loads(lines[-1])
+
+
+# --- process trees ----------------------------------------------------------------------
+
+BASH = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+#: The tree every kill benchmark cancels: bash and 50 background sleeps.
+TREE_SLEEPS = 50
+TREE_COMMAND = f"for i in $(seq {TREE_SLEEPS}); do sleep 1000 & done; echo ready; wait"
+TREE_SIZE = TREE_SLEEPS + 1
+#: Give up on a tree (and count it as a failure) after this long.
+GONE_DEADLINE_S = 10.0
+#: The death of a tree is polled this often (never sleeping longer).
+GONE_POLL_S = 0.0001
+#: A job's processes carry this variable (execpool.proctree.JOB_MARKER_ENV).
+MARKER_VAR = "EXECPOOL_JOB"
+
+_PR_SET_CHILD_SUBREAPER = 36
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
 def descendants(pid: int | None = None) -> list[psutil.Process]:
     try:
         return psutil.Process(pid if pid is not None else os.getpid()).children(recursive=True)
@@ -80,3 +300,120 @@ def environ_of(proc: psutil.Process) -> dict | None:
         return proc.environ()
     except (psutil.Error, OSError):
         return None
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time) from /proc/PID/stat, or None once the pid is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = data[data.rindex(b")") + 2:].split()
+    return fields[0].decode(), int(fields[19])
+
+
+def record_tree(pids: Iterable[int]) -> dict[int, int]:
+    """pid -> start time, for the pids still present and not zombies."""
+    recorded = {}
+    for pid in pids:
+        st = proc_stat(pid)
+        if st is not None and st[0] != "Z":
+            recorded[pid] = st[1]
+    return recorded
+
+
+def wait_gone(tree: dict[int, int], t0: float) -> tuple[float | None, float | None]:
+    """Seconds from t0 until every pid of ``tree`` was dead (zombie or gone)
+    and until every one was reaped (gone; a pid whose start time changed
+    counts as gone); None for a deadline missed. Survivors of the deadline
+    are SIGKILLed so nothing is left behind."""
+    remaining = dict(tree)
+    zombies: set[int] = set()
+    t_dead = None
+    deadline = t0 + GONE_DEADLINE_S
+    while True:
+        for pid, start in list(remaining.items()):
+            st = proc_stat(pid)
+            if st is None or st[1] != start:
+                del remaining[pid]
+                zombies.discard(pid)
+            elif st[0] in ("Z", "X"):
+                zombies.add(pid)
+        now = time.perf_counter()
+        if t_dead is None and len(zombies) == len(remaining):
+            t_dead = now - t0
+        if not remaining:
+            return t_dead, now - t0
+        if now > deadline:
+            for pid in remaining:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            return t_dead, None
+        time.sleep(GONE_POLL_S)
+
+
+def pool_tree(pool, size: int = TREE_SIZE, wait_s: float = 5.0) -> dict[int, int]:
+    """The running job processes below the pool's workers (those carrying the
+    job marker), once there are ``size`` of them (or after ``wait_s``)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = []
+        for worker_pid in pool.worker_pids:
+            for proc in descendants(worker_pid):
+                env = environ_of(proc)
+                if env is not None and MARKER_VAR in env:
+                    pids.append(proc.pid)
+        tree = record_tree(pids)
+        if len(tree) >= size or time.monotonic() > deadline:
+            return tree
+        time.sleep(0.001)
+
+
+def subtree(pid: int, size: int = TREE_SIZE, wait_s: float = 5.0) -> dict[int, int]:
+    """``pid`` and its descendants, once there are ``size`` (or after ``wait_s``)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        tree = record_tree([pid] + [p.pid for p in descendants(pid)])
+        if len(tree) >= size or time.monotonic() > deadline:
+            return tree
+        time.sleep(0.001)
+
+
+@contextlib.contextmanager
+def subreaper():
+    """Make this process a child subreaper for the block, so orphaned members
+    of a thread-per-call design's trees are re-parented here and reaped by the
+    design itself rather than by PID 1 (which reaps lazily in some containers)."""
+    if _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+    try:
+        yield
+    finally:
+        _libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def summarise_kills(rounds: list[dict]) -> dict:
+    """Medians of rounds of {"tree", "dead", "reaped"[, "close"]} (seconds)."""
+    dead = [r["dead"] for r in rounds if r["dead"] is not None]
+    reaped = [r["reaped"] for r in rounds if r["reaped"] is not None]
+    summary = {
+        "rounds": len(rounds),
+        "tree_size_min": min((r["tree"] for r in rounds), default=0),
+        "dead_ms_median": _ms_at(dead, 0.5),
+        "reaped_ms_median": _ms_at(reaped, 0.5),
+        "reaped_ms_p90": _ms_at(reaped, 0.9),
+        "reaped_ms_max": _ms_at(reaped, 1.0),
+        "unreaped_rounds": len(rounds) - len(reaped),
+    }
+    if rounds and "close" in rounds[0]:
+        summary["close_ms_median"] = ms(median([r["close"] for r in rounds]))
+    return summary
+
+
+def _ms_at(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    return ms(median(values) if q == 0.5 else quantile(values, q))

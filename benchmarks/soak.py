@@ -4,9 +4,11 @@ Run from the repository root::
 
     python benchmarks/soak.py                       # or: python -m benchmarks.soak
     python benchmarks/soak.py --jobs 2000 --concurrency 16 --max-jobs-per-worker 200
+    python benchmarks/soak.py --long        # 10 000 jobs at concurrency 32 (~1.5 min here)
 
 The default is 2000 jobs at concurrency 16 on 2 workers recycled every 200
-jobs (15-25 s on a 2-core machine; 6000 jobs took 45 s); ``--jobs`` scales it.
+jobs (15-25 s on a 2-core machine; 6000 jobs took 45 s); ``--jobs`` scales it,
+``--long`` is 10 000 jobs at concurrency 32.
 
 Every job's Result is checked against what that kind of job must give:
 
@@ -16,6 +18,8 @@ python_output         exact output, exit 0
 stream_output         pool.stream: the events concatenate to the exact output
 fail                  exit_code 3, text "Exit code 3:\\n..."
 timeout               ``sleep`` past a 0.2 s timeout: timed_out, output kept
+                      (a prefix of it when the loaded machine had not let
+                      the tool print by the deadline; counted and reported)
 cancel                cancel_event set by a timer after 0.1 s: cancelled
 stream_close          pool.stream closed after its first event (a client
                       disconnect): the first event, close() returns promptly
@@ -51,21 +55,40 @@ A job that fails because the worker under it crashed is counted as wrong
 (its Result has ``error``); the table says how many such errors there were,
 and the worker's traceback is on stderr. ``--skip KIND,...`` leaves kinds out.
 
+RSS drift: the measured run is cut into ``--checkpoints`` equal segments
+(default 10); after each, with ``gc.collect()`` and ``malloc_trim(0)`` (which
+hands the allocator's free pages back, so what remains is memory something
+still holds), this process's RSS is recorded. The first
+``--rss-warmup`` of the run (default 40%) is the RSS warm-up: the allocator's
+arenas reach the high-water mark of the jobs' peak overlap there (a few
+floods at once hold several MB each). The drift is the last checkpoint minus
+the one ending the warm-up (each end the median of up to three
+checkpoints, so one checkpoint that caught the allocator holding an extra
+buffer does not decide it), in MiB, and must stay within
+``--rss-drift-max-mib`` (default 2; a negative value only reports); the
+least-squares slope over the same checkpoints (KiB per 1000 jobs), the RSS
+without the trim, anonymous vs file-backed RSS and, with ``--tracemalloc``,
+the Python heap and the source lines that grew most are reported beside it.
+
 Exits 1 on any wrong Result or any leak: threads, fds, tool or other
-processes, zombies, workers, a surviving process of this run, or a process
-still running after ``pool.close()``. RSS growth is reported only.
+processes, zombies, workers, a surviving process of this run, a process
+still running after ``pool.close()``, or RSS drift over its limit.
 The last line of stdout is one JSON object with every figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import array
+import ctypes
 import gc
 import os
 import random
+import statistics
 import sys
 import threading
 import time
+import tracemalloc
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -96,6 +119,14 @@ END_SLACK_S = 5.0
 WORKER_DIED = "died unexpectedly"
 #: A whole job of any kind; past it the soak reports a hang.
 HANG_S = 60.0
+#: RSS drift after the first checkpoint above which the soak fails.
+RSS_DRIFT_MAX_MIB = 2.0
+LONG_JOBS, LONG_CONCURRENCY = 10_000, 32
+
+try:
+    _malloc_trim = ctypes.CDLL(None).malloc_trim  # glibc
+except (OSError, AttributeError):
+    _malloc_trim = None
 
 
 @dataclass
@@ -176,11 +207,29 @@ def fail(s: Soak, i: int) -> Optional[str]:
     return problem
 
 
+#: Jobs that end by a short timeout, and those of them whose tool had not
+#: printed yet when the deadline came (a loaded machine can take longer than
+#: 0.2 s to start bash): such an output is a prefix of the expected one.
+_cut_short = {"jobs": 0, "empty": 0}
+_cut_short_lock = threading.Lock()
+
+
+def _expected_before_deadline(r: Result, full: str) -> str:
+    """What the output of a job killed by its timeout must be: ``full``, or a
+    prefix of it when the tool had not finished printing by the deadline."""
+    with _cut_short_lock:
+        _cut_short["jobs"] += 1
+        if r.output != full and full.startswith(r.output):
+            _cut_short["empty"] += 1
+            return r.output
+    return full
+
+
 def timeout(s: Soak, i: int) -> Optional[str]:
     t0 = time.monotonic()
     r = s.pool.run(ShellJob("echo start; sleep 5; echo late", timeout=TIMEOUT_S, env=s.env("timeout")))
     wall = time.monotonic() - t0
-    problem = _expect(r, output="start\n", exit_code=None, timed_out=True)
+    problem = _expect(r, output=_expected_before_deadline(r, "start\n"), exit_code=None, timed_out=True)
     if problem is None and not (TIMEOUT_S <= wall < TIMEOUT_S + END_SLACK_S):
         problem = f"took {wall:.3f} s for a {TIMEOUT_S} s timeout"
     if problem is None and r.text != f"Execution timed out after {TIMEOUT_S} seconds.":
@@ -312,7 +361,7 @@ def daemon_holds_pipe(s: Soak, i: int) -> Optional[str]:
     # the job runs to its timeout, and then the escaped daemon must die too.
     r = s.pool.run(ShellJob("( setsid sleep 1000 & ) ; echo ok", timeout=HOLDS_PIPE_TIMEOUT_S,
                             env=s.env("daemon_holds_pipe")))
-    return _expect(r, output="ok\n", exit_code=None, timed_out=True)
+    return _expect(r, output=_expected_before_deadline(r, "ok\n"), exit_code=None, timed_out=True)
 
 
 def background(s: Soak, i: int) -> Optional[str]:
@@ -371,6 +420,24 @@ def run_batch(s: Soak, kinds: list[str], concurrency: int, first_index: int) -> 
             except Exception as exc:  # noqa: BLE001 - a hang
                 outcomes.append(Outcome(first_index + n, kinds[n], HANG_S, f"no result: {exc!r}"))
     return outcomes
+
+
+class Tally:
+    """Per kind, the wall times (8 bytes a job) and the wrong outcomes only:
+    a 10 000-job soak must not grow this process's RSS with its own records."""
+
+    def __init__(self) -> None:
+        self.walls: dict[str, array.array] = {}
+        self.wrong: list[Outcome] = []
+
+    def add(self, outcomes: list[Outcome]) -> None:
+        for o in outcomes:
+            self.walls.setdefault(o.kind, array.array("d")).append(o.wall_s)
+            if o.problem is not None:
+                self.wrong.append(o)
+
+    def wrong_of(self, kind: str) -> int:
+        return sum(o.kind == kind for o in self.wrong)
 
 
 # --- counting what is left ------------------------------------------------------------
@@ -459,6 +526,67 @@ def snapshot(pool: ExecPool, run_id: str) -> dict:
     }
 
 
+def rss_checkpoint() -> dict:
+    """This process's RSS (MiB) after gc, untrimmed and after malloc_trim(0)
+    (and the Python heap tracemalloc sees, when it traces)."""
+    gc.collect()
+    raw = psutil.Process().memory_info().rss
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+    trimmed = psutil.Process().memory_info().rss
+    point = {"raw_mib": round(raw / 2**20, 2), "trimmed_mib": round(trimmed / 2**20, 2), **_rss_parts()}
+    if tracemalloc.is_tracing():
+        point["traced_mib"] = round(tracemalloc.get_traced_memory()[0] / 2**20, 2)
+    return point
+
+
+def rss_baseline(checkpoints: list[dict], warmup_jobs: float) -> int:
+    """Index of the first checkpoint at or past the RSS warm-up (never the last)."""
+    for i, point in enumerate(checkpoints[:-1]):
+        if point["jobs"] >= warmup_jobs:
+            return i
+    return len(checkpoints) - 2
+
+
+def window_drift(points: list[dict], key: str) -> float:
+    """Median of the last few checkpoints minus median of the first few: a
+    leak shows as the distance between them, while a single checkpoint that
+    caught the allocator holding one more buffer (+-2 MiB here) does not."""
+    n = max(1, min(3, len(points) // 3))
+    first = statistics.median(p[key] for p in points[:n])
+    last = statistics.median(p[key] for p in points[-n:])
+    return round(last - first, 2)
+
+
+def slope_kib_per_1000(points: list[dict]) -> Optional[float]:
+    """Least-squares slope of the trimmed RSS, in KiB per 1000 jobs."""
+    if len(points) < 2:
+        return None
+    xs = [p["jobs"] for p in points]
+    ys = [p["trimmed_mib"] * 1024 for p in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return round(sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den * 1000, 1) if den else None
+
+
+def _rss_parts() -> dict:
+    """Anonymous and file-backed resident memory (MiB), to tell heap growth
+    from library pages touched for the first time."""
+    parts = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(("RssAnon:", "RssFile:")):
+                    parts[line.split(":")[0][3:].lower() + "_mib"] = round(int(line.split()[1]) / 1024, 2)
+    except OSError:
+        pass
+    return parts
+
+
+def traced_growth(first: "tracemalloc.Snapshot", last: "tracemalloc.Snapshot", limit: int = 8) -> list[str]:
+    return [str(stat) for stat in last.compare_to(first, "lineno")[:limit]]
+
+
 def survivors_of_close(before_close: list[tuple[int, float]], seconds: float) -> list[int]:
     """Pids (with their start times) recorded before pool.close() that are
     still running after it; zombies count as dead (whoever inherited them
@@ -520,8 +648,20 @@ def kill_leftovers(run_id: str, pids: list[int]) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", type=int, default=2000, help="jobs in the measured run (default 2000)")
-    parser.add_argument("--concurrency", type=int, default=16, help="caller threads (default 16)")
+    parser.add_argument("--jobs", type=int, help="jobs in the measured run (default 2000; --long: 10000)")
+    parser.add_argument("--concurrency", type=int, help="caller threads (default 16; --long: 32)")
+    parser.add_argument("--long", action="store_true",
+                        help=f"the long soak: {LONG_JOBS} jobs at concurrency {LONG_CONCURRENCY}")
+    parser.add_argument("--checkpoints", type=int, default=10,
+                        help="RSS checkpoints over the measured run (default 10)")
+    parser.add_argument("--rss-warmup", type=float, default=0.4,
+                        help="fraction of the measured run before the RSS baseline (default 0.4)")
+    parser.add_argument("--tracemalloc", action="store_true",
+                        help="trace Python allocations (slower): traced memory at each checkpoint and the "
+                             "source lines that grew most from the first to the last")
+    parser.add_argument("--rss-drift-max-mib", type=float, default=RSS_DRIFT_MAX_MIB,
+                        help=f"fail when RSS drifts more after the first checkpoint (default {RSS_DRIFT_MAX_MIB:g}; "
+                             "negative: report only)")
     parser.add_argument("--workers", type=int, default=2, help="pool workers (default 2)")
     parser.add_argument("--max-jobs-per-worker", type=int, default=200,
                         help="recycle workers after this many jobs (default 200)")
@@ -530,6 +670,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="seed of the job order (default 1)")
     parser.add_argument("--skip", default="", help="comma-separated kinds to leave out, e.g. cancel_chatty")
     args = parser.parse_args(argv)
+    if args.jobs is None:
+        args.jobs = LONG_JOBS if args.long else 2000
+    if args.concurrency is None:
+        args.concurrency = LONG_CONCURRENCY if args.long else 16
+    if args.checkpoints < 2:
+        parser.error("--checkpoints must be at least 2")
+    if not 0 <= args.rss_warmup < 1:
+        parser.error("--rss-warmup is a fraction in [0, 1)")
     skip = {k for k in args.skip.split(",") if k}
     if skip - set(KINDS):
         parser.error(f"unknown kinds {sorted(skip - set(KINDS))}; kinds are {', '.join(KINDS)}")
@@ -542,6 +690,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error("--warmup and --settle must not be negative")
 
     run_id = uuid.uuid4().hex
+    if args.tracemalloc:
+        tracemalloc.start(5)
+    load_before = C.load()
     started = time.perf_counter()
     try:
         pool = ExecPool(workers=args.workers, max_jobs_per_worker=args.max_jobs_per_worker)
@@ -551,10 +702,22 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     try:
         soak = Soak(pool, run_id)
-        warm = run_batch(soak, schedule(args.warmup, args.seed + 1, frozenset(skip)), args.concurrency, 0) if args.warmup else []
+        warm = Tally()
+        if args.warmup:
+            warm.add(run_batch(soak, schedule(args.warmup, args.seed + 1, frozenset(skip)), args.concurrency, 0))
         before = settle(pool, run_id, args.settle)
         t0 = time.perf_counter()
-        outcomes = run_batch(soak, schedule(args.jobs, args.seed, frozenset(skip)), args.concurrency, args.warmup)
+        kinds = schedule(args.jobs, args.seed, frozenset(skip))
+        tally = Tally()
+        checkpoints = []
+        snapshots = []
+        segments = min(args.checkpoints, args.jobs)
+        for seg in range(segments):
+            lo, hi = args.jobs * seg // segments, args.jobs * (seg + 1) // segments
+            tally.add(run_batch(soak, kinds[lo:hi], args.concurrency, args.warmup + lo))
+            checkpoints.append({"jobs": hi, **rss_checkpoint()})
+            if tracemalloc.is_tracing() and seg in (0, segments - 1):
+                snapshots.append(tracemalloc.take_snapshot())
         run_s = time.perf_counter() - t0
         after = settle(pool, run_id, args.settle, target=before)
         settle_s = time.perf_counter() - t0 - run_s
@@ -572,12 +735,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     elapsed = time.perf_counter() - started
 
     # Problems of their own first: a crashed worker fails every job it ran.
-    wrong = sorted((o for o in warm + outcomes if o.problem is not None),
-                   key=lambda o: (WORKER_DIED in (o.problem or ""), o.index))
+    wrong = sorted(warm.wrong + tally.wrong, key=lambda o: (WORKER_DIED in (o.problem or ""), o.index))
     crash_errors = sum(WORKER_DIED in (o.problem or "") for o in wrong)
-    by_kind: dict[str, list[Outcome]] = {}
-    for o in outcomes:
-        by_kind.setdefault(o.kind, []).append(o)
+    by_kind = tally.walls
     leaks = []
     for key in ("threads", "native_threads", "fds", "tool_processes", "other_processes"):
         if after[key] > before[key]:
@@ -593,6 +753,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         leaks.append(f"processes below this process still running after pool.close(): {survivors[:10]}")
     if after_close["ours"]:
         leaks.append(f"processes of this run alive after pool.close(): {len(after_close['ours'])}")
+    base = rss_baseline(checkpoints, args.jobs * args.rss_warmup)
+    measured = checkpoints[base:]
+    if _cut_short["jobs"] >= 10 and _cut_short["empty"] == _cut_short["jobs"]:
+        leaks.append(f"no output kept by any of the {_cut_short['jobs']} jobs that ended by timeout")
+    rss_drift = window_drift(measured, "trimmed_mib")
+    rss_drift_raw = window_drift(measured, "raw_mib")
+    rss_slope = slope_kib_per_1000(measured)
+    if 0 <= args.rss_drift_max_mib < rss_drift:
+        leaks.append(f"RSS drift {rss_drift} MiB from job {measured[0]['jobs']} to job "
+                     f"{measured[-1]['jobs']} (limit {args.rss_drift_max_mib:g} MiB)")
 
     print(f"execpool soak: {args.jobs} jobs (+{args.warmup} warm-up), concurrency {args.concurrency}, "
           f"{args.workers} workers recycled every {args.max_jobs_per_worker} jobs, {os.cpu_count()} CPUs")
@@ -601,8 +771,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     C.print_table(
         "Jobs by kind (wall ms per job, from the caller's thread)",
         ["kind", "jobs", "wrong", "median", "p90", "max"],
-        [[k, len(v), sum(o.problem is not None for o in v), C.ms(C.median([o.wall_s for o in v])),
-          C.ms(C.quantile([o.wall_s for o in v], 0.9)), C.ms(max(o.wall_s for o in v))]
+        [[k, len(v), tally.wrong_of(k), C.ms(C.median(v)), C.ms(C.quantile(v, 0.9)), C.ms(max(v))]
          for k, v in sorted(by_kind.items())],
     )
     rows = []
@@ -612,10 +781,24 @@ def main(argv: Optional[list[str]] = None) -> int:
         rows.append([key, before[key], after[key], round(delta, 1) if isinstance(delta, float) else delta])
     rows.append(["running after pool.close()", len(below), len(survivors), ""])
     C.print_table("Before (after warm-up) / after (after settle)", ["count", "before", "after", "delta"], rows)
+    C.print_table(f"RSS of this process at checkpoints (MiB, after gc; trimmed: after malloc_trim(0)); drift "
+                  f"from job {measured[0]['jobs']}: {rss_drift} MiB (untrimmed {rss_drift_raw}; slope "
+                  f"{rss_slope} KiB/1000 jobs), limit {args.rss_drift_max_mib:g}",
+                  ["after job", "raw", "trimmed", "anon", "file", "traced"],
+                  [[c["jobs"], c["raw_mib"], c["trimmed_mib"], c.get("anon_mib"), c.get("file_mib"), c.get("traced_mib")]
+                   for c in checkpoints])
+    growth_lines = traced_growth(snapshots[0], snapshots[-1]) if len(snapshots) == 2 else []
+    for line in growth_lines:
+        print(f"  traced growth: {line}")
+    if growth_lines:
+        print()
     if after["marked_others"]:
         print(f"  note: {after['marked_others']} EXECPOOL_JOB process(es) of another run are alive (not counted)")
     if crash_errors:
         print(f"  {crash_errors} wrong result(s) are jobs failed by a crashed worker (see stderr)")
+    if _cut_short["empty"]:
+        print(f"  note: {_cut_short['empty']} of {_cut_short['jobs']} short-timeout jobs timed out before their tool "
+              "had printed (load); their cut output was accepted")
     for o in wrong[:10]:
         print(f"  WRONG job {o.index} ({o.kind}): {o.problem}")
     if len(wrong) > 10:
@@ -645,14 +828,28 @@ def main(argv: Optional[list[str]] = None) -> int:
         "wrong_from_worker_crash": crash_errors,
         "skipped_kinds": sorted(skip),
         "wrong_examples": [f"{o.index} {o.kind}: {o.problem}" for o in wrong[:5]],
-        "kinds": {k: {"jobs": len(v), "wrong": sum(o.problem is not None for o in v),
-                      "median_ms": C.ms(C.median([o.wall_s for o in v]))} for k, v in sorted(by_kind.items())},
+        "kinds": {k: {"jobs": len(v), "wrong": tally.wrong_of(k), "median_ms": C.ms(C.median(v))}
+                  for k, v in sorted(by_kind.items())},
         "before": {k: v for k, v in before.items() if not k.startswith("_")},
         "after": {k: v for k, v in after.items() if not k.startswith("_")},
         "processes_below_at_close": len(below),
         "running_after_close": len(survivors),
         "leaks": leaks,
         "leftovers_killed": killed,
+        "timed_out_before_output": dict(_cut_short),
+        "rss_checkpoints": checkpoints,
+        "traced_growth": growth_lines,
+        "rss_drift_mib": rss_drift,
+        "rss_drift_untrimmed_mib": rss_drift_raw,
+        "rss_drift_from_job": measured[0]["jobs"],
+        "rss_slope_kib_per_1000_jobs": rss_slope,
+        "machine": C.machine(),
+        "load": {"before": load_before, "after": C.load()},
+        "targets": {
+            "no_leak_no_wrong_result": {"target": "0 wrong, 0 leaked", "value": len(wrong) + len(leaks),
+                                        "met": ok},
+            "rss_drift_mib": C.target(rss_drift, RSS_DRIFT_MAX_MIB, "<=", "MiB"),
+        },
     })
     return 0 if ok else 1
 

@@ -1,0 +1,242 @@
+"""Where one job's milliseconds go: a timestamped walk through the caller,
+the worker and back, for a bash job, a warm Python job, or a close() kill.
+
+Run from the repository root::
+
+    python -m benchmarks.timeline bash --iters 300
+    python -m benchmarks.timeline bash --cwd /tmp      # no private directory per job
+    python -m benchmarks.timeline warm --iters 200
+    python -m benchmarks.timeline kill --iters 25
+
+Nothing in execpool is changed. For this process only, the supervisor's
+``subprocess.Popen`` is wrapped so that its workers start as ``python -m
+benchmarks.timeline --worker FILE ...``, which wraps a few worker methods
+with ``time.monotonic()`` stamps (CLOCK_MONOTONIC: comparable across
+processes) and then runs the real worker; the caller's ``_submit`` and
+``_route`` are wrapped the same way. The worker writes its stamps to FILE at
+exit. Printed: the median time of each step from one stamp to the next
+(bash, warm), or the median time of each stamp after ``close()`` began
+(kill). The wrapped names are execpool internals; a stamp whose method no
+longer exists is simply absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import glob
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+if __package__ in (None, ""):  # run as a file: make the repository importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+BASH_STEPS = ["c_run_in", "c_submit_in", "c_start_sent", "w_start_recv", "w_spawn_in", "w_spawn_out",
+              "w_spawned_sent", "w_finish_in", "w_finished_pre_send", "w_finished_sent", "c_finished_routed",
+              "c_run_out"]
+
+
+# --- in the worker ----------------------------------------------------------------
+
+
+def _worker_main(out_path: str, worker_argv: list[str]) -> None:
+    import execpool.proctree as proctree
+    import execpool.worker as worker
+    from execpool import channel
+
+    marks: dict[str, dict[str, float]] = {}
+    current = {"job": None}
+
+    def stamp(job_id, name: str) -> None:
+        if job_id is not None:
+            marks.setdefault(str(job_id), {}).setdefault(name, time.monotonic())
+
+    def wrap(owner, attr: str, before=None, after=None) -> None:
+        original = getattr(owner, attr, None)
+        if original is None:
+            return
+
+        def wrapper(*args, **kwargs):
+            if before:
+                before(*args)
+            result = original(*args, **kwargs)
+            if after:
+                after(*args)
+            return result
+
+        setattr(owner, attr, wrapper)
+
+    W = worker.Worker
+    wrap(W, "_start", before=lambda self, start: stamp(start.job_id, "w_start_recv"))
+    wrap(W, "_spawn", before=lambda self, job: stamp(job.start.job_id, "w_spawn_in"),
+         after=lambda self, job: stamp(job.start.job_id, "w_spawn_out"))
+    wrap(W, "_finish", before=lambda self, job: stamp(job.start.job_id, "w_finish_in")
+         if job.start.job_id in self.jobs else None)
+
+    def end_before(self, job, reason):
+        current["job"] = job.start.job_id
+        stamp(job.start.job_id, "w_cancel_handled")
+
+    wrap(W, "_end", before=end_before, after=lambda self, job, reason: stamp(job.start.job_id, "w_end_out"))
+
+    def send_before(self, msg):
+        if isinstance(msg, channel.Finished):
+            stamp(msg.job_id, "w_finished_pre_send")
+
+    def send_after(self, msg):
+        if isinstance(msg, channel.Finished):
+            stamp(msg.job_id, "w_finished_sent")
+            current["job"] = None
+        elif isinstance(msg, channel.Spawned):
+            stamp(msg.job_id, "w_spawned_sent")
+
+    wrap(W, "_send", before=send_before, after=send_after)
+    for attr, name in (("_subtree_pids", "w_walk"), ("_killpg", "w_killpg"), ("_marked", "w_sweep")):
+        wrap(proctree, attr, before=lambda *a, name=name: stamp(current["job"], name + "_in"),
+             after=lambda *a, name=name: stamp(current["job"], name + "_out"))
+
+    def dump() -> None:
+        with open(out_path, "w") as f:
+            json.dump(marks, f)
+
+    atexit.register(dump)
+    worker.main(worker_argv)
+
+
+# --- in the caller ------------------------------------------------------------------
+
+
+class _TimelineSubprocess:
+    def __init__(self, real, out_dir: str) -> None:
+        self._real = real
+        self._out_dir = out_dir
+        self._n = 0
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def Popen(self, argv, *args, **kwargs):  # noqa: N802 - the name it replaces
+        argv = list(argv)
+        if argv[1:3] == ["-m", "execpool.worker"]:
+            self._n += 1
+            out = os.path.join(self._out_dir, f"worker-{self._n}.json")
+            argv = [argv[0], "-m", "benchmarks.timeline", "--worker", out, *argv[3:]]
+        return self._real.Popen(argv, *args, **kwargs)
+
+
+def _caller_stamps(supervisor, channel, marks: dict) -> None:
+    pool_cls = supervisor.ExecPool
+    submit, route = pool_cls._submit, pool_cls._route
+
+    def _submit(self, job, sink, live_cap, *rest, **kw):
+        t = time.monotonic()
+        handle = submit(self, job, sink, live_cap, *rest, **kw)
+        marks.setdefault(str(handle.job_id), {}).update(c_submit_in=t, c_start_sent=time.monotonic())
+        marks["_last"] = handle.job_id
+        return handle
+
+    def _route(self, worker, msg):
+        if isinstance(msg, channel.Finished):
+            marks.setdefault(str(msg.job_id), {})["c_finished_routed"] = time.monotonic()
+        return route(self, worker, msg)
+
+    pool_cls._submit, pool_cls._route = _submit, _route
+
+
+def _steps(rows: list[dict], order: list[str]) -> list[tuple[str, float, int]]:
+    deltas: dict[str, list[float]] = {}
+    for m in rows:
+        seq = [(k, m[k]) for k in order if k in m]
+        for (a, ta), (b, tb) in zip(seq, seq[1:]):
+            deltas.setdefault(f"{a} -> {b}", []).append(tb - ta)
+        if "c_run_in" in m and "c_run_out" in m:
+            deltas.setdefault("TOTAL", []).append(m["c_run_out"] - m["c_run_in"])
+    return [(k, statistics.median(v) * 1e3, len(v)) for k, v in deltas.items()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        _worker_main(argv[1], argv[2:])
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("scenario", choices=["bash", "warm", "kill"])
+    parser.add_argument("--iters", type=int, default=200, help="jobs (kill: rounds) measured (default 200)")
+    parser.add_argument("--cwd", help="bash/warm: run the jobs in this directory (no private directory per job)")
+    args = parser.parse_args(argv)
+
+    import execpool.supervisor as supervisor
+    from benchmarks import _common as C
+    from execpool import ExecPool, PythonJob, ShellJob, channel
+
+    out_dir = tempfile.mkdtemp(prefix="execpool-timeline-")
+    caller: dict = {}
+    real = supervisor.subprocess
+    supervisor.subprocess = _TimelineSubprocess(real, out_dir)
+    _caller_stamps(supervisor, channel, caller)
+    try:
+        pool = ExecPool(workers=1, max_jobs_per_worker=1_000_000)
+    finally:
+        supervisor.subprocess = real
+    measured = []
+    with pool:
+        if args.scenario in ("bash", "warm"):
+            if args.scenario == "warm" and not C.python_job_accepts("warm"):
+                print("this execpool's PythonJob has no `warm`")
+                return 2
+            job = (ShellJob("echo hi", cwd=args.cwd) if args.scenario == "bash"
+                   else PythonJob('print("hi")', warm=True, cwd=args.cwd))
+            for i in range(5 + args.iters):
+                t0 = time.monotonic()
+                pool.run(job)
+                t1 = time.monotonic()
+                if i >= 5:
+                    entry = caller[str(caller["_last"])]
+                    entry.update(c_run_in=t0, c_run_out=t1)
+                    measured.append(str(caller["_last"]))
+        else:
+            for _ in range(args.iters):
+                gen = pool.stream(ShellJob(C.TREE_COMMAND, timeout=60), heartbeat_interval_s=30.0)
+                text = ""
+                while "ready" not in text:
+                    text += next(gen).get("text", "")
+                tree = C.pool_tree(pool)
+                job_id = str(caller["_last"])
+                time.sleep(0.05)
+                t0, p0 = time.monotonic(), time.perf_counter()
+                gen.close()
+                close_out = time.monotonic()
+                dead, reaped = C.wait_gone(tree, p0)
+                caller[job_id].update(c_close_in=t0, c_close_out=close_out,
+                                      c_tree_dead=t0 + (dead or float("nan")),
+                                      c_tree_reaped=t0 + (reaped or float("nan")))
+                measured.append(job_id)
+    worker_marks: dict = {}
+    for path in glob.glob(os.path.join(out_dir, "worker-*.json")):
+        with open(path) as f:
+            worker_marks.update(json.load(f))
+    rows = [{**caller[j], **worker_marks.get(j, {})} for j in measured]
+
+    print(f"execpool timeline: {args.scenario}, {len(rows)} measured, load {C.load()}")
+    if args.scenario == "kill":
+        after: dict[str, list[float]] = {}
+        for m in rows:
+            for k, t in m.items():
+                if k != "c_close_in":
+                    after.setdefault(k, []).append((t - m["c_close_in"]) * 1e3)
+        table = sorted(((k, statistics.median(v), len(v)) for k, v in after.items()
+                        if not k.startswith(("c_submit", "c_start", "w_start", "w_spawn"))), key=lambda r: r[1])
+        C.print_table("Median ms after gen.close() began", ["stamp", "ms", "n"], table)
+    else:
+        C.print_table("Median ms per step (one job, stamp to next stamp)", ["step", "ms", "n"],
+                      _steps(rows, BASH_STEPS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
