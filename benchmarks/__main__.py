@@ -44,7 +44,7 @@ SUITE: dict[str, list[str]] = {
     "kill": ["--rounds", "12"],
     "big_caller": ["--iters", "20", "--phases", "2"],
     "soak": [],
-    "humaneval": [],
+    "humaneval": ["--rounds", "1"],
 }
 #: Run only when named in --only: humaneval pip-installs its data package
 #: into this interpreter's environment when it is missing.

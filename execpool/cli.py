@@ -1,29 +1,71 @@
-"""``execpool`` on the command line: run one tool, streamed live to the terminal.
+"""``execpool`` on the command line.
 
-``execpool run [--timeout S] (--python CODE | --shell CMD | FILE.py)`` exits
-with the tool's exit code, 124 on timeout (as coreutils' ``timeout``), 128+N
-for a tool killed by signal N, 130 when interrupted, and 1 with an
-``Execution error:`` line when execpool itself could not run the tool.
+Runs in the user's shell process and owns one ExecPool for the command's life.
+
+``execpool run [--timeout S] (--python CODE | --shell CMD | FILE.py)`` runs one
+tool, streamed live to the terminal, and exits with the tool's exit code, 124
+on timeout (as coreutils' ``timeout``), 128+N for a tool killed by signal N,
+130 when interrupted, and 1 with an ``Execution error:`` line when execpool
+itself could not run the tool.
+
+``execpool batch IN.jsonl [-o OUT.jsonl]`` runs one job per input line through
+``batch.run_tagged`` and appends one record per job to OUT as each job ends.
+Re-running the same command resumes: ids already in OUT are skipped. The
+rules that make that exact -- every input line ends up in OUT once, whatever
+killed an earlier run -- are in ``_ResultsFile`` and ``_Batch``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import fcntl
+import json
 import math
+import os
+import signal
 import sys
-from typing import NoReturn, Optional, Sequence
+import time
+from typing import Any, Iterator, NamedTuple, NoReturn, Optional, Sequence
 
+from .batch import run_tagged
 from .jobs import PythonJob, ShellJob
+from .result import Result
 from .supervisor import ExecPool
 
 EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
+EXIT_USAGE = 2
+
+#: Keys an input line of ``execpool batch`` may have. Anything else is
+#: refused (a misspelt "timout" would otherwise silently run with the default).
+BATCH_KEYS = ("id", "python", "shell", "timeout", "cwd", "env", "stdin")
+
+#: Statuses of output records.
+STATUSES = ("ok", "error", "timeout", "cancelled", "invalid")
+
+#: Output kept per record by default (``output_chars`` always has the full
+#: length). Smaller than the pool's default: a batch's OUT is a data file
+#: that is scanned on every resume.
+DEFAULT_BATCH_MAX_OUTPUT_CHARS = 100_000
+
+#: A written record reaches the disk (fdatasync) before the batch next waits
+#: for a job, and at the latest this long after it was written while results
+#: keep pouring in.
+MAX_UNSYNCED_S = 0.25
+
+#: How many duplicate ids the error message names.
+DUPLICATES_SHOWN = 3
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """One line, not argparse's usage block: scripts and humans both read it."""
         self.exit(2, f"execpool: error: {message} (see 'execpool {self.prog.split()[-1]} --help')\n")
+
+
+class _UsageError(Exception):
+    """A one-line ``execpool: error:`` and exit status 2."""
 
 
 def _timeout(text: str) -> Optional[float]:
@@ -35,6 +77,16 @@ def _timeout(text: str) -> Optional[float]:
         raise argparse.ArgumentTypeError(f"invalid timeout {text!r}: give seconds, or 'none'") from None
     if math.isnan(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"invalid timeout {text!r}: must be positive")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: give a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: must be positive")
     return value
 
 
@@ -50,7 +102,42 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--python", metavar="CODE", help="Python code to run")
     source.add_argument("--shell", metavar="CMD", help="shell command to run with bash -c")
     source.add_argument("file", nargs="?", metavar="FILE.py", help="a Python file to run")
+
+    batch = commands.add_parser(
+        "batch", help="run a JSONL file of jobs, appending one JSONL record per job (resumable)",
+        description="Run one job per line of IN.jsonl ({\"id\", \"python\": CODE | \"shell\": CMD, optional "
+                    "\"timeout\", \"cwd\", \"env\", \"stdin\"}) and append one record per job to OUT as it ends. "
+                    "Re-running the same command skips the ids already in OUT. Exit status: 0 when every line "
+                    "has its record (whatever the jobs' own statuses), 130 when interrupted, 2 for bad usage, "
+                    "1 when execpool itself failed.")
+    batch.add_argument("input", metavar="IN.jsonl", help="the jobs, one JSON object per line")
+    batch.add_argument("-o", "--output", metavar="OUT.jsonl",
+                       help="where records go (default: IN with .jsonl replaced by .out.jsonl); "
+                            "'-' writes to stdout, without resume")
+    batch.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+                       help="worker processes (default: the number of CPUs)")
+    batch.add_argument("--max-in-flight", type=_positive_int, default=None, metavar="N",
+                       help="jobs running at once (default: two per worker)")
+    batch.add_argument("--timeout", type=_timeout, default=300.0, metavar="S",
+                       help="seconds per job for lines without a \"timeout\", or 'none' (default 300)")
+    batch.add_argument("--warm", action="store_true",
+                       help="run Python jobs in a fork of a worker instead of a new interpreter")
+    batch.add_argument("--preload", metavar="MODULES", default="",
+                       help="comma-separated modules every worker imports first (speeds up --warm jobs)")
+    batch.add_argument("--max-output-chars", type=_positive_int, default=DEFAULT_BATCH_MAX_OUTPUT_CHARS,
+                       metavar="N", help="output kept per record; output_chars has the full length "
+                                         f"(default {DEFAULT_BATCH_MAX_OUTPUT_CHARS})")
+    batch.add_argument("--no-fsync", dest="fsync", action="store_false",
+                       help="do not fdatasync OUT (a killed process still loses nothing; power loss may)")
+    progress = batch.add_mutually_exclusive_group()
+    progress.add_argument("--progress", dest="progress", action="store_true", default=None,
+                          help="show the progress bar even when stderr is not a terminal")
+    progress.add_argument("--no-progress", dest="progress", action="store_false",
+                          help="never show the progress bar")
     return parser
+
+
+# -- execpool run ----------------------------------------------------------------
 
 
 def _exit_status(result) -> int:
@@ -95,8 +182,545 @@ def _run(args: argparse.Namespace) -> int:
     return _exit_status(result)
 
 
+# -- execpool batch: input lines -------------------------------------------------------
+
+
+def default_output_path(input_path: str) -> str:
+    """``runs/evals.jsonl`` -> ``runs/evals.out.jsonl``, beside the input, so
+    re-running the same command finds it and resumes."""
+    base = input_path[: -len(".jsonl")] if input_path.endswith(".jsonl") else input_path
+    return base + ".out.jsonl"
+
+
+def _json_type(value: object) -> str:
+    for types, name in (((bool,), "boolean"), ((str,), "string"), ((int, float), "number"),
+                        ((dict,), "object"), ((list,), "array")):
+        if isinstance(value, types):
+            return name
+    return "null" if value is None else type(value).__name__
+
+
+class _Line(NamedTuple):
+    """One input line, parsed as far as it goes."""
+
+    number: int
+    key: str  # what resume compares: the id as JSON, or "#L<number>" for a line without a usable id
+    id: Any  # the id as given, or None
+    obj: Optional[dict]  # the JSON object, when the line is one
+    reason: Optional[str]  # why the line is invalid, when it is
+
+
+def _line_key(number: int) -> str:
+    # JSON text never starts with '#', so this cannot collide with an id's key.
+    return f"#L{number}"
+
+
+def _parse_line(number: int, raw: bytes) -> _Line:
+    """The line's JSON and id: all that the scan for duplicate ids needs."""
+    no_id = _line_key(number)
+    try:
+        obj = json.loads(raw)
+    except UnicodeDecodeError as exc:
+        return _Line(number, no_id, None, None, f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})")
+    except json.JSONDecodeError as exc:
+        return _Line(number, no_id, None, None, f"bad JSON: {exc.msg} at column {exc.colno}")
+    except RecursionError:
+        return _Line(number, no_id, None, None, "bad JSON: nested too deeply")
+    if not isinstance(obj, dict):
+        return _Line(number, no_id, None, None, f"a line must be a JSON object, not {_json_type(obj)}")
+    if "id" not in obj:
+        return _Line(number, no_id, None, obj, 'missing "id"')
+    ident = obj["id"]
+    if isinstance(ident, bool) or not isinstance(ident, (str, int)):
+        return _Line(number, no_id, None, obj, f'"id" must be a string or an integer, not {_json_type(ident)}')
+    if isinstance(ident, str):
+        if not ident:
+            return _Line(number, no_id, None, obj, '"id" must not be empty')
+        try:
+            ident.encode("utf-8")
+        except UnicodeEncodeError:
+            return _Line(number, no_id, None, obj, '"id" is not valid text (a lone surrogate)')
+    return _Line(number, json.dumps(ident), ident, obj, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class _JobDefaults:
+    timeout: Optional[float]
+    warm: bool
+
+
+def _make_job(line: _Line, defaults: _JobDefaults) -> tuple[Optional[Any], Optional[str]]:
+    """(job, None) or (None, why the line is invalid)."""
+    if line.reason is not None:
+        return None, line.reason
+    obj = line.obj
+    assert obj is not None
+    unknown = sorted(set(obj) - set(BATCH_KEYS))
+    if unknown:
+        return None, (f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(json.dumps, unknown))} "
+                      f"(a line has {', '.join(BATCH_KEYS)})")
+    if ("python" in obj) == ("shell" in obj):
+        return None, ('give either "python" or "shell", not both' if "python" in obj
+                      else 'missing "python" or "shell"')
+    kind = "python" if "python" in obj else "shell"
+    source = obj[kind]
+    if not isinstance(source, str):
+        return None, f'"{kind}" must be a string, not {_json_type(source)}'
+    if not source.strip():
+        return None, "No code provided." if kind == "python" else "No command provided."
+    kwargs: dict = {"timeout": obj.get("timeout", defaults.timeout)}
+    for name in ("env", "stdin"):
+        if obj.get(name) is not None:
+            kwargs[name] = obj[name]
+    cwd = obj.get("cwd")
+    if cwd is not None:
+        if not isinstance(cwd, str):
+            return None, f'"cwd" must be a string, not {_json_type(cwd)}'
+        # Relative to where the command runs (workers run in /), and checked
+        # here so one missing directory is one invalid record, not a failed batch.
+        cwd = os.path.abspath(cwd)
+        if not os.path.isdir(cwd):
+            return None, f"cwd {cwd!r} is not an existing directory"
+        kwargs["cwd"] = cwd
+    if kind == "python" and defaults.warm:
+        kwargs["warm"] = True
+    try:
+        job = (PythonJob if kind == "python" else ShellJob)(source, **kwargs)
+    except (TypeError, ValueError) as exc:
+        return None, str(exc)
+    return job, None
+
+
+def _status(result: Result) -> str:
+    if result.cancelled:
+        return "cancelled"
+    if result.timed_out:
+        return "timeout"
+    return "ok" if result.ok else "error"
+
+
+def result_record(ident: Any, number: int, result: Result) -> dict:
+    """The output line for a job that ran. ``error`` is the model-facing text
+    when the job did not simply exit (timeout, cancelled, execpool error)."""
+    status = _status(result)
+    plain_exit = result.error is None and not (result.timed_out or result.cancelled)
+    return {
+        "id": ident, "status": status, "exit_code": result.exit_code, "output": result.output,
+        "output_chars": result.output_chars, "duration_s": round(result.duration_s, 4),
+        "line": number, "error": None if plain_exit else result.text,
+    }
+
+
+def invalid_record(line: _Line, reason: str) -> dict:
+    return {"id": line.id, "status": "invalid", "exit_code": None, "output": "", "output_chars": 0,
+            "duration_s": 0.0, "line": line.number, "error": reason}
+
+
+def _input_lines(f) -> Iterator[tuple[int, bytes]]:
+    """Numbered non-blank lines; numbers count every line, as editors do."""
+    for number, raw in enumerate(f, 1):
+        if raw.strip():
+            yield number, raw
+
+
+# -- execpool batch: the output file ---------------------------------------------------
+
+
+def _record_key(raw: bytes) -> Optional[str]:
+    """The resume key of one complete line of OUT; None when it is no record."""
+    try:
+        record = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict) or record.get("status") not in STATUSES or "id" not in record:
+        return None
+    ident = record["id"]
+    if ident is None:
+        number = record.get("line")
+        return _line_key(number) if isinstance(number, int) and not isinstance(number, bool) else None
+    return json.dumps(ident)
+
+
+class _ResultsFile:
+    """OUT, appended to one whole record per write.
+
+    How resume stays exact:
+
+    * Each record is one ``os.write`` of one complete line (looped only if
+      the kernel takes part of it), with SIGINT/SIGTERM held off meanwhile.
+      Once ``write`` returns, the line is in the kernel's page cache and
+      survives the death of this process, SIGKILL included.
+    * Power loss needs the disk: records are fdatasync'ed before the batch
+      waits for the next job, and at the latest ``MAX_UNSYNCED_S`` after
+      they were written (``--no-fsync`` turns this off). Creating OUT also
+      syncs its directory, so the file itself survives.
+    * A run killed in the middle of a write leaves a torn last line: one
+      without its newline, or that does not parse. The next run truncates it
+      away and runs that job again. A bad line *followed by* good ones was not
+      written by a killed run; OUT is then refused rather than repaired.
+    * An exclusive ``flock`` keeps two runs from appending to the same OUT.
+    """
+
+    def __init__(self, path: str, fsync: bool) -> None:
+        self.path = path
+        self.fsync = fsync
+        self.fd: Optional[int] = None
+        # key -> the same key: the scan of the input reuses these strings, so
+        # a resumed million-line batch holds each id once, not twice.
+        self.done: dict[str, str] = {}
+        self.torn_bytes = 0
+        self._good_size = 0
+        self._dirty_since: Optional[float] = None
+        self.written = 0
+        if os.path.exists(path):
+            self.fd = self._open(os.O_RDWR | os.O_APPEND)
+            self._read_done()
+
+    def _open(self, flags: int) -> int:
+        try:
+            fd = os.open(self.path, flags | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise _UsageError(f"cannot open {self.path}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise _UsageError(f"{self.path} is being written by another execpool batch; "
+                              "wait for it or pass another -o") from None
+        return fd
+
+    def _read_done(self) -> None:
+        bad_line: Optional[int] = None
+        with os.fdopen(os.dup(self.fd), "rb") as f:
+            for number, raw in enumerate(f, 1):
+                if bad_line is not None:
+                    raise _UsageError(f"{self.path} line {bad_line} is not an execpool batch record, and "
+                                      "more records follow it; fix or move the file, then run again")
+                key = _record_key(raw) if raw.endswith(b"\n") else None
+                if key is None:
+                    bad_line = number
+                    continue
+                self.done[key] = key
+                self._good_size += len(raw)
+        self.torn_bytes = os.fstat(self.fd).st_size - self._good_size
+
+    def prepare(self) -> None:
+        """Create OUT, or cut a torn last line off it: the first change made."""
+        if self.fd is None:
+            try:
+                self.fd = self._open(os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL)
+            except _UsageError:
+                if os.path.exists(self.path):
+                    raise _UsageError(f"{self.path} appeared while the input was being checked; "
+                                      "run again") from None
+                raise
+            self._sync_directory()
+        elif self.torn_bytes:
+            os.ftruncate(self.fd, self._good_size)
+            os.fsync(self.fd)
+
+    def _sync_directory(self) -> None:
+        if not self.fsync:
+            return
+        dir_fd = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+        self.written += 1
+        if self._dirty_since is None:
+            self._dirty_since = time.monotonic()
+        elif time.monotonic() - self._dirty_since > MAX_UNSYNCED_S:
+            self.sync()
+
+    def sync(self) -> None:
+        if self._dirty_since is not None and self.fsync:
+            os.fdatasync(self.fd)
+        self._dirty_since = None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            self.sync()
+            os.close(self.fd)
+            self.fd = None
+
+
+class _StdoutResults:
+    """``-o -``: records to stdout, as a pipe's reader wants them; no resume."""
+
+    path = "-"
+    done: dict = {}
+    torn_bytes = 0
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def prepare(self) -> None:
+        pass
+
+    def write(self, data: bytes) -> None:
+        try:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:
+            # The reader left (``| head``): stop as a shell pipeline would, and
+            # point stdout at /dev/null so the exit flush stays quiet.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            raise _Stop(signal.SIGPIPE) from None
+        self.written += 1
+
+    def sync(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# -- execpool batch: the run --------------------------------------------------------------
+
+
+class _Stop(KeyboardInterrupt):
+    """SIGINT or SIGTERM: a KeyboardInterrupt, so no ``except Exception``
+    between the signal and the batch loop swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(total: int, enabled: Optional[bool]):
+    if enabled is False:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    # disable=None is tqdm's own "only on a terminal"; --progress forces it.
+    return tqdm(total=total, file=sys.stderr, unit="job", dynamic_ncols=True, smoothing=0.05,
+                disable=None if enabled is None else False)
+
+
+class _Batch:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.input = args.input
+        self.counts = {status: 0 for status in STATUSES}
+        self.bar: Any = _NoBar()
+        self.out: Any = None
+        self._writing = False
+        self._stopping = False
+        self._pending_signal: Optional[int] = None
+
+    # The whole command: check, then run.
+
+    def main(self) -> int:
+        args = self.args
+        if not os.path.isfile(self.input):
+            what = "does not exist" if not os.path.exists(self.input) else "is not a regular file"
+            raise _UsageError(f"{self.input} {what} (the input is read twice: once for duplicate ids, "
+                              "once to run)")
+        out_path = args.output or default_output_path(self.input)
+        if out_path != "-" and os.path.exists(out_path) and os.path.samefile(out_path, self.input):
+            raise _UsageError(f"the output {out_path} is the input file")
+        defaults = _JobDefaults(timeout=args.timeout, warm=args.warm)
+        if args.warm and "warm" not in {f.name for f in dataclasses.fields(PythonJob)}:
+            raise _UsageError("--warm needs an execpool with warm Python (PythonJob(warm=True))")
+        preload = tuple(m.strip() for m in args.preload.split(",") if m.strip())
+
+        self.out = _StdoutResults() if out_path == "-" else _ResultsFile(out_path, args.fsync)
+        try:
+            lines, todo = self._check_input(self.out.done)
+            skipped = lines - todo
+            if todo == 0:
+                print(f"execpool batch: all {lines} lines of {self.input} already have a record in "
+                      f"{out_path}; nothing to run (remove it or pass another -o to run them again)",
+                      file=sys.stderr)
+                return 0
+            self.out.prepare()
+            if self.out.torn_bytes:
+                print(f"execpool batch: {out_path} ended with a torn record ({self.out.torn_bytes} bytes, "
+                      "from a run that was killed); removed, its job runs again", file=sys.stderr)
+            return self._run(defaults, preload, todo, skipped, out_path)
+        finally:
+            self.out.close()
+
+    def _check_input(self, done) -> tuple[int, int]:
+        """One streaming pass: count the lines still to run and refuse
+        duplicate ids. Only the ids are kept (a million ids like
+        "task/123456" take about 100 MB here, 180 MB when resuming); the jobs
+        are read again, lazily, to run."""
+        seen: set[str] = set()
+        duplicates: list[tuple[str, int]] = []
+        n_duplicates = lines = todo = 0
+        with open(self.input, "rb") as f:
+            for number, raw in _input_lines(f):
+                line = _parse_line(number, raw)
+                lines += 1
+                if line.key not in done:
+                    todo += 1
+                if line.id is None:
+                    continue
+                if line.key in seen:
+                    n_duplicates += 1
+                    if len(duplicates) < DUPLICATES_SHOWN:
+                        duplicates.append((line.key, number))
+                else:
+                    seen.add(done.get(line.key, line.key))
+        if duplicates:
+            raise _UsageError(self._duplicates_message(duplicates, n_duplicates))
+        return lines, todo
+
+    def _duplicates_message(self, duplicates: list[tuple[str, int]], total: int) -> str:
+        wanted = {key for key, _ in duplicates}
+        first: dict[str, int] = {}
+        with open(self.input, "rb") as f:
+            for number, raw in _input_lines(f):
+                key = _parse_line(number, raw).key
+                if key in wanted and key not in first:
+                    first[key] = number
+                if len(first) == len(wanted):
+                    break
+        shown = ", ".join(f"{key} on lines {first[key]} and {number}" for key, number in duplicates)
+        more = f" and {total - len(duplicates)} more" if total > len(duplicates) else ""
+        return (f"{self.input} has duplicate ids: {shown}{more}; ids must be unique, because resume skips "
+                "the ids already in the output")
+
+    def _run(self, defaults: _JobDefaults, preload: tuple, todo: int, skipped: int, out_path: str) -> int:
+        args = self.args
+        workers = args.workers or os.cpu_count() or 2
+        max_in_flight = args.max_in_flight or 2 * workers
+        pool_kwargs: dict = {"workers": workers, "max_output_chars": args.max_output_chars}
+        if preload:
+            pool_kwargs["preload"] = preload
+        started = time.monotonic()
+        try:
+            pool = ExecPool(**pool_kwargs)
+        except TypeError as exc:
+            raise _UsageError(f"--preload needs an execpool that supports it ({exc})") from None
+        except ValueError as exc:  # e.g. a --preload module the workers cannot import
+            raise _UsageError(str(exc)) from None
+        self.bar = _progress_bar(todo, args.progress)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        interrupted: Optional[int] = None
+        try:
+            try:
+                results = run_tagged(pool._submit, self._jobs(defaults), max_in_flight, on_idle=self.out.sync)
+                try:
+                    for (number, ident), result in results:
+                        self._emit(result_record(ident, number, result))
+                finally:
+                    results.close()  # cancels whatever still runs
+            except _Stop as stop:
+                interrupted = stop.signum
+            finally:
+                self._stopping = True  # a second Ctrl-C must not cut the clean-up short
+                self.bar.close()
+                self.out.sync()
+                pool.close()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        elapsed = time.monotonic() - started
+        if interrupted is not None:
+            where = "stdout" if out_path == "-" else out_path
+            resume = "" if out_path == "-" else " Run the same command again to resume."
+            print(f"execpool batch: interrupted ({signal.Signals(interrupted).name}): {self.out.written} of "
+                  f"{todo} records written to {where}; running jobs cancelled, without a record.{resume}",
+                  file=sys.stderr)
+            return 128 + interrupted
+        print(self._summary(elapsed, skipped, out_path), file=sys.stderr)
+        return 0
+
+    def _summary(self, elapsed: float, skipped: int, out_path: str) -> str:
+        written = sum(self.counts.values())
+        counts = ", ".join(f"{n} {status}" for status, n in self.counts.items() if n)
+        already = f"; {skipped} already done, skipped" if skipped else ""
+        where = "stdout" if out_path == "-" else out_path
+        records = "record" if written == 1 else "records"
+        return f"execpool batch: {written} {records} in {elapsed:.1f} s: {counts}{already} -> {where}"
+
+    def _jobs(self, defaults: _JobDefaults) -> Iterator[tuple[tuple[int, Any], Any]]:
+        """The second, lazy pass: jobs for run_tagged, one line at a time.
+        Invalid lines get their record here and are not submitted."""
+        with open(self.input, "rb") as f:
+            for number, raw in _input_lines(f):
+                line = _parse_line(number, raw)
+                if line.key in self.out.done:
+                    continue
+                job, reason = _make_job(line, defaults)
+                if job is None:
+                    self._emit(invalid_record(line, reason or "invalid"))
+                    continue
+                yield (number, line.id), job
+
+    def _emit(self, record: dict) -> None:
+        text = json.dumps(record, ensure_ascii=False)
+        try:
+            data = (text + "\n").encode("utf-8")
+        except UnicodeEncodeError:
+            data = (json.dumps(record) + "\n").encode("ascii")
+        self._writing = True
+        try:
+            self.out.write(data)
+        finally:
+            self._writing = False
+        self.counts[record["status"]] += 1
+        self.bar.set_postfix({s: self.counts[s] for s in ("ok", "error", "timeout", "invalid")
+                              if s != "invalid" or self.counts[s]}, refresh=False)
+        self.bar.update(1)
+        if self._pending_signal is not None and not self._stopping:
+            self._stopping = True
+            raise _Stop(self._pending_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        # A record is never cut in half: a signal during a write waits for it.
+        if self._stopping:
+            return
+        if self._writing:
+            self._pending_signal = signum
+            return
+        self._stopping = True
+        raise _Stop(signum)
+
+
+def _batch(args: argparse.Namespace) -> int:
+    try:
+        return _Batch(args).main()
+    except _UsageError as exc:
+        print(f"execpool: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("execpool batch: interrupted before any job ran", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (OSError, RuntimeError, ValueError) as exc:
+        # The disk filled, the pool could not start, ...: what was written is
+        # intact and a torn last record is repaired by the next run.
+        print(f"execpool: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "batch":
+        return _batch(args)
     try:
         return _run(args)
     except ValueError as exc:
