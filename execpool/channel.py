@@ -7,11 +7,18 @@ supervisor-assigned ``job_id``.
 
 supervisor -> worker:  Start, Cancel, Shutdown
 worker -> supervisor:  Ready, Spawned, Output, Finished
+
+Both ends decode with an allow-list unpickler: a tool runs as the same user
+as its worker and may find a way to write into one of these pipes, and a
+plain ``pickle.loads`` would then run whatever it sent in the caller.
 """
 
 from __future__ import annotations
 
+import io
+import pickle
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Optional, Union
 
 from .jobs import Limits
@@ -80,3 +87,30 @@ class Finished:
 
 ToWorker = Union[Start, Cancel, Shutdown]
 FromWorker = Union[Ready, Spawned, Output, Finished]
+
+
+#: The only classes a message may name: the messages and what they carry.
+_ALLOWED = {
+    (__name__, cls.__name__) for cls in (Start, Cancel, Shutdown, Ready, Spawned, Output, Finished)
+} | {("execpool.jobs", "Limits"), ("execpool.result", "Result")}
+
+
+class _MessageUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> type:
+        if (module, name) not in _ALLOWED:
+            raise pickle.UnpicklingError(f"{module}.{name} is not a channel message")
+        return super().find_class(module, name)
+
+
+def send(conn: Connection, msg: Union[ToWorker, FromWorker]) -> None:
+    conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def recv(conn: Connection, max_bytes: Optional[int] = None) -> Union[ToWorker, FromWorker]:
+    """The next message; OSError (as for a broken pipe) for anything that is
+    not one, or is longer than ``max_bytes``."""
+    data = conn.recv_bytes(max_bytes)
+    try:
+        return _MessageUnpickler(io.BytesIO(data)).load()
+    except Exception as exc:
+        raise OSError(f"not a channel message: {exc}") from None

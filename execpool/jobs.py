@@ -23,22 +23,39 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 Number = Union[int, float]
 
 
-def _check_positive_int(name: str, value: object) -> None:
+#: What the kernel takes for an rlimit or a cgroup cap (a signed 64-bit value).
+MAX_LIMIT = 2**63 - 1
+
+#: The kernel's ceiling for pid_max, and so for a job's process count.
+MAX_PROCESSES = 4 * 1024 * 1024
+
+
+def _check_positive_int(name: str, value: object, maximum: Optional[int] = MAX_LIMIT) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int or None, not {type(value).__name__}")
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}={value} is more than the kernel can apply (at most {maximum}); "
+                         "pass None for no limit")
 
 
 def check_interval(name: str, value: object) -> float:
-    """Validate a positive, finite number of seconds (intervals, timeouts)."""
+    """Validate a positive, finite number of seconds (intervals, timeouts)
+    of at most MAX_TIMEOUT_S, which every timer and queue wait can take."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    if math.isnan(value) or value <= 0 or math.isinf(value):
+    try:
+        seconds = float(value)
+    except OverflowError:
+        seconds = math.inf
+    if math.isnan(seconds) or seconds <= 0 or math.isinf(seconds):
         raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
-    return float(value)
+    if seconds > MAX_TIMEOUT_S:
+        raise ValueError(f"{name}={value!r} is over {MAX_TIMEOUT_S:.0f} s")
+    return seconds
 
 
 def _check_text(name: str, value: object) -> None:
@@ -75,8 +92,9 @@ class Limits:
     memory: Optional[int] = None
 
     def __post_init__(self) -> None:
-        for name in ("address_space", "cpu_seconds", "file_size", "open_files", "processes", "memory"):
+        for name in ("address_space", "cpu_seconds", "file_size", "open_files", "memory"):
             _check_positive_int(name, getattr(self, name))
+        _check_positive_int("processes", self.processes, MAX_PROCESSES)
 
     @property
     def needs_cgroup(self) -> bool:
@@ -106,15 +124,15 @@ class _Job:
     def __post_init__(self) -> None:
         _check_text(self._source_field, self.source)
         if self.timeout is not None:
-            check_interval("timeout", self.timeout)
-            if self.timeout > MAX_TIMEOUT_S:
-                raise ValueError(
-                    f"timeout={self.timeout!r} is over {MAX_TIMEOUT_S:.0f} s; pass timeout=None for no limit"
-                )
+            try:
+                check_interval("timeout", self.timeout)
+            except ValueError as exc:
+                raise ValueError(f"{exc}; pass timeout=None for no limit") from None
         if self.cwd is not None:
             cwd = os.fspath(self.cwd)
             _check_text("cwd", cwd)
-            object.__setattr__(self, "cwd", cwd)
+            # Relative to the caller, who wrote it; the worker runs from "/".
+            object.__setattr__(self, "cwd", os.path.abspath(cwd))
         if self.env is not None:
             if not isinstance(self.env, Mapping):
                 raise TypeError(f"env must be a mapping of str to str, not {type(self.env).__name__}")
@@ -128,7 +146,7 @@ class _Job:
             raise TypeError(f"limits must be an execpool.Limits, not {type(self.limits).__name__}")
         if not isinstance(self.keep_background, bool):
             raise TypeError("keep_background must be a bool")
-        _check_positive_int("max_output_chars", self.max_output_chars)
+        _check_positive_int("max_output_chars", self.max_output_chars, maximum=None)
         if not isinstance(self.network, bool):
             raise TypeError("network must be a bool")
         if self.stdin is not None:

@@ -16,8 +16,10 @@ DESIGN.md ("Process-tree kill, in order of strength"):
 4. Sweep for processes carrying the job's marker in their environment --
    daemons that left the group with ``setsid`` and a double fork and were
    re-parented to the worker (a child subreaper) or, when the worker itself
-   is gone, to anything else. Repeat until a sweep finds nothing, so a tree
-   that forks while it is being killed still ends.
+   is gone, to anything else. Each sweep waits for its victims to die (a
+   dying parent hands its newest child over only then) and the next looks
+   again, until one finds nothing: a tree that forks while it is being
+   killed still ends.
 
 psutil pairs each pid with its creation time, so a recycled pid is never hit.
 Reaping is the caller's job: the worker reaps every child on SIGCHLD.
@@ -45,10 +47,17 @@ JOB_MARKER_ENV = "EXECPOOL_JOB"
 
 _MAX_SWEEPS = 8
 
+#: How long a sweep waits for its victims to die before looking again.
+_SWEEP_SETTLE_S = 0.2
+
 
 def marker_matches(value: Optional[str], marker: str) -> bool:
-    """A job marker is ``TOKEN/JOB``; matching ``TOKEN`` finds a whole worker's jobs."""
-    return value is not None and (value == marker or value.startswith(marker + "/"))
+    """A job marker is ``TOKEN/JOB``; matching ``TOKEN`` finds a whole worker's
+    jobs. Blanks are padding (see execpool/warm.py)."""
+    if value is None:
+        return False
+    value = value.strip()
+    return value == marker or value.startswith(marker + "/")
 
 
 def _group_killable(pgid: Optional[int]) -> bool:
@@ -236,7 +245,18 @@ def kill_tree(
             victims.extend(_descendants(proc.pid))
         hit += _kill_all(victims)
         skip.update(p.pid for p in victims)
+        # A victim forking right now hands its child to the subreaper only
+        # once it is dead; sweeping again before that would miss the child.
+        _wait_dead([p.pid for p in victims], _SWEEP_SETTLE_S)
     return hit
+
+
+def _wait_dead(pids: list, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if not is_zombie(pid)]
+        if pids:
+            time.sleep(0.001)
 
 
 # --- helpers for callers who run their own ``subprocess.Popen`` -------------

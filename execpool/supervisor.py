@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -44,7 +45,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 from . import cgroups, channel, drain
 from .jobs import Limits, PythonJob, ShellJob
-from .proctree import kill_tree
+from .proctree import JOB_MARKER_ENV, kill_tree
 from .result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, describe_exit
 
 #: Variables a tool may see from the caller's environment. Everything else --
@@ -69,8 +70,23 @@ except ImportError:
 
 _PR_SET_DUMPABLE = 4
 
+#: Characters reserved for a job marker (a 12-character token, "/", a job id).
+_MARKER_ROOM = 48
+
+#: While jobs with timeouts run, how often the dispatcher checks that they
+#: end on time, and how late a job may be before its worker is continued
+#: (SIGCONT) or killed.
+WATCHDOG_PERIOD_S = 0.25
+WATCHDOG_GRACE_S = 1.0
+WATCHDOG_KILL_S = 10.0
+
 #: How often the pool looks at the cancel_events of running jobs.
 CANCEL_WATCH_INTERVAL_S = 0.005
+
+#: No honest worker message comes near this (live output is capped, a
+#: Result keeps max_output_chars); a longer one means the pipe was tampered
+#: with, and the worker is treated as dead.
+_MAX_MESSAGE_BYTES = 1 << 30
 
 #: Messages the dispatcher takes from one worker before it looks at the others.
 _DISPATCH_BATCH = 64
@@ -101,7 +117,7 @@ class _Worker:
     def send(self, msg: channel.ToWorker) -> bool:
         try:
             with self.send_lock:
-                self.send_conn.send(msg)
+                channel.send(self.send_conn, msg)
             return True
         except OSError:
             return False  # it died; the dispatcher sees the EOF and fails its jobs
@@ -110,12 +126,14 @@ class _Worker:
 class _JobHandle:
     """The caller's side of one submitted job."""
 
-    __slots__ = ("job_id", "worker", "sink")
+    __slots__ = ("job_id", "worker", "sink", "deadline")
 
-    def __init__(self, job_id: int, worker: Optional[_Worker], sink: Callable[[object], None]) -> None:
+    def __init__(self, job_id: int, worker: Optional[_Worker], sink: Callable[[object], None],
+                 deadline: Optional[float] = None) -> None:
         self.job_id = job_id
         self.worker = worker
         self.sink = sink
+        self.deadline = deadline
 
     def cancel(self) -> None:
         worker = self.worker
@@ -130,7 +148,7 @@ class _CancelWatcher:
     has to look at it. Polling it from each consumer every ``poll_interval_s``
     costs that interval in latency (a 0.2 s watcher adds ~110 ms); this is one
     thread per pool -- not per job -- that checks every registered event each
-    ``CANCEL_WATCH_INTERVAL_S`` while any is registered and sleeps otherwise.
+    ``CANCEL_WATCH_INTERVAL_S`` while any is registered, and exists only then.
     """
 
     def __init__(self) -> None:
@@ -157,15 +175,17 @@ class _CancelWatcher:
         with self._cond:
             self._closed = True
             self._cond.notify()
-        if self._thread is not None:
-            self._thread.join()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._watched and not self._closed:
-                    self._cond.wait()
-                if self._closed:
+                if self._closed or not self._watched:
+                    # Nothing to watch: end, so an idle pool holds no thread
+                    # beyond its dispatcher; the next watch() starts another.
+                    self._thread = None
                     return
                 fired = [job_id for job_id, (event, _) in self._watched.items() if event.is_set()]
                 handles = [self._watched.pop(job_id)[1] for job_id in fired]
@@ -278,6 +298,8 @@ class ExecPool:
         self._startup_failures = 0
         self._wake_r, self._wake_w = os.pipe()
         self._watcher = _CancelWatcher()
+        self._timed_jobs = 0
+        self._next_watchdog = 0.0
         with self._lock:
             for _ in range(workers):
                 self._workers.append(self._spawn_worker())
@@ -440,8 +462,10 @@ class ExecPool:
             if not candidates:
                 raise RuntimeError(self._broken or "execpool has no worker to run this job")
             worker = min(candidates, key=lambda w: len(w.jobs))
-            handle = _JobHandle(job_id, worker, sink)
+            deadline = None if job.timeout is None else time.monotonic() + job.timeout
+            handle = _JobHandle(job_id, worker, sink, deadline)
             worker.jobs[job_id] = handle
+            self._timed_jobs += deadline is not None
             worker.started += 1
             if worker.started >= self.max_jobs_per_worker:
                 worker.retiring = True
@@ -464,6 +488,9 @@ class ExecPool:
         token = secrets.token_hex(6)
         env = {k: v for k, v in self._base_env.items() if k in ("PATH", "LANG", "LC_ALL", "LC_CTYPE")}
         env["PYTHONPATH"] = _PACKAGE_PARENT
+        # Blank room in the worker's environment block, which a warm job
+        # overwrites with its own marker (execpool/warm.py).
+        env[JOB_MARKER_ENV] = " " * _MARKER_ROOM
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "execpool.worker", str(to_worker_r), str(from_worker_w), token,
@@ -491,7 +518,12 @@ class ExecPool:
                 by_conn = {w.recv: w for w in self._workers}
                 if self._closed and not by_conn:
                     return
-            for ready in wait([self._wake_r, *by_conn]):
+                watching = self._timed_jobs > 0
+            ready_list = wait([self._wake_r, *by_conn], WATCHDOG_PERIOD_S if watching else None)
+            if watching and time.monotonic() >= self._next_watchdog:
+                self._next_watchdog = time.monotonic() + WATCHDOG_PERIOD_S
+                self._watchdog()
+            for ready in ready_list:
                 if ready == self._wake_r:
                     os.read(self._wake_r, 4096)
                     continue
@@ -499,11 +531,30 @@ class ExecPool:
                 try:
                     # A bounded batch, so one flooding worker cannot starve the others.
                     for _ in range(_DISPATCH_BATCH):
-                        self._route(worker, ready.recv())
+                        self._route(worker, channel.recv(ready, _MAX_MESSAGE_BYTES))
                         if not ready.poll():
                             break
                 except (EOFError, OSError):
                     self._on_worker_exit(worker)
+
+    def _watchdog(self) -> None:
+        """Timeouts are the worker's to enforce, so a worker that cannot run
+        enforces none -- and a tool runs as the worker's user and can SIGSTOP
+        it. A job overdue by WATCHDOG_GRACE_S gets its worker continued; one
+        overdue by WATCHDOG_KILL_S gets its worker killed (its jobs fail with
+        an Execution error and a fresh worker takes over)."""
+        now = time.monotonic()
+        with self._lock:
+            overdue = [(w, max(now - h.deadline for h in w.jobs.values() if h.deadline is not None))
+                       for w in self._workers if any(h.deadline is not None for h in w.jobs.values())]
+        for worker, late in overdue:
+            if late > WATCHDOG_KILL_S:
+                worker.proc.kill()
+            elif late > WATCHDOG_GRACE_S:
+                try:
+                    os.kill(worker.proc.pid, signal.SIGCONT)
+                except OSError:
+                    pass
 
     def _route(self, worker: _Worker, msg: channel.FromWorker) -> None:
         if isinstance(msg, channel.Output):
@@ -514,6 +565,7 @@ class ExecPool:
             with self._lock:
                 handle = worker.jobs.pop(msg.job_id, None)
                 worker.pgids.pop(msg.job_id, None)
+                self._timed_jobs -= handle is not None and handle.deadline is not None
                 retire = worker.retiring and not worker.jobs
             if handle is not None:
                 self._watcher.forget(msg.job_id)
@@ -532,6 +584,7 @@ class ExecPool:
             if worker in self._workers:
                 self._workers.remove(worker)
             lost, worker.jobs = worker.jobs, {}
+            self._timed_jobs -= sum(h.deadline is not None for h in lost.values())
             replace = not self._closed and not worker.retiring
             if replace and not worker.ready.is_set():
                 self._startup_failures += 1

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import ctypes
 import io
 import os
 import signal
@@ -30,6 +31,10 @@ import threading
 import types
 from importlib.machinery import SourceFileLoader
 from typing import NoReturn
+
+from .proctree import JOB_MARKER_ENV
+
+_PR_SET_DUMPABLE = 4
 
 #: ``sys.exit("message")`` and anything else that is not an int.
 _EXIT_FAILURE = 1
@@ -40,11 +45,15 @@ _EXIT_FLUSH_FAILED = 120
 def run(path: str, env: dict, worker_path: list, ready_fd: int) -> NoReturn:
     """Become the job's interpreter, close ``ready_fd`` (telling the worker
     the job started), run ``path`` as ``__main__`` and exit with its status."""
+    # The worker is not dumpable (its channel must stay out of tools' reach);
+    # a cold tool is, after its exec.
+    ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     atexit._clear()
+    _stamp_marker(env.get(JOB_MARKER_ENV, ""))
     os.environ.clear()
     os.environ.update(env)
     sys.argv = [path]
@@ -65,6 +74,30 @@ def run(path: str, env: dict, worker_path: list, ready_fd: int) -> NoReturn:
     os.close(ready_fd)
     status = _run_main(path, main)
     os._exit(status)
+
+
+def _stamp_marker(marker: str) -> None:
+    """Write the job's marker into the environment block the kernel shows as
+    /proc/<pid>/environ -- the worker's own, reserved blank for this at its
+    start. ``os.environ`` changes only this process's copy, so without the
+    stamp a daemon forked (without exec) from a warm job would carry no
+    marker and could not be attributed to its job."""
+    with open("/proc/self/stat", "rb") as f:
+        fields = f.read().rpartition(b")")[2].split()
+    # env_start and env_end are fields 50 and 51 of stat; 3 precede this split.
+    start, end = int(fields[47]), int(fields[48])
+    block = ctypes.string_at(start, end - start)
+    key = f"{JOB_MARKER_ENV}=".encode()
+    if block.startswith(key):
+        value_at = len(key)
+    elif b"\0" + key in block:
+        value_at = block.index(b"\0" + key) + 1 + len(key)
+    else:
+        return  # a worker started without the reserved room
+    room = block.index(b"\0", value_at) - value_at
+    stamp = marker.encode()
+    if len(stamp) <= room:
+        ctypes.memmove(start + value_at, stamp.ljust(room), room)
 
 
 def _fresh_std_streams() -> None:

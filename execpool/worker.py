@@ -51,6 +51,7 @@ from .result import Result
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_DUMPABLE = 4
 _CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -353,7 +354,7 @@ class Worker:
 
     def _send(self, msg: object) -> None:
         try:
-            self.conn_out.send(msg)
+            channel.send(self.conn_out, msg)
         except OSError:
             self.stopping = True  # the owner is gone; nobody reads results
 
@@ -364,7 +365,7 @@ class Worker:
             try:
                 if not self.conn_in.poll():
                     return
-                msg = self.conn_in.recv()
+                msg = channel.recv(self.conn_in)
             except (EOFError, OSError):
                 self.stopping = True
                 return
@@ -575,6 +576,9 @@ def main(argv: list) -> None:
     for fd in (read_fd, write_fd):
         os.set_inheritable(fd, False)
     _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    # Tools run as this user: without this, one could open /proc/<worker>/fd
+    # and write into the channel. Exec makes each tool dumpable again.
+    _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     worker = Worker(Connection(read_fd, writable=False), Connection(write_fd, readable=False), token,
                     spawn_method, preload)
     worker.serve()

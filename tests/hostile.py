@@ -66,3 +66,391 @@ out.flush()
 SEGFAULT = "import ctypes; print('before', flush=True); ctypes.string_at(0)"
 
 FLOOD_ONE_LINE_CMD = "head -c {n} /dev/zero | tr '\\0' x"
+
+
+# --- process storms ------------------------------------------------------------------
+# Bounded: a fixed tree, safe without a pids cap. The unbounded bombs further
+# down may only run where a pids cap is verified to be in place first.
+
+#: A binary tree of bash subshells 8 levels deep: 511 processes, each
+#: announcing itself and then sleeping (``exec``, so a node is one process).
+FORK_STORM_BASH = r"""
+storm() {
+    if [ "$1" -gt 0 ]; then storm $(($1 - 1)) & storm $(($1 - 1)) & fi
+    echo "PIDS $BASHPID"
+    exec sleep 100
+}
+storm 8
+"""
+FORK_STORM_BASH_SIZE = 511
+
+#: The same in Python, 7 levels (255 processes), and slipperier: every second
+#: child leaves the session with setsid, others move to a process group of
+#: their own, so the group kill alone reaches only part of the tree.
+FORK_STORM_PYTHON = r"""
+import os, time
+def storm(depth):
+    for i in range(2):
+        if depth == 0:
+            break
+        if os.fork() == 0:
+            if i == 1:
+                os.setsid()
+            elif depth % 2:
+                os.setpgid(0, 0)
+            storm(depth - 1)
+            return
+    os.write(1, b"PIDS %d\n" % os.getpid())   # one write: lines never interleave
+    time.sleep(100)
+    os._exit(0)
+storm(7)
+"""
+FORK_STORM_PYTHON_SIZE = 255
+
+#: Still forking when the kill comes: every process forks a child every few
+#: milliseconds, up to 6 children, children do the same to depth 3
+#: (at most 1 + 6 + 36 + 216 = 259 processes), new ones in new sessions.
+GROWING_STORM_PYTHON = r"""
+import os, time
+def grow(depth):
+    for _ in range(6 if depth else 0):
+        time.sleep(0.003)
+        if os.fork() == 0:
+            os.setsid()
+            os.write(1, b"PIDS %d\n" % os.getpid())
+            grow(depth - 1)
+            os._exit(0)
+    time.sleep(100)
+    os._exit(0)
+grow(3)
+"""
+
+#: Unbounded. Only inside a verified pids cap (see test_hostile.py).
+FORK_BOMB_BASH = ":(){ :|:& };:"
+FORK_BOMB_PYTHON = r"""
+import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""
+
+
+def memory_bomb(limit: int, stubborn: bool = False) -> str:
+    """A Python memory bomb that refuses to run unless its own RLIMIT_AS is at
+    most ``limit`` (it prints the limit it found first). ``stubborn`` catches
+    MemoryError and keeps trying forever, so only a timeout ends it."""
+    return rf"""
+import resource, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+print("RLIMIT_AS", soft, flush=True)
+if soft == resource.RLIM_INFINITY or soft > {limit}:
+    print("no address-space limit: refusing to run the bomb", flush=True)
+    sys.exit(3)
+hoard = []
+while True:
+    try:
+        hoard.append(bytearray(16 << 20))
+    except MemoryError:
+        if not {stubborn!r}:
+            raise
+        hoard.clear()
+"""
+
+
+def disk_fill_python(limit: int) -> str:
+    """Writes ./fill until the file-size limit stops it; refuses to run
+    without one of at most ``limit`` bytes."""
+    return rf"""
+import os, resource, sys
+soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+print("RLIMIT_FSIZE", soft, flush=True)
+if soft == resource.RLIM_INFINITY or soft > {limit}:
+    sys.exit(3)
+fd = os.open("fill", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+chunk = b"x" * 65536
+try:
+    while True:
+        os.write(fd, chunk)
+except OSError as exc:
+    print("stopped", exc.errno, os.fstat(fd).st_size, flush=True)
+"""
+
+
+#: ``yes`` into ./fill: killed by SIGXFSZ at the limit (bash reports it);
+#: refuses to run when no file-size limit is set.
+DISK_FILL_BASH = (
+    '[ "$(ulimit -f)" != unlimited ] || { echo "no file-size limit: refusing"; exit 3; }; '
+    "yes fill > fill; echo \"rc=$?\""
+)
+
+#: Opens files until the open-files limit stops it.
+FD_EXHAUSTION_PYTHON = r"""
+import os
+fds = []
+try:
+    while True:
+        fds.append(os.open(os.devnull, os.O_RDONLY))
+except OSError as exc:
+    print("stopped", exc.errno, len(fds), flush=True)
+"""
+FD_EXHAUSTION_BASH = (
+    "n=0; while exec {fd}</dev/null 2>/dev/null; do n=$((n+1)); done; echo \"opened $n\""
+)
+
+
+# --- signals ---------------------------------------------------------------------------
+
+#: Traps and ignores every catchable signal (bash cannot trap KILL and STOP),
+#: and starts a Python child that ignores and blocks them all (it lets go of
+#: stdout after announcing itself). Needs ``PYTHON`` in its environment.
+IGNORES_ALL_SIGNALS = r"""
+for s in $(seq 1 64); do trap '' $s 2>/dev/null; done
+python_ignoring() {
+    "$PYTHON" -c '
+import os, signal, time
+for s in range(1, signal.NSIG):
+    try:
+        signal.signal(s, signal.SIG_IGN)
+    except (OSError, ValueError, RuntimeError):
+        pass
+signal.pthread_sigmask(signal.SIG_BLOCK, set(range(1, signal.NSIG)) - {signal.SIGKILL, signal.SIGSTOP})
+os.write(1, b"PIDS %d\n" % os.getpid())
+devnull = os.open(os.devnull, os.O_WRONLY)
+os.dup2(devnull, 1)
+os.dup2(devnull, 2)
+while True:
+    time.sleep(0.05)
+' &
+}
+python_ignoring
+echo "PIDS $$"
+while :; do sleep 0.05; done
+"""
+
+#: Same, but the leader exits cleanly at once, leaving the stubborn child.
+IGNORES_ALL_SIGNALS_CHILD = (
+    IGNORES_ALL_SIGNALS.replace('echo "PIDS $$"\nwhile :; do sleep 0.05; done\n', "sleep 0.3; exit 0\n")
+)
+
+
+def closes_stdout(then_sleep: float, exit_code: int = 7) -> str:
+    """Prints its pid, closes stdout and stderr (EOF for the worker), then keeps
+    running ``then_sleep`` seconds and exits with ``exit_code``."""
+    return rf"""
+import os, time
+os.write(1, b"PIDS %d\n" % os.getpid())
+os.close(1)
+os.close(2)
+time.sleep({then_sleep})
+os._exit({exit_code})
+"""
+
+
+#: A tool that freezes the worker running it, so nothing on that worker --
+#: not even this job's own timeout -- runs until someone continues it.
+STOPS_ITS_WORKER = "kill -STOP $PPID; sleep 100"
+#: A tool that kills the worker running it.
+KILLS_ITS_WORKER = "kill -KILL $PPID; sleep 100"
+
+
+# --- escapes -------------------------------------------------------------------------------
+
+#: Twenty ``setsid`` daemons from subshells that exit at once: every daemon is
+#: orphaned and in a session of its own.
+DAEMON_SWARM_BASH = r"""
+for i in $(seq 20); do ( setsid sleep 100 >/dev/null 2>&1 & echo "PIDS $!" ); done
+echo done
+"""
+
+#: Ten classic double-fork daemons, each with its stdio on /dev/null.
+DAEMON_SWARM_PYTHON = r"""
+import os, time
+r, w = os.pipe()
+for _ in range(10):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            os.write(w, b"%d " % os.getpid())
+            time.sleep(100)
+        os._exit(0)
+    os.wait()
+os.close(w)
+pids = b""
+while len(pids.split()) < 10:  # the daemons keep the pipe open: no EOF
+    pids += os.read(r, 4096)
+print("PIDS", pids.decode().strip(), flush=True)
+"""
+
+#: A daemon that keeps changing its pid: it forks, the parent exits at once,
+#: the child takes a new session, for at most 8 s (so it ends by itself if
+#: it ever escapes).
+PID_HOPPER = r"""
+import os, time
+if os.fork() == 0:
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    end = time.monotonic() + 8
+    while time.monotonic() < end:
+        if os.fork():
+            os._exit(0)
+        os.setsid()
+    os._exit(0)
+print("hopping", flush=True)
+time.sleep(0.2)
+"""
+
+#: Two daemons that restart each other: each checks every 2 ms whether the
+#: other is alive and forks a replacement if not (for at most 8 s).
+MUTUAL_RESPAWN = r"""
+import os, time
+end = time.monotonic() + 8
+
+def alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+def guard(other):
+    while time.monotonic() < end:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+        if not alive(other):
+            other = spawn()
+        time.sleep(0.002)
+    os._exit(0)
+
+def spawn():
+    me = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        guard(me)
+    return pid
+
+if os.fork() == 0:
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    guard(spawn())
+print("guarding", flush=True)
+time.sleep(0.3)
+"""
+
+#: A chain that grows at its tip: every link takes a new session, forks the
+#: next link after 2 ms and stays alive (for at most 5 s), so when the job
+#: ends a hundred links exist and the tip is still forking.
+FORK_CHAIN = r"""
+import os, time
+end = time.monotonic() + 5
+if os.fork() == 0:
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    while time.monotonic() < end:
+        os.setsid()
+        time.sleep(0.002)
+        if os.fork():
+            while time.monotonic() < end:
+                time.sleep(0.05)
+            os._exit(0)
+    os._exit(0)
+print("growing", flush=True)
+time.sleep(0.3)
+"""
+
+#: ``set -m`` turns on job control in a non-interactive shell: every
+#: background job gets a process group of its own.
+JOB_CONTROL_BACKGROUND = r"""
+set -m
+for i in 1 2 3 4 5; do sleep 100 >/dev/null 2>&1 & echo "PIDS $!"; done
+echo done
+"""
+
+#: A child moves to its own process group, forks grandchildren there and
+#: exits, so they are orphans in a foreign group.
+NEW_PGID_ORPHANS = r"""
+import os, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setpgid(0, 0)
+    for _ in range(5):
+        if os.fork() == 0:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            os.dup2(devnull, 1); os.dup2(devnull, 2)
+            os.write(w, b"%d " % os.getpid())
+            time.sleep(100)
+            os._exit(0)
+    os._exit(0)
+os.wait()
+os.close(w)
+pids = b""
+while len(pids.split()) < 5:
+    pids += os.read(r, 4096)
+print("PIDS", pids.decode().strip(), flush=True)
+"""
+
+#: 200 background sleepers, then a clean exit.
+MANY_SLEEPERS = r"""
+for i in $(seq 200); do sleep 100 >/dev/null 2>&1 & done
+echo "PIDS $(jobs -p | tr '\n' ' ')"
+"""
+
+#: Background children in new sessions through subprocess (a model's
+#: "start a server" idiom), then a clean exit.
+POPEN_NEW_SESSIONS = r"""
+import subprocess
+procs = [subprocess.Popen(["sleep", "100"], start_new_session=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(20)]
+print("PIDS", " ".join(str(p.pid) for p in procs))
+"""
+
+
+# --- output --------------------------------------------------------------------------------
+
+def random_bytes(size: int, seed: int) -> str:
+    """Writes ``size`` random bytes (rich in \\r, \\n and UTF-8 lead bytes) in
+    uneven chunks straight to fd 1."""
+    return rf"""
+import os, random
+rng = random.Random({seed})
+alphabet = bytes(range(256)) + b"\r\n\r\r\n\xc3\xe2\x82\xf0\x9f" * 8
+data = bytes(rng.choice(alphabet) for _ in range({size}))
+view = memoryview(data)
+while view:
+    n = os.write(1, view[: rng.randint(1, 70000)])
+    view = view[n:]
+"""
+
+
+#: Reads standard input in every usual way; stdin is /dev/null, so all end.
+STDIN_READERS_SHELL = (
+    "readlink /proc/self/fd/0; cat; cat -; while read -r line; do echo \"got $line\"; done; "
+    "head -c 10 /dev/stdin; echo end"
+)
+STDIN_READERS_PYTHON = r"""
+import os, sys
+print(os.readlink("/proc/self/fd/0"))
+print(repr(sys.stdin.read()), repr(sys.stdin.buffer.read()), list(sys.stdin))
+try:
+    input()
+except EOFError:
+    print("EOFError")
+"""
+#: Reads "forever": ``tail -f`` never ends on EOF; only the timeout stops it.
+STDIN_FOREVER = "tail -f /dev/stdin"
+
+SEGFAULT_SHELL = "echo before; kill -SEGV $$"
+ABORT = "import os; print('before', flush=True); os.abort()"
+SEGFAULT_GRANDCHILD = "(kill -SEGV $BASHPID); echo \"child status $?\""

@@ -1,0 +1,283 @@
+"""Secrets and isolation: what a tool can learn about, and do to, the process
+that runs the pool.
+
+- A secret in the caller's environment is in no tool's environment, in no
+  worker's ``/proc/PID/environ`` or ``cmdline``, for cold, warm and shell
+  jobs and through the tool layer.
+- A tool inherits no file descriptor but its stdin/stdout/stderr, so it
+  holds no channel to the supervisor.
+- ``ExecPool(non_dumpable=True)``: a tool running as the caller's (non-root)
+  user cannot read ``/proc/<caller>/environ``; without the option it can
+  (the negative control). As root it always can: root needs no permission.
+- A job's network isolation (``network=False``) cuts it off from a server
+  listening on the caller's loopback (``tests/test_isolation.py`` checks
+  that only ``lo`` is left).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+
+import psutil
+import pytest
+
+from execpool import ExecPool, PythonJob, ShellJob
+from execpool import tools as tool_layer
+
+SECRET_VAR = "EXECPOOL_TEST_API_KEY"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: Everything a Python tool can read about itself and its worker (its parent).
+PROBE_PYTHON = r"""
+import os
+worker = os.getppid()
+print("ENV", sorted(os.environ.items()))
+print("SELF", open("/proc/self/environ", "rb").read())
+print("WORKER", open("/proc/%d/environ" % worker, "rb").read())
+print("CMDLINE", open("/proc/%d/cmdline" % worker, "rb").read())
+print("CHECKED worker", worker)
+"""
+PROBE_SHELL = (
+    "echo ENV; env; echo SELF; tr '\\0' '\\n' < /proc/self/environ; "
+    "echo WORKER; tr '\\0' '\\n' < /proc/$PPID/environ; "
+    "echo CMDLINE; tr '\\0' ' ' < /proc/$PPID/cmdline; echo; echo \"CHECKED worker $PPID\""
+)
+
+
+@pytest.fixture
+def secret(monkeypatch):
+    value = "sk-" + secrets.token_hex(16)
+    monkeypatch.setenv(SECRET_VAR, value)
+    return value
+
+
+def _assert_probe_saw_nothing(output: str, secret_value: str, pool: ExecPool) -> None:
+    assert "CHECKED worker" in output, output[-500:]
+    worker = int(output.split("CHECKED worker ")[1].split()[0])
+    assert worker in pool.worker_pids, "the probe read its worker's files, not someone else's"
+    assert "PATH=" in output.split("WORKER", 1)[1], "the worker's environment was read"
+    assert secret_value not in output
+    assert SECRET_VAR not in output
+
+
+@pytest.mark.parametrize("kind", ["cold", "warm", "shell", "python_exec", "bash_exec"])
+def test_caller_secret_is_invisible_to_tools_and_workers(secret, kind, tmp_path, monkeypatch):
+    monkeypatch.setenv(tool_layer.SANDBOX_ROOT_ENV, str(tmp_path))
+    with ExecPool(workers=1) as pool:
+        if kind == "cold":
+            output = pool.run(PythonJob(PROBE_PYTHON)).output
+        elif kind == "warm":
+            output = pool.run(PythonJob(PROBE_PYTHON, warm=True)).output
+        elif kind == "shell":
+            output = pool.run(ShellJob(PROBE_SHELL)).output
+        elif kind == "python_exec":
+            output = tool_layer.python_exec(PROBE_PYTHON, pool=pool, session_id="secrets")
+        else:
+            output = tool_layer.bash_exec(PROBE_SHELL, pool=pool, session_id="secrets")
+        _assert_probe_saw_nothing(output, secret, pool)
+
+
+def test_secret_set_after_the_pool_started_stays_invisible(monkeypatch):
+    with ExecPool(workers=1) as pool:
+        late = "late-" + secrets.token_hex(8)
+        monkeypatch.setenv(SECRET_VAR, late)
+        _assert_probe_saw_nothing(pool.run(PythonJob(PROBE_PYTHON)).output, late, pool)
+        _assert_probe_saw_nothing(pool.run(ShellJob(PROBE_SHELL)).output, late, pool)
+
+
+FDS_PYTHON = "import os\nprint(sorted(int(fd) for fd in os.listdir('/proc/self/fd')))"
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_python_tool_inherits_no_descriptor_but_stdio(pool, warm):
+    # listdir's own descriptor is the one more entry.
+    fds = json.loads(pool.run(PythonJob(FDS_PYTHON, warm=warm)).output)
+    assert fds[:3] == [0, 1, 2] and len(fds) == 4, fds
+
+
+def test_shell_tool_inherits_no_descriptor_but_stdio(pool):
+    # ls itself lists the directory through one more descriptor.
+    listed = pool.run(ShellJob("ls /proc/self/fd")).output.split()
+    assert sorted(map(int, listed))[:3] == [0, 1, 2] and len(listed) == 4, listed
+
+
+# --- network isolation ---------------------------------------------------------------------------
+
+CONNECT_PYTHON = textwrap.dedent("""
+    import socket, sys
+    s = socket.socket()
+    s.settimeout(3)
+    code = s.connect_ex(("127.0.0.1", int(sys.argv[1]) if len(sys.argv) > 1 else PORT))
+    print("connected" if code == 0 else "refused")
+""")
+
+
+@pytest.fixture
+def listener():
+    """A server on the caller's loopback; counts the connections it accepts."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    server.settimeout(0.2)
+    accepted = []
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            accepted.append(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    for conn in accepted:
+        conn.close()
+    server.close()
+
+
+@pytest.mark.parametrize("kind", ["cold", "warm", "shell-grandchild"])
+def test_network_false_cannot_reach_the_callers_loopback(pool, listener, kind):
+    port, accepted = listener
+    code = CONNECT_PYTHON.replace("PORT", str(port))
+
+    def job(network):
+        if kind == "shell-grandchild":  # the namespace is inherited down the tree
+            return ShellJob(f"{sys.executable} -c '{code}'", network=network, timeout=20)
+        return PythonJob(code, warm=kind == "warm", network=network, timeout=20)
+
+    isolated = pool.run(job(False))
+    if isolated.error and "Operation not permitted" in isolated.error:
+        pytest.skip("this user may not create network namespaces")
+    assert isolated.text == "refused\n"
+    assert not accepted
+    assert pool.run(job(True)).text == "connected\n"  # the control: the server is reachable
+    assert len(accepted) == 1
+
+
+# --- the caller, seen from a tool running as the same unprivileged user --------------------------
+
+UNPRIVILEGED = 65534  # nobody
+
+#: The pool's owner: started as ``nobody``, with a secret in its environment.
+OWNER = textwrap.dedent("""
+    import json, os, sys
+    from execpool import ExecPool, PythonJob, ShellJob
+    non_dumpable = sys.argv[1] == "1"
+    read_caller = ("caller=$(ps -o ppid= -p $PPID | tr -d ' '); "
+                   "if [ \\"$caller\\" = %d ]; then tr '\\\\0' '\\\\n' < /proc/$caller/environ; "
+                   "else echo wrong caller $caller; fi" % os.getpid())
+    with ExecPool(workers=1, non_dumpable=non_dumpable, python=sys.executable) as pool:
+        report = {"uid": os.getuid(), "read_caller": pool.run(ShellJob(read_caller)).text}
+        if len(sys.argv) > 2:
+            report["inject"] = pool.run(PythonJob(sys.argv[2])).text
+    print(json.dumps(report))
+""")
+
+
+def _unprivileged_python() -> str | None:
+    for candidate in (f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}", sys.executable):
+        if os.access(candidate, os.X_OK):
+            probe = subprocess.run([candidate, "-c", "print(1)"], user=UNPRIVILEGED, group=UNPRIVILEGED,
+                                   extra_groups=[], capture_output=True, text=True, cwd="/")
+            if probe.stdout == "1\n":
+                return candidate
+    return None
+
+
+@pytest.fixture(scope="module")
+def unprivileged():
+    """An interpreter ``nobody`` can run, and a world-readable directory that
+    puts execpool and psutil on its path (the workers get only the package's
+    parent directory on theirs)."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to start an owner process as another user")
+    python = _unprivileged_python()
+    if python is None:
+        pytest.skip("no Python interpreter the unprivileged user may run")
+    farm = tempfile.mkdtemp(prefix="execpool-secrets-")
+    os.chmod(farm, 0o755)
+    os.symlink(os.path.join(REPO, "execpool"), os.path.join(farm, "execpool"))
+    os.symlink(os.path.dirname(psutil.__file__), os.path.join(farm, "psutil"))
+    yield python, farm
+    for name in ("execpool", "psutil"):
+        os.unlink(os.path.join(farm, name))
+    os.rmdir(farm)
+
+
+def _run_owner(unprivileged, secret_value: str, non_dumpable: bool, *extra: str) -> dict:
+    python, farm = unprivileged
+    done = subprocess.run(
+        [python, "-c", OWNER, "1" if non_dumpable else "0", *extra], user=UNPRIVILEGED, group=UNPRIVILEGED,
+        extra_groups=[], env={"PATH": "/usr/bin:/bin", "PYTHONPATH": farm, SECRET_VAR: secret_value},
+        capture_output=True, text=True, cwd="/", timeout=60)
+    if done.returncode != 0 and "ModuleNotFoundError" in done.stderr:
+        pytest.skip(f"the unprivileged owner cannot import execpool here: {done.stderr[-300:]}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["uid"] == UNPRIVILEGED
+    return report
+
+
+def test_without_non_dumpable_a_same_user_tool_reads_the_callers_secret(unprivileged):
+    """The negative control: the probe works, and the option is needed."""
+    value = "sk-" + secrets.token_hex(16)
+    report = _run_owner(unprivileged, value, non_dumpable=False)
+    assert f"{SECRET_VAR}={value}" in report["read_caller"]
+
+
+def test_non_dumpable_caller_hides_its_environment_from_same_user_tools(unprivileged):
+    value = "sk-" + secrets.token_hex(16)
+    report = _run_owner(unprivileged, value, non_dumpable=True)
+    assert value not in report["read_caller"]
+    assert "Permission denied" in report["read_caller"], report
+
+
+#: A tool that writes a forged message into its worker's pipe to the
+#: supervisor, reached through /proc/<worker>/fd (same user, and the worker is
+#: dumpable): the supervisor unpickles it, so the payload runs in the caller.
+INJECT = textwrap.dedent("""
+    import os, pickle, struct
+    worker = os.getppid()
+    argv = open("/proc/%d/cmdline" % worker, "rb").read().split(b"\\0")
+    to_supervisor = int(argv[argv.index(b"execpool.worker") + 2])
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("echo caller-was-here > PROOF",))
+    data = pickle.dumps(Payload())
+    try:
+        fd = os.open("/proc/%d/fd/%d" % (worker, to_supervisor), os.O_WRONLY)
+    except OSError as exc:
+        print("blocked:", exc.strerror)
+    else:
+        os.write(fd, struct.pack("!i", len(data)) + data)
+        print("sent")
+""")
+
+
+def test_non_dumpable_caller_cannot_be_made_to_run_a_tools_code(unprivileged):
+    """``non_dumpable`` protects the caller from same-user tools; a worker's
+    pipe to the supervisor must not be a way around it."""
+    proof_dir = tempfile.mkdtemp(prefix="execpool-inject-")
+    os.chmod(proof_dir, 0o777)
+    proof = os.path.join(proof_dir, "proof")
+    try:
+        report = _run_owner(unprivileged, "unused", True, INJECT.replace("PROOF", proof))
+        assert not os.path.exists(proof), (
+            f"a tool made the caller run its code (the tool said {report['inject']!r})")
+    finally:
+        if os.path.exists(proof):
+            os.unlink(proof)
+        os.rmdir(proof_dir)
