@@ -28,6 +28,12 @@ worker's marker, fails only that worker's jobs (``Result.error``), and starts
 a replacement. Workers are recycled after ``max_jobs_per_worker`` jobs. When
 the caller's process dies, the workers see EOF on their control pipe and kill
 everything they own.
+
+Two more things run here, each bounded whatever the concurrency: while jobs
+with timeouts run, the dispatcher doubles as a watchdog (a worker a tool has
+SIGSTOPped enforces no timeout; see ``_watchdog``), and while jobs with a
+``cancel_event`` run, one ``execpool-cancel-watcher`` thread turns those
+events into Cancels within milliseconds.
 """
 
 from __future__ import annotations
