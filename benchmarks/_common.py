@@ -113,6 +113,12 @@ def met_cell(entry: dict) -> str:
     return "yes" if entry["met"] else "NO"
 
 
+def print_targets(targets: dict, title: str = "Targets") -> None:
+    """The table of a benchmark's ``targets`` (name -> ``target()`` entry)."""
+    print_table(title, ["target", "value", "goal", "met"],
+                [[name, t["value"], t["target"], met_cell(t)] for name, t in targets.items()])
+
+
 # --- the machine ----------------------------------------------------------------------
 
 
@@ -253,6 +259,19 @@ class Sampler:
         return self.peak[name] - self.base[name]
 
 
+# --- streams ---------------------------------------------------------------------------
+
+
+def drain(gen) -> tuple[list[dict], object]:
+    """Consume a stream to its end: (its events, its Result)."""
+    events = []
+    while True:
+        try:
+            events.append(next(gen))
+        except StopIteration as stop:
+            return events, stop.value
+
+
 # --- trials in child processes --------------------------------------------------------
 
 
@@ -380,6 +399,37 @@ def subtree(pid: int, size: int = TREE_SIZE, wait_s: float = 5.0) -> dict[int, i
         if len(tree) >= size or time.monotonic() > deadline:
             return tree
         time.sleep(0.001)
+
+
+def processes_below() -> list[tuple[int, float]]:
+    """(pid, start time) of every process below this one, e.g. just
+    before ``pool.close()``, for ``still_running`` after it."""
+    below = []
+    for proc in descendants():
+        try:
+            below.append((proc.pid, proc.create_time()))
+        except psutil.Error:
+            pass
+    return below
+
+
+def still_running(procs: list[tuple[int, float]], seconds: float) -> list[int]:
+    """The pids of ``procs`` (with their start times, from ``processes_below``)
+    still running after up to ``seconds``; zombies count as dead (whoever
+    inherited them reaps them)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = []
+        for pid, created in procs:
+            try:
+                proc = psutil.Process(pid)
+                if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.Error:
+                pass
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager

@@ -166,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                   ["design", "small caller", f"{args.gib:g} GiB caller", "big/small"],
                   [[labels[d], f"{med['small'][d]} ({p90['small'][d]})", f"{med['big'][d]} ({p90['big'][d]})",
                     f"{growth[d]}x"] for d in med["small"]])
-    C.print_table("Targets", ["target", "value", "goal", "met"],
-                  [[name, t["value"], t["target"], C.met_cell(t)] for name, t in targets.items()])
+    C.print_targets(targets)
     C.emit_json({
         "benchmark": "big_caller",
         "gib": args.gib,

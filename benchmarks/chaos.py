@@ -150,15 +150,6 @@ def _expect(result: Result, text: str) -> Optional[str]:
     return None if result.text == text else f"text {result.text[:120]!r} (want {text[:120]!r})"
 
 
-def _drain(gen) -> tuple[list[dict], Result]:
-    events = []
-    while True:
-        try:
-            events.append(next(gen))
-        except StopIteration as stop:
-            return events, stop.value
-
-
 class Chaos:
     def __init__(self, pool: ExecPool, run_id: str, rng: random.Random) -> None:
         self.pool = pool
@@ -218,8 +209,8 @@ class Chaos:
 
     def flood(self, i: int):
         cmd = f"head -c {FLOOD_CHARS} /dev/zero | tr '\\0' x"
-        events, r = _drain(self.pool.stream(ShellJob(cmd, timeout=JOB_TIMEOUT_S, env=self.env("flood")),
-                                            tool_name="chaos", heartbeat_interval_s=30.0))
+        events, r = C.drain(self.pool.stream(ShellJob(cmd, timeout=JOB_TIMEOUT_S, env=self.env("flood")),
+                                             tool_name="chaos", heartbeat_interval_s=30.0))
         streamed = "".join(e["text"] for e in events if e["type"] == "tool_output")
         if _killed(r):
             return r, None
@@ -348,22 +339,6 @@ def settle(pool: ExecPool, run_id: str, baseline: dict, workers: int, seconds: f
         time.sleep(0.05)
 
 
-def still_running(procs: list[tuple[int, float]], seconds: float) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while True:
-        alive = []
-        for pid, created in procs:
-            try:
-                proc = psutil.Process(pid)
-                if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.Error:
-                pass
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.05)
-
-
 # --- main ---------------------------------------------------------------------------------------
 
 
@@ -435,14 +410,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         after = settle(pool, run_id, baseline | ZERO, args.workers, args.settle)
         ledger_report = ledger.check()
     finally:
-        below = []
-        for proc in C.descendants():
-            try:
-                below.append((proc.pid, proc.create_time()))
-            except psutil.Error:
-                pass
+        below = C.processes_below()
         pool.close()
-    survivors = still_running(below, args.settle)
+    survivors = C.still_running(below, args.settle)
     leftovers = marked(run_id)
     for proc in leftovers:
         try:

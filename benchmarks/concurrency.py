@@ -303,8 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  note: the trials raised their soft RLIMIT_NOFILE to the hard limit to fit N")
         print()
     if targets:
-        C.print_table("Targets (execpool pool-async)", ["target", "value", "goal", "met"],
-                      [[name, t["value"], t["target"], C.met_cell(t)] for name, t in targets.items()])
+        C.print_targets(targets, "Targets (execpool pool-async)")
     C.emit_json({
         "benchmark": "concurrency",
         "n": ns,

@@ -184,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                   ["design", "MB/s", "s", "caller", "caller max", "caller HWM", "worker max", "worker HWM",
                    "correct"], rows)
     if targets:
-        C.print_table("Targets", ["target", "value", "goal", "met"],
-                      [[name, t["value"], t["target"], C.met_cell(t)] for name, t in targets.items()])
+        C.print_targets(targets)
     C.emit_json({
         "benchmark": "flood",
         "bytes": total,

@@ -165,15 +165,6 @@ def _expect(result: Result, *, output: Optional[str] = None, exit_code: Optional
     return "; ".join(problems) or None
 
 
-def _drain(gen) -> tuple[list[dict], Result]:
-    events = []
-    while True:
-        try:
-            events.append(next(gen))
-        except StopIteration as stop:
-            return events, stop.value
-
-
 def _text(events: list[dict]) -> str:
     return "".join(e["text"] for e in events if e.get("type") == "tool_output")
 
@@ -191,7 +182,7 @@ def python_output(s: Soak, i: int) -> Optional[str]:
 
 def stream_output(s: Soak, i: int) -> Optional[str]:
     job = ShellJob(f"for n in 1 2 3; do echo s{i}-$n; done", timeout=JOB_TIMEOUT_S, env=s.env("stream_output"))
-    events, r = _drain(s.pool.stream(job, tool_name="soak"))
+    events, r = C.drain(s.pool.stream(job, tool_name="soak"))
     want = "".join(f"s{i}-{n}\n" for n in (1, 2, 3))
     problem = _expect(r, output=want)
     if problem is None and _text(events) != want:
@@ -237,16 +228,22 @@ def timeout(s: Soak, i: int) -> Optional[str]:
     return problem
 
 
-def cancel(s: Soak, i: int) -> Optional[str]:
+def _run_cancelled(s: Soak, cmd: str, kind: str) -> tuple[Result, float]:
+    """Run ``cmd`` with its cancel_event set by a timer after CANCEL_AFTER_S:
+    (its Result, the wall time of pool.run)."""
     event = threading.Event()
     timer = threading.Timer(CANCEL_AFTER_S, event.set)
     timer.daemon = True
     timer.start()
     t0 = time.monotonic()
-    r = s.pool.run(ShellJob("echo start; sleep 5; echo late", timeout=JOB_TIMEOUT_S, env=s.env("cancel")),
-                   cancel_event=event, poll_interval_s=0.05)
+    r = s.pool.run(ShellJob(cmd, timeout=JOB_TIMEOUT_S, env=s.env(kind)), cancel_event=event, poll_interval_s=0.05)
     wall = time.monotonic() - t0
     timer.join()
+    return r, wall
+
+
+def cancel(s: Soak, i: int) -> Optional[str]:
+    r, wall = _run_cancelled(s, "echo start; sleep 5; echo late", "cancel")
     problem = _expect(r, exit_code=None, cancelled=True)
     if problem is None and wall > CANCEL_AFTER_S + END_SLACK_S:
         problem = f"took {wall:.3f} s to cancel"
@@ -279,15 +276,7 @@ def _only_ticks(output: str) -> bool:
 
 
 def cancel_chatty(s: Soak, i: int) -> Optional[str]:
-    event = threading.Event()
-    timer = threading.Timer(CANCEL_AFTER_S, event.set)
-    timer.daemon = True
-    timer.start()
-    t0 = time.monotonic()
-    r = s.pool.run(ShellJob(CHATTY, timeout=JOB_TIMEOUT_S, env=s.env("cancel_chatty")),
-                   cancel_event=event, poll_interval_s=0.05)
-    wall = time.monotonic() - t0
-    timer.join()
+    r, wall = _run_cancelled(s, CHATTY, "cancel_chatty")
     problem = _expect(r, exit_code=None, cancelled=True)
     if problem is None and not _only_ticks(r.output):
         problem = f"output {r.output[:40]!r}...{r.output[-40:]!r} is not ticks"
@@ -311,7 +300,7 @@ def stream_close_chatty(s: Soak, i: int) -> Optional[str]:
 
 
 def _flood(s: Soak, job) -> Optional[str]:
-    events, r = _drain(s.pool.stream(job, tool_name="soak", heartbeat_interval_s=30.0))
+    events, r = C.drain(s.pool.stream(job, tool_name="soak", heartbeat_interval_s=30.0))
     problem = _expect(r, output="x" * DEFAULT_MAX_OUTPUT_CHARS)
     if problem is None and r.output_chars != FLOOD_CHARS:
         problem = f"output_chars={r.output_chars} (want {FLOOD_CHARS})"
@@ -587,25 +576,6 @@ def traced_growth(first: "tracemalloc.Snapshot", last: "tracemalloc.Snapshot", l
     return [str(stat) for stat in last.compare_to(first, "lineno")[:limit]]
 
 
-def survivors_of_close(before_close: list[tuple[int, float]], seconds: float) -> list[int]:
-    """Pids (with their start times) recorded before pool.close() that are
-    still running after it; zombies count as dead (whoever inherited them
-    reaps them)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        alive = []
-        for pid, created in before_close:
-            try:
-                proc = psutil.Process(pid)
-                if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.Error:
-                pass
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.05)
-
-
 STABLE_KEYS = ("threads", "native_threads", "fds", "workers", "tool_processes", "other_processes", "zombies",
                "marked_ours")
 
@@ -722,14 +692,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         after = settle(pool, run_id, args.settle, target=before)
         settle_s = time.perf_counter() - t0 - run_s
     finally:
-        below = []
-        for proc in C.descendants():
-            try:
-                below.append((proc.pid, proc.create_time()))
-            except psutil.Error:
-                pass
+        below = C.processes_below()
         pool.close()
-    survivors = survivors_of_close(below, args.settle)
+    survivors = C.still_running(below, args.settle)
     after_close = marked_processes(run_id)
     killed = kill_leftovers(run_id, survivors)
     elapsed = time.perf_counter() - started

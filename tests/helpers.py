@@ -41,8 +41,8 @@ def pids_in(output: str) -> list[int]:
     return [int(p) for line in re.findall(r"PIDS ([\d ]+)", output) for p in line.split()]
 
 
-def marked_processes(marker_prefix: str = "") -> list[psutil.Process]:
-    """Live processes anywhere that carry an execpool job marker."""
+def processes_with_env(matches: Callable[[dict], bool]) -> list[psutil.Process]:
+    """Live processes anywhere but this one whose environment ``matches``."""
     found = []
     for proc in psutil.process_iter():
         if proc.pid == os.getpid():
@@ -50,12 +50,16 @@ def marked_processes(marker_prefix: str = "") -> list[psutil.Process]:
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue
-            value = proc.environ().get(JOB_MARKER_ENV)
+            if matches(proc.environ()):
+                found.append(proc)
         except psutil.Error:
             continue
-        if value is not None and value.startswith(marker_prefix):
-            found.append(proc)
     return found
+
+
+def marked_processes(marker_prefix: str = "") -> list[psutil.Process]:
+    """Live processes anywhere that carry an execpool job marker."""
+    return processes_with_env(lambda env: JOB_MARKER_ENV in env and env[JOB_MARKER_ENV].startswith(marker_prefix))
 
 
 def open_fds() -> set[str]:

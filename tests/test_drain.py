@@ -31,6 +31,7 @@ from execpool.drain import (
     drain_queue,
     stream_tool_execution,
 )
+from helpers import collect
 
 CAP = TOOL_OUTPUT_STREAM_MAX_CHARS
 NOTICE = "\n... (further live output not streamed)\n"
@@ -57,16 +58,6 @@ def _wait_threads_gone(name: str, timeout: float = 5.0) -> list[threading.Thread
             return left
         for t in left:
             t.join(timeout=max(0.0, min(0.05, deadline - time.monotonic())))
-
-
-def _run(gen):
-    """Consume a stream to its end: (events, returned value)."""
-    events = []
-    while True:
-        try:
-            events.append(next(gen))
-        except StopIteration as stop:
-            return events, stop.value
 
 
 def _texts(events) -> list[str]:
@@ -435,7 +426,7 @@ def test_result_equals_what_invoke_returns_and_works_with_yield_from():
         result = yield from stream_tool_execution(invoke, tool_name="search")
         return ("wrapped", result)
 
-    events, value = _run(outer())
+    events, value = collect(outer())
     assert value[0] == "wrapped"
     assert value[1] is payload
     assert "".join(_texts(events)) == "working..."
@@ -443,7 +434,7 @@ def test_result_equals_what_invoke_returns_and_works_with_yield_from():
 
 @pytest.mark.parametrize("returned", [None, 0, "", [], "full text"])
 def test_result_is_passed_through_unchanged(returned):
-    events, value = _run(stream_tool_execution(lambda cb: returned, tool_name="t"))
+    events, value = collect(stream_tool_execution(lambda cb: returned, tool_name="t"))
     assert value is returned
     assert _texts(events) == []
 
@@ -456,7 +447,7 @@ def test_output_events_shape_order_and_json(gates):
             cb(chunk)
         return "ok"
 
-    events, value = _run(stream_tool_execution(invoke, tool_name="my_tool", tool_call_id="call_42"))
+    events, value = collect(stream_tool_execution(invoke, tool_name="my_tool", tool_call_id="call_42"))
     assert value == "ok"
     outputs = [e for e in events if e["type"] == "tool_output"]
     assert "".join(e["text"] for e in outputs) == "".join(chunks)
@@ -473,7 +464,7 @@ def test_output_events_shape_order_and_json(gates):
 
 
 def test_tool_call_id_defaults_to_empty_string():
-    events, _ = _run(stream_tool_execution(lambda cb: cb("x"), tool_name="t"))
+    events, _ = collect(stream_tool_execution(lambda cb: cb("x"), tool_name="t"))
     assert [e["tool_call_id"] for e in events if e["type"] == "tool_output"] == [""]
 
 
@@ -495,7 +486,7 @@ def test_worker_thread_is_named_after_tool(gates):
     assert worker.name == f"tool-exec-{name}"
     assert worker in _threads_named(f"tool-exec-{name}")
     gate.set()
-    _, value = _run(gen)
+    _, value = collect(gen)
     assert value == "r"
     assert _wait_threads_gone(f"tool-exec-{name}") == []
 
@@ -519,7 +510,7 @@ def test_chunk_reaches_consumer_while_callable_is_blocked(gates):
     assert not gate.is_set()
     assert state["released"] is False
     gate.set()
-    events, value = _run(gen)
+    events, value = collect(gen)
     assert state["released"] is True
     assert "".join(_texts(events)) == " second chunk"
     assert value == "end"
@@ -539,7 +530,7 @@ def test_lock_step_chunks_arrive_one_by_one_in_order(gates):
     for i, ack in enumerate(acks):
         _read_output_until(gen, f"chunk{i};")
         ack.set()
-    events, value = _run(gen)
+    events, value = collect(gen)
     assert _texts(events) == []
     assert value == 15
     assert waited == [True] * 15
@@ -552,14 +543,14 @@ def test_non_string_chunks_are_ignored():
             returned.append(cb(chunk))  # must not raise
         return returned
 
-    events, value = _run(stream_tool_execution(invoke, tool_name="t"))
+    events, value = collect(stream_tool_execution(invoke, tool_name="t"))
     assert value == [None] * 10
     assert "".join(_texts(events)) == "ok!"
     assert all(isinstance(t, str) for t in _texts(events))
 
 
 def test_tool_name_is_used_verbatim_in_events():
-    events, _ = _run(stream_tool_execution(lambda cb: cb("a"), tool_name="web.search", tool_call_id="id-1"))
+    events, _ = collect(stream_tool_execution(lambda cb: cb("a"), tool_name="web.search", tool_call_id="id-1"))
     (event,) = [e for e in events if e["type"] == "tool_output"]
     assert event == {"type": "tool_output", "tool_name": "web.search", "tool_call_id": "id-1", "text": "a"}
 
@@ -592,7 +583,7 @@ def test_bad_intervals_raise_at_call_time(param, bad, with_cancel):
 
 @pytest.mark.parametrize("param", ["heartbeat_interval_s", "poll_interval_s"])
 def test_valid_small_intervals_are_accepted(param):
-    events, value = _run(stream_tool_execution(lambda cb: "v", tool_name="t", **{param: 0.01}))
+    events, value = collect(stream_tool_execution(lambda cb: "v", tool_name="t", **{param: 0.01}))
     assert value == "v"
 
 
@@ -621,7 +612,7 @@ def test_heartbeats_while_callable_is_silent(gates):
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
     assert min(gaps) >= interval * 0.5, gaps
     gate.set()
-    events, value = _run(gen)
+    events, value = collect(gen)
     assert value == "quiet"
     assert _texts(events) == []
 
@@ -646,7 +637,7 @@ def test_heartbeat_pacing_is_not_driven_by_cancel_polling(gates):
     elapsed = time.monotonic() - start
     assert elapsed >= 4 * interval * 0.9, f"4 heartbeats in {elapsed:.3f}s with a {interval}s interval"
     gate.set()
-    _run(gen)
+    collect(gen)
 
 
 def test_steady_output_yields_no_heartbeat_with_default_style_interval():
@@ -663,7 +654,7 @@ def test_steady_output_yields_no_heartbeat_with_default_style_interval():
             time.sleep(0.01)
         return n
 
-    events, n = _run(stream_tool_execution(invoke, tool_name="t", cancel_event=threading.Event(),
+    events, n = collect(stream_tool_execution(invoke, tool_name="t", cancel_event=threading.Event(),
                                            heartbeat_interval_s=10.0, poll_interval_s=0.005))
     assert _heartbeats(events) == []
     assert "".join(_texts(events)) == "".join(f"{i}," for i in range(n))
@@ -680,7 +671,7 @@ def test_steady_output_resets_heartbeat_pacing():
             time.sleep(0.01)
         return "ok"
 
-    events, value = _run(stream_tool_execution(invoke, tool_name="t", heartbeat_interval_s=0.25))
+    events, value = collect(stream_tool_execution(invoke, tool_name="t", heartbeat_interval_s=0.25))
     assert value == "ok"
     assert len(_texts(events)) > 0
     assert _heartbeats(events) == []
@@ -699,7 +690,7 @@ def test_heartbeats_resume_after_output_stops(gates):
     for _ in range(3):
         assert next(gen) == {"type": "heartbeat"}
     gate.set()
-    _run(gen)
+    collect(gen)
 
 
 def test_heartbeats_keep_flowing_after_cap_while_callable_keeps_emitting(gates):
@@ -732,7 +723,7 @@ def test_heartbeats_keep_flowing_after_cap_while_callable_keeps_emitting(gates):
         beats += 1
     emits_at_beats = counter["emits"]
     stop.set()
-    events, value = _run(gen)
+    events, value = collect(gen)
     assert _texts(events) == []
     # the callable really was emitting while those heartbeats were produced
     assert emits_at_beats > emits_at_notice
@@ -765,7 +756,7 @@ def test_cap_with_many_small_chunks():
             cb(chunk)
         return full
 
-    events, value = _run(stream_tool_execution(invoke, tool_name="t"))
+    events, value = collect(stream_tool_execution(invoke, tool_name="t"))
     _assert_capped(events, full)
     assert value == full
 
@@ -777,7 +768,7 @@ def test_cap_with_one_huge_chunk():
         cb(big)
         return big
 
-    events, value = _run(stream_tool_execution(invoke, tool_name="t"))
+    events, value = collect(stream_tool_execution(invoke, tool_name="t"))
     _assert_capped(events, big)
     assert value is big
 
@@ -795,7 +786,7 @@ def test_cap_across_separate_reads_boundary_inside_a_chunk(gates):
     gen = stream_tool_execution(invoke, tool_name="t", heartbeat_interval_s=0.05)
     first = _read_output_until(gen, "a" * 300_000)
     gate.set()
-    events, value = _run(gen)
+    events, value = collect(gen)
     texts = _texts(events)
     assert texts.count(NOTICE) == 1 and texts[-1] == NOTICE
     assert first + "".join(texts[:-1]) == "a" * 300_000 + "b" * 100_000
@@ -815,7 +806,7 @@ def test_cap_exactly_on_chunk_boundary(gates):
     gen = stream_tool_execution(invoke, tool_name="t", heartbeat_interval_s=0.05)
     _read_output_until(gen, "a" * CAP)
     gate.set()
-    events, value = _run(gen)
+    events, value = collect(gen)
     assert _texts(events) == [NOTICE]
     assert value == "done"
 
@@ -828,7 +819,7 @@ def test_output_of_exactly_cap_chars_is_streamed_whole():
             cb(full[i:i + 4000])
         return full
 
-    events, value = _run(stream_tool_execution(invoke, tool_name="t"))
+    events, value = collect(stream_tool_execution(invoke, tool_name="t"))
     texts = _texts(events)
     assert texts.count(NOTICE) <= 1
     assert "".join(t for t in texts if t != NOTICE) == full
@@ -843,7 +834,7 @@ def test_under_cap_has_no_notice():
         cb(full[1000:])
         return full
 
-    events, value = _run(stream_tool_execution(invoke, tool_name="t"))
+    events, value = collect(stream_tool_execution(invoke, tool_name="t"))
     assert "".join(_texts(events)) == full
     assert NOTICE not in _texts(events)
 
@@ -856,7 +847,7 @@ def test_cap_is_per_call():
         return len(full)
 
     for _ in range(2):
-        events, value = _run(stream_tool_execution(invoke, tool_name="t"))
+        events, value = collect(stream_tool_execution(invoke, tool_name="t"))
         _assert_capped(events, full)
         assert value == CAP + 5
 
@@ -870,7 +861,7 @@ def test_million_one_char_chunks_stream_cap_and_return_full_text():
             parts.append(c)
         return "".join(parts)
 
-    events, value = _run(stream_tool_execution(invoke, tool_name="t"))
+    events, value = collect(stream_tool_execution(invoke, tool_name="t"))
     assert len(value) == 1_000_000
     _assert_capped(events, value)
 
@@ -950,7 +941,7 @@ def test_producer_cap_bounds_queue_for_million_one_char_chunks(recording_queues)
             parts.append(c)
         return "".join(parts)
 
-    events, value = _run(stream_tool_execution(invoke, tool_name="t"))
+    events, value = collect(stream_tool_execution(invoke, tool_name="t"))
     assert len(recording_queues) == 1, "stream_tool_execution no longer uses queue.SimpleQueue"
     rq = recording_queues[0]
     # the recorder really observed the flood (not a vacuous pass) ...
@@ -973,7 +964,7 @@ def test_producer_cap_bounds_queue_for_ten_megabyte_chunks(recording_queues):
             cb("tail")
         return big1 + big2
 
-    events, value = _run(stream_tool_execution(invoke, tool_name="t"))
+    events, value = collect(stream_tool_execution(invoke, tool_name="t"))
     (rq,) = recording_queues
     assert rq.max_pending >= len(big1)
     assert rq.max_pending <= CAP + len(big1), rq.max_pending
@@ -1037,7 +1028,7 @@ def test_exception_without_output_propagates():
         raise KeyError("missing")
 
     with pytest.raises(KeyError, match="missing"):
-        _run(stream_tool_execution(invoke, tool_name="t"))
+        collect(stream_tool_execution(invoke, tool_name="t"))
 
 
 def test_exception_after_cap_still_propagates():
@@ -1157,7 +1148,7 @@ def test_clean_finish_never_sets_cancel_event(gates):
     for _ in range(2):
         assert next(gen) == {"type": "heartbeat"}
     gate.set()
-    events, value = _run(gen)
+    events, value = collect(gen)
     assert value == "fine"
     assert "".join(_texts(events)) == "b"
     assert not cancel.is_set()
@@ -1174,7 +1165,7 @@ def test_clean_finish_with_cap_never_sets_cancel_event():
         cb("w" * (CAP * 2))
         return "ok"
 
-    events, value = _run(stream_tool_execution(invoke, tool_name="t", cancel_event=cancel,
+    events, value = collect(stream_tool_execution(invoke, tool_name="t", cancel_event=cancel,
                                                poll_interval_s=0.01))
     assert value == "ok"
     _assert_capped(events, "w" * (CAP * 2))

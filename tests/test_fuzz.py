@@ -180,9 +180,10 @@ def test_timeout_is_validated_and_a_valid_one_is_honoured(pool, timeout):
 @example(heartbeat=10 ** 400, poll=0.1, tool_name="x", cancel_event=None)
 @example(heartbeat=1e10, poll=0.1, tool_name="x", cancel_event=None)
 @example(heartbeat=1.0, poll=1e10, tool_name="x", cancel_event=threading.Event())
+@example(heartbeat=1.0, poll=MAX_TIMEOUT_S + 1, tool_name="x", cancel_event=None)
 def test_stream_arguments_are_validated(pool, heartbeat, poll, tool_name, cancel_event):
-    # Beyond threading.TIMEOUT_MAX no wait can be made: absurd, so a ValueError.
-    expected = interval_error(heartbeat, threading.TIMEOUT_MAX) or interval_error(poll, threading.TIMEOUT_MAX)
+    # Intervals beyond a week are refused as absurd (and no wait could take them).
+    expected = interval_error(heartbeat, MAX_TIMEOUT_S) or interval_error(poll, MAX_TIMEOUT_S)
     if expected is None and cancel_event is not None and not hasattr(cancel_event, "is_set"):
         expected = TypeError
     job = ShellJob("echo streamed", timeout=20)
@@ -197,7 +198,7 @@ def test_stream_arguments_are_validated(pool, heartbeat, poll, tool_name, cancel
             assert stop.value.text == "streamed\n"
         outputs = [e for e in events if e["type"] == "tool_output"]
         assert outputs and all(e["tool_name"] == str(tool_name) for e in outputs)
-    expected_run = interval_error(poll, threading.TIMEOUT_MAX)
+    expected_run = interval_error(poll, MAX_TIMEOUT_S)
     if expected_run is None and cancel_event is not None and not hasattr(cancel_event, "is_set"):
         expected_run = TypeError
     raises_as(expected_run, lambda: pool.run(job, poll_interval_s=poll, cancel_event=cancel_event))

@@ -34,7 +34,7 @@ import hostile
 from execpool import ExecPool, Limits, PythonJob, ShellJob
 from execpool.drain import STREAM_CAP_NOTICE
 from execpool.worker import SPAWN_METHODS
-from helpers import all_dead, alive, collect, joined_output, pids_in, wait_for
+from helpers import all_dead, alive, collect, joined_output, pids_in, processes_with_env, wait_for
 
 RUN = uuid.uuid4().hex
 RUN_VAR = "EXECPOOL_HOSTILE_RUN"
@@ -50,18 +50,7 @@ def env(**extra: str) -> dict:
 
 def leftovers(var: str = RUN_VAR) -> list[psutil.Process]:
     """Live processes of this test run's jobs, anywhere on the machine."""
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                continue
-            if proc.environ().get(var) == RUN:
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
+    return processes_with_env(lambda environ: environ.get(var) == RUN)
 
 
 def describe(procs: list[psutil.Process]) -> list[str]:
