@@ -76,6 +76,28 @@ static char **to_vector(PyObject *seq, const char *what) {
     return vector;
 }
 
+/* Copy a sequence of at most `max` ints into `out`; the count, or -1 with
+ * an exception set. */
+static Py_ssize_t to_numbers(PyObject *seq, long long *out, Py_ssize_t max, const char *what) {
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > max) {
+        PyErr_Format(PyExc_ValueError, "%s: at most %zd entries", what, max);
+        n = -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (out[i] == -1 && PyErr_Occurred()) {
+            n = -1;
+            break;
+        }
+    }
+    Py_DECREF(fast);
+    return n;
+}
+
 /* Shared with the vfork child until it execs or exits. */
 static volatile int child_errno;
 static volatile int child_step;
@@ -159,44 +181,22 @@ static PyObject *spawn(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOO&OiipO", &argv_obj, &env_obj, PyUnicode_FSConverter, &cwd_obj,
                           &limits_obj, &stdin_fd, &out_fd, &no_network, &join_obj))
         return NULL;
-    long long limits[N_LIMITS];
+    long long limits[N_LIMITS], join[MAX_JOIN_FDS];
     int join_fds[MAX_JOIN_FDS];
-    Py_ssize_t n_join = 0;
     char **argv = NULL, **envp = NULL;
     PyObject *result = NULL;
-    PyObject *fast = PySequence_Fast(limits_obj, "limits must be a sequence");
-    if (fast == NULL)
+    Py_ssize_t n_limits = to_numbers(limits_obj, limits, N_LIMITS, "limits");
+    if (n_limits < 0)
         goto done;
-    if (PySequence_Fast_GET_SIZE(fast) != N_LIMITS) {
+    if (n_limits != N_LIMITS) {
         PyErr_SetString(PyExc_ValueError, "limits must have 4 entries");
-        Py_DECREF(fast);
         goto done;
     }
-    for (int i = 0; i < N_LIMITS; i++) {
-        limits[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
-        if (limits[i] == -1 && PyErr_Occurred()) {
-            Py_DECREF(fast);
-            goto done;
-        }
-    }
-    Py_DECREF(fast);
-    fast = PySequence_Fast(join_obj, "join_fds must be a sequence");
-    if (fast == NULL)
+    Py_ssize_t n_join = to_numbers(join_obj, join, MAX_JOIN_FDS, "join_fds");
+    if (n_join < 0)
         goto done;
-    n_join = PySequence_Fast_GET_SIZE(fast);
-    if (n_join > MAX_JOIN_FDS) {
-        PyErr_SetString(PyExc_ValueError, "too many join_fds");
-        Py_DECREF(fast);
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < n_join; i++) {
-        join_fds[i] = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
-        if (join_fds[i] == -1 && PyErr_Occurred()) {
-            Py_DECREF(fast);
-            goto done;
-        }
-    }
-    Py_DECREF(fast);
+    for (Py_ssize_t i = 0; i < n_join; i++)
+        join_fds[i] = (int)join[i];
     argv = to_vector(argv_obj, "argv must be a sequence");
     if (argv == NULL)
         goto done;
