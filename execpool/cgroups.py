@@ -4,8 +4,9 @@ process of the job whatever it did to its session, group or environment.
 
 Runs in the worker (creating, joining, killing, removing) and in the
 supervisor (removing what a crashed worker left). Detected at first use,
-never required: a job that asks for ``Limits(processes=...)`` or
-``Limits(memory=...)`` where no usable controller exists gets a clear
+never required: where no usable ``pids`` controller exists the worker keeps
+a job's process cap by counting (execpool/worker.py), and a job that asks
+for ``Limits(memory=...)`` without a ``memory`` controller gets a clear
 ``Execution error``. It creates and removes only its own groups: one
 ``execpool-<worker token>`` directory per controller, below the cgroup the
 worker itself is in, and one ``job-<id>`` directory per job inside it.
@@ -159,6 +160,10 @@ class Cgroups:
                 if _try_mkdir(base):
                     bases[name] = base
         return cls(bases, 1) if bases else None
+
+    def offers(self, processes: Optional[int], memory: Optional[int]) -> bool:
+        """Whether every cap asked for has its controller here."""
+        return (processes is None or "pids" in self.bases) and (memory is None or "memory" in self.bases)
 
     def create(self, job_id: int, processes: Optional[int], memory: Optional[int]) -> JobGroup:
         """A group for one job with its caps; raises OSError naming what is missing."""

@@ -199,6 +199,16 @@ def _marked(marker: str, scope: Optional[int], skip: set, pgids: frozenset) -> l
     return found
 
 
+def count_tree(leader: Optional[int], marker: str, scope: int, exclude: Iterable[int] = ()) -> int:
+    """How many live processes a job has: the leader's subtree plus its
+    marked processes re-parented to ``scope``, and their subtrees."""
+    pids = set(_subtree_pids(leader)) if leader is not None else set()
+    for proc in _marked(marker, scope, set(exclude), frozenset()):
+        pids.add(proc.pid)
+        pids.update(_descendant_pids(proc.pid))
+    return sum(1 for pid in pids if not is_zombie(pid))
+
+
 def kill_tree(
     pgids: Iterable[int] = (),
     *,

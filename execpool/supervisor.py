@@ -241,6 +241,8 @@ class ExecPool:
     constructor returns once every worker is ready. ``non_dumpable=True``
     makes the calling process non-dumpable, so tools running as the same user
     cannot read its environment (its secrets) through ``/proc``.
+    ``cgroups=False`` keeps execpool from creating cgroups even where it could:
+    process caps are then kept by the worker counting, and memory caps refused.
     """
 
     def __init__(
@@ -257,6 +259,7 @@ class ExecPool:
         spawn_method: str = "auto",
         preload: Iterable[str] = (),
         non_dumpable: bool = False,
+        cgroups: bool = True,
     ) -> None:
         if workers is None:
             workers = os.cpu_count() or 2
@@ -282,6 +285,9 @@ class ExecPool:
         self._preload_errors: tuple = ()
         if not isinstance(non_dumpable, bool):
             raise TypeError("non_dumpable must be a bool")
+        if not isinstance(cgroups, bool):
+            raise TypeError("cgroups must be a bool")
+        self.cgroups = cgroups
         if non_dumpable:
             _make_non_dumpable()
         if not isinstance(limits, Limits):
@@ -500,7 +506,7 @@ class ExecPool:
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "execpool.worker", str(to_worker_r), str(from_worker_w), token,
-                 self.spawn_method, ",".join(self.preload)],
+                 self.spawn_method, ",".join(self.preload), "cgroups" if self.cgroups else "no-cgroups"],
                 pass_fds=(to_worker_r, from_worker_w), env=env, cwd="/", start_new_session=True,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             )

@@ -1,6 +1,6 @@
 """The worker process: many tools at once, on one thread.
 
-Runs as ``python -m execpool.worker READ_FD WRITE_FD TOKEN METHOD [PRELOAD]``, started clean by
+Runs as ``python -m execpool.worker READ_FD WRITE_FD TOKEN METHOD PRELOAD CGROUPS``, started clean by
 the supervisor (never forked from the caller), with its channel on the two
 inherited pipe fds and a scrubbed environment.
 
@@ -46,7 +46,7 @@ from typing import Callable, Optional
 from . import channel, warm
 from .jobs import Limits
 from .cgroups import Cgroups, JobGroup
-from .proctree import JOB_MARKER_ENV, child_pids, is_zombie, kill_tree
+from .proctree import JOB_MARKER_ENV, child_pids, count_tree, is_zombie, kill_tree
 from .result import Result
 
 _PR_SET_PDEATHSIG = 1
@@ -63,6 +63,11 @@ READ_SIZE = 1 << 16
 ERROR_LINE_MARKERS = ("FileNotFoundError", "No such file or directory")
 MAX_ERROR_LINES = 32
 MAX_ERROR_LINE_CHARS = 4096
+
+#: Where no cgroup keeps a job's process cap, the worker counts the job's
+#: processes this often and kills the job once it is over: a fork storm is
+#: stopped, though it may pass the cap for up to one interval.
+PROCESS_COUNT_INTERVAL_S = 0.02
 
 #: A killed leader that is not reaped by then (stuck in the kernel) no longer
 #: holds up its Result.
@@ -139,7 +144,7 @@ class _Job:
         self.exit_code: Optional[int] = None
         self.reaped = False
         self.eof = False
-        self.end_reason: Optional[str] = None  # "timeout" | "cancel"
+        self.end_reason: Optional[str] = None  # "timeout" | "cancel" | "limit"
         self.killed_at = 0.0
         self.error: Optional[str] = None
         self.capture = _Capture(start.max_output_chars)
@@ -268,19 +273,20 @@ class Worker:
     ``keep_background`` jobs until shutdown."""
 
     def __init__(self, conn_in: Connection, conn_out: Connection, token: str, spawn_method: str,
-                 preload: tuple = ()) -> None:
+                 preload: tuple = (), use_cgroups: bool = True) -> None:
         self.conn_in = conn_in
         self.conn_out = conn_out
         self.token = token
         self.spawn_method = spawn_method
         self.preload = preload
+        self.use_cgroups = use_cgroups
         self.pid = os.getpid()
         self.shell = shutil.which("bash") or "/bin/sh"
         self.sel = selectors.DefaultSelector()
         self.jobs: dict[int, _Job] = {}
         self.by_leader: dict[int, _Job] = {}
         self.jobs_by_fd: dict[int, _Job] = {}
-        self.timers: list[tuple[float, int]] = []
+        self.timers: list[tuple[float, int, str]] = []
         self.kept_pgids: set[int] = set()
         self.cgroup_tier: Optional[Cgroups] = None
         self.cgroups_detected = False
@@ -307,14 +313,12 @@ class Worker:
             self._fire_timers()
         self._shutdown()
 
-    def _cgroups(self) -> Cgroups:
-        """The cgroup tier, detected the first time a job needs it."""
+    def _cgroups(self) -> Optional[Cgroups]:
+        """The cgroup tier, detected the first time a job needs it; None
+        where the machine (or the pool) gives execpool none."""
         if not self.cgroups_detected:
             self.cgroups_detected = True
-            self.cgroup_tier = Cgroups.detect(self.token)
-        if self.cgroup_tier is None:
-            raise OSError("Limits(processes=..., memory=...) need cgroups, and execpool cannot create "
-                          "them here (no pids/memory controller it may write to)")
+            self.cgroup_tier = Cgroups.detect(self.token) if self.use_cgroups else None
         return self.cgroup_tier
 
     def _preload(self) -> tuple:
@@ -338,19 +342,33 @@ class Worker:
         return max(0.0, self.timers[0][0] - time.monotonic())
 
     def _fire_timers(self) -> None:
-        """One heap holds both kinds of deadline: a job's timeout, and the
+        """One heap holds every deadline: a job's timeout ("timeout"), the
         grace a killed job's leader has to be reaped before its Result goes
-        out anyway. Entries of jobs that ended otherwise are stale; skip them."""
+        out anyway ("reap"), and the next count of a job whose process cap
+        the worker keeps itself ("count"). Entries of jobs that ended
+        otherwise are stale; skip them."""
         now = time.monotonic()
         while self.timers and self.timers[0][0] <= now:
-            _, job_id = heapq.heappop(self.timers)
+            _, job_id, kind = heapq.heappop(self.timers)
             job = self.jobs.get(job_id)
             if job is None:
                 continue
-            if job.end_reason is None:
+            if kind == "reap":
+                if job.end_reason and not job.reaped and now >= job.killed_at + REAP_GRACE_S:
+                    self._finish(job)
+            elif job.end_reason is not None:
+                continue
+            elif kind == "timeout":
                 self._end(job, "timeout")
-            elif not job.reaped and now >= job.killed_at + REAP_GRACE_S:
-                self._finish(job)
+            elif self._over_process_cap(job):
+                job.error = f"the job went over its process limit ({job.start.limits.processes}) and was killed"
+                self._end(job, "limit")
+            else:
+                heapq.heappush(self.timers, (now + PROCESS_COUNT_INTERVAL_S, job_id, "count"))
+
+    def _over_process_cap(self, job: _Job) -> bool:
+        count = count_tree(job.pid if not job.reaped else None, job.marker, self.pid, self.by_leader)
+        return count > job.start.limits.processes
 
     def _send(self, msg: object) -> None:
         try:
@@ -449,7 +467,9 @@ class Worker:
             return
         self._send(channel.Spawned(start.job_id, job.pid, job.pid))
         if start.timeout is not None:
-            heapq.heappush(self.timers, (job.started + start.timeout, start.job_id))
+            heapq.heappush(self.timers, (job.started + start.timeout, start.job_id, "timeout"))
+        if start.limits.processes is not None and job.group is None:
+            heapq.heappush(self.timers, (time.monotonic(), start.job_id, "count"))
 
     def _spawn(self, job: _Job) -> None:
         start = job.start
@@ -468,8 +488,14 @@ class Worker:
         method = "warm" if start.warm else self.spawn_method
         join_fds = []
         if start.limits.needs_cgroup:
-            job.group = self._cgroups().create(start.job_id, start.limits.processes, start.limits.memory)
-            join_fds = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in job.group.procs_files()]
+            tier = self._cgroups()
+            if tier is not None and tier.offers(start.limits.processes, start.limits.memory):
+                job.group = tier.create(start.job_id, start.limits.processes, start.limits.memory)
+                join_fds = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in job.group.procs_files()]
+            elif start.limits.memory is not None:
+                raise OSError("Limits(memory=...) needs a cgroup memory controller, and execpool cannot "
+                              "use one here")
+            # else: the worker counts the job's processes itself (see _fire_timers)
         stdin_fd = _stdin_file(start.stdin) if start.stdin is not None else -1
         try:
             pid, out_r = start_tool(argv, env, cwd, start.limits, method, stdin_fd, not start.network, join_fds)
@@ -494,7 +520,7 @@ class Worker:
         """Timeout or cancel: the one kill path, then wait for the reap."""
         job.end_reason = reason
         job.killed_at = time.monotonic()
-        heapq.heappush(self.timers, (job.killed_at + REAP_GRACE_S, job.start.job_id))
+        heapq.heappush(self.timers, (job.killed_at + REAP_GRACE_S, job.start.job_id, "reap"))
         self._kill(job)
         self._close_output(job)
         if job.reaped:
@@ -573,6 +599,7 @@ def _unlink(path: str) -> None:
 def main(argv: list) -> None:
     read_fd, write_fd, token, spawn_method = int(argv[0]), int(argv[1]), argv[2], argv[3]
     preload = tuple(name for name in argv[4].split(",") if name) if len(argv) > 4 else ()
+    use_cgroups = len(argv) <= 5 or argv[5] != "no-cgroups"
     for fd in (read_fd, write_fd):
         os.set_inheritable(fd, False)
     _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -580,7 +607,7 @@ def main(argv: list) -> None:
     # and write into the channel. Exec makes each tool dumpable again.
     _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     worker = Worker(Connection(read_fd, writable=False), Connection(write_fd, readable=False), token,
-                    spawn_method, preload)
+                    spawn_method, preload, use_cgroups)
     worker.serve()
 
 

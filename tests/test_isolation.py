@@ -7,6 +7,7 @@ import os
 import pytest
 
 from execpool import ExecPool, Limits, PythonJob, ShellJob
+from helpers import all_dead, pids_in
 
 
 def test_caller_secrets_never_reach_a_tool_or_a_worker(monkeypatch):
@@ -122,3 +123,21 @@ def test_non_dumpable_caller(tmp_path):
     assert done.stdout.split() == ["1", "0"], done.stderr
     with pytest.raises(TypeError):
         ExecPool(workers=1, non_dumpable="yes")
+
+
+def test_without_cgroups_the_worker_counts_and_keeps_the_process_cap():
+    storm = ("for i in $(seq 200); do sleep 30 >/dev/null 2>&1 & echo \"PIDS $!\"; sleep 0.005; done; "
+             "wait")
+    with ExecPool(workers=1, cgroups=False) as pool:
+        result = pool.run(ShellJob(storm, limits=Limits(processes=30), timeout=20))
+        assert result.text == "Execution error: the job went over its process limit (30) and was killed"
+        pids = pids_in(result.output)
+        assert 30 <= len(pids) < 200
+        assert all_dead(pids)
+        # A job inside its cap runs to its end.
+        assert pool.run(ShellJob("sleep 0.2 & sleep 0.2 & wait; echo fine",
+                                 limits=Limits(processes=30))).text == "fine\n"
+        result = pool.run(ShellJob("true", limits=Limits(memory=1 << 30)))
+        assert result.text.startswith("Execution error: cannot start the tool: Limits(memory=...) needs a cgroup")
+    with pytest.raises(TypeError):
+        ExecPool(workers=1, cgroups="no")
