@@ -550,7 +550,7 @@ class Worker:
         if job.script is not None:
             _unlink(job.script)
         if job.tmpdir is not None:
-            shutil.rmtree(job.tmpdir, ignore_errors=True)
+            _remove_dir(job.tmpdir)
         self._send(channel.Finished(job.start.job_id, self._result(job)))
         if not self.jobs and not self.kept_pgids:
             # Strays that cleared their environment cannot be attributed to a
@@ -587,6 +587,14 @@ class Worker:
         self._reap()
         if self.cgroup_tier is not None:
             self.cgroup_tier.close()
+
+
+def _remove_dir(path: str) -> None:
+    """Most private directories are empty by now: one rmdir, not rmtree's walk."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _unlink(path: str) -> None:

@@ -247,3 +247,9 @@ def test_wrong_job_type_and_closed_pool():
 def test_bad_pool_arguments(kwargs, error):
     with pytest.raises(error):
         ExecPool(**kwargs)
+
+
+def test_private_directory_is_removed_with_what_the_job_wrote(pool):
+    result = pool.run(ShellJob("mkdir -p a/b && echo x > a/b/f && echo y > g && pwd"))
+    workdir = result.output.strip()
+    assert workdir and not os.path.exists(workdir)
