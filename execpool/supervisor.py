@@ -87,7 +87,7 @@ WATCHDOG_GRACE_S = 1.0
 WATCHDOG_KILL_S = 10.0
 
 #: How often the pool looks at the cancel_events of running jobs.
-CANCEL_WATCH_INTERVAL_S = 0.005
+CANCEL_WATCH_INTERVAL_S = 0.002
 
 #: No honest worker message comes near this (live output is capped, a
 #: Result keeps max_output_chars); a longer one means the pipe was tampered
