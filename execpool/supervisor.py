@@ -49,7 +49,7 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Callable, Iterable, Iterator, Optional
 
-from . import cgroups, channel, drain
+from . import _linux, cgroups, channel, drain
 from .jobs import Limits, PythonJob, ShellJob
 from .proctree import JOB_MARKER_ENV, kill_tree
 from .result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, describe_exit
@@ -73,8 +73,6 @@ try:
     _DEFAULT_SPAWN_METHOD = "vfork"
 except ImportError:
     _DEFAULT_SPAWN_METHOD = "fork"
-
-_PR_SET_DUMPABLE = 4
 
 #: Characters reserved for a job marker (a 12-character token, "/", a job id).
 _MARKER_ROOM = 48
@@ -207,12 +205,7 @@ def _make_non_dumpable() -> None:
     user can then no longer read ``/proc/<caller>/environ`` or ptrace it
     (root still can). It applies to the whole process and disables its core
     dumps, which is why it is an option."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"prctl(PR_SET_DUMPABLE, 0): {os.strerror(errno)}")
+    _linux.prctl(_linux.PR_SET_DUMPABLE, 0)
 
 
 def _deliver(handle: _JobHandle, msg: object) -> None:

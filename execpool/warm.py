@@ -32,9 +32,8 @@ import types
 from importlib.machinery import SourceFileLoader
 from typing import NoReturn
 
+from . import _linux
 from .proctree import JOB_MARKER_ENV
-
-_PR_SET_DUMPABLE = 4
 
 #: ``sys.exit("message")`` and anything else that is not an int.
 _EXIT_FAILURE = 1
@@ -47,7 +46,7 @@ def run(path: str, env: dict, worker_path: list, ready_fd: int) -> NoReturn:
     the job started), run ``path`` as ``__main__`` and exit with its status."""
     # The worker is not dumpable (its channel must stay out of tools' reach);
     # a cold tool is, after its exec.
-    ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+    _linux.prctl(_linux.PR_SET_DUMPABLE, 1)
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)

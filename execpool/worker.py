@@ -26,7 +26,6 @@ any pipe or queue beyond it), and kept only as far as the Result needs.
 from __future__ import annotations
 
 import codecs
-import ctypes
 import gc
 import heapq
 import importlib
@@ -43,17 +42,12 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Callable, Optional
 
-from . import channel, warm
+from . import _linux, channel, warm
 from .jobs import Limits
 from .cgroups import Cgroups, JobGroup
 from .proctree import JOB_MARKER_ENV, child_pids, count_tree, is_zombie, kill_tree
 from .result import Result
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
-_PR_SET_DUMPABLE = 4
-_CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
 
 #: One read per wake-up; 64 KiB is a full default pipe buffer.
 READ_SIZE = 1 << 16
@@ -189,9 +183,9 @@ def _fork_child(cwd: str, limits: Limits, stdin_fd: int, out_fd: int, no_network
             for fd in join_fds:
                 os.write(fd, b"0")  # this process into its job's cgroup
             os.setsid()
-            if no_network and _libc.unshare(_CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), f"unshare(CLONE_NEWNET): {os.strerror(ctypes.get_errno())}")
-            _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if no_network:
+                _linux.unshare_network()
+            _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != worker_pid:
                 os._exit(137)  # the worker died before the death signal was armed
             _apply_limits(limits)
@@ -610,10 +604,10 @@ def main(argv: list) -> None:
     use_cgroups = len(argv) <= 5 or argv[5] != "no-cgroups"
     for fd in (read_fd, write_fd):
         os.set_inheritable(fd, False)
-    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)
     # Tools run as this user: without this, one could open /proc/<worker>/fd
     # and write into the channel. Exec makes each tool dumpable again.
-    _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    _linux.prctl(_linux.PR_SET_DUMPABLE, 0)
     worker = Worker(Connection(read_fd, writable=False), Connection(write_fd, readable=False), token,
                     spawn_method, preload, use_cgroups)
     worker.serve()
