@@ -11,7 +11,7 @@ Run from the repository root::
 Nothing in execpool is changed: the supervisor's ``subprocess.Popen`` is
 wrapped, for this process only, so that a worker's command line
 ``python -m execpool.worker ...`` becomes ``python -m cProfile -o FILE -m
-execpool.worker ...`` (and ``--worker-tmpdir`` sets the workers' ``TMPDIR``).
+execpool.worker ...`` (and ``--tmpdir`` moves the jobs' private directories).
 A worker writes its profile when it exits normally
 (``pool.close()`` sends Shutdown), so the scenario always closes its pool.
 The profiles are kept in ``--out`` (default: a fresh temporary directory)
@@ -46,11 +46,10 @@ import execpool.supervisor as supervisor
 class _ProfilingSubprocess:
     """Stands in for the ``subprocess`` module inside execpool.supervisor."""
 
-    def __init__(self, real, out_dir: str, profile: bool, tmpdir: str | None) -> None:
+    def __init__(self, real, out_dir: str, profile: bool) -> None:
         self._real = real
         self._out_dir = out_dir
         self._profile = profile
-        self._tmpdir = tmpdir
         self._n = 0
 
     def __getattr__(self, name):
@@ -63,8 +62,6 @@ class _ProfilingSubprocess:
             if self._profile:
                 out = os.path.join(self._out_dir, f"worker-{self._n}.prof")
                 argv = [argv[0], "-m", "cProfile", "-o", out, *argv[1:]]
-            if self._tmpdir is not None and kwargs.get("env") is not None:
-                kwargs["env"] = {**kwargs["env"], "TMPDIR": self._tmpdir}
         return self._real.Popen(argv, *args, **kwargs)
 
 
@@ -151,16 +148,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="directory for the .prof files (default: a new temporary one)")
     parser.add_argument("--no-caller", action="store_true", help="do not profile the caller")
     parser.add_argument("--no-workers", action="store_true", help="do not profile the workers")
-    parser.add_argument("--worker-tmpdir",
-                        help="diagnostic: TMPDIR for the workers, where they make each job's private directory "
-                             "(e.g. /dev/shm, to see what /tmp costs)")
+    parser.add_argument("--tmpdir",
+                        help="diagnostic: the temporary directory the pool makes the jobs' private directories "
+                             "in (e.g. /dev/shm, to see what /tmp costs)")
     args = parser.parse_args(argv)
     out_dir = args.out or tempfile.mkdtemp(prefix="execpool-profile-")
     os.makedirs(out_dir, exist_ok=True)
     C.raise_nofile(2 * args.n + 256)
 
-    supervisor.subprocess = _ProfilingSubprocess(supervisor.subprocess, out_dir, not args.no_workers,
-                                                 args.worker_tmpdir)
+    if args.tmpdir is not None:
+        tempfile.tempdir = args.tmpdir
+    supervisor.subprocess = _ProfilingSubprocess(supervisor.subprocess, out_dir, not args.no_workers)
     caller = None if args.no_caller else cProfile.Profile()
     try:
         with ExecPool(workers=args.workers, max_jobs_per_worker=1_000_000) as pool:

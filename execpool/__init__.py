@@ -1,45 +1,61 @@
 """execpool: run untrusted, model-written Python and shell code in a pool of
 isolated worker processes, with live streaming, timeouts, cancellation and
-whole-tree kills. This module only re-exports the public API."""
+whole-tree kills. This module only re-exports the public API.
 
-from .drain import (
-    TOOL_OUTPUT_STREAM_MAX_CHARS,
-    AsyncJobStream,
-    accepts_output_callback,
-    drain_queue,
-    stream_tool_execution,
-)
-from .jobs import Limits, PythonJob, ShellJob
-from .proctree import capture_process_group, drain_process_output, kill_process_tree
-from .result import Result
-from .supervisor import ExecPool, PoolClosedError
+The exports are imported on first use (PEP 562): every worker process starts
+as ``python -m execpool.worker``, which runs this file first, and a worker
+that imported the caller-side modules (asyncio, the pool, httpx) would carry
+twice the memory into every fork of itself -- its warm jobs' start-up cost.
+"""
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .drain import (
+        TOOL_OUTPUT_STREAM_MAX_CHARS,
+        AsyncJobStream,
+        accepts_output_callback,
+        drain_queue,
+        stream_tool_execution,
+    )
+    from .jobs import Limits, PythonJob, ShellJob
+    from .loop import chat_with_tools
+    from .proctree import capture_process_group, drain_process_output, kill_process_tree
+    from .result import Result
+    from .supervisor import ExecPool, PoolClosedError
+
+_EXPORTS = {
+    "TOOL_OUTPUT_STREAM_MAX_CHARS": "drain",
+    "AsyncJobStream": "drain",
+    "accepts_output_callback": "drain",
+    "drain_queue": "drain",
+    "stream_tool_execution": "drain",
+    "Limits": "jobs",
+    "PythonJob": "jobs",
+    "ShellJob": "jobs",
+    "chat_with_tools": "loop",
+    "capture_process_group": "proctree",
+    "drain_process_output": "proctree",
+    "kill_process_tree": "proctree",
+    "Result": "result",
+    "ExecPool": "supervisor",
+    "PoolClosedError": "supervisor",
+}
+
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    """``execpool.chat_with_tools`` without importing httpx for callers who
-    only run jobs."""
-    if name == "chat_with_tools":
-        from .loop import chat_with_tools
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'execpool' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
 
-        return chat_with_tools
-    raise AttributeError(f"module 'execpool' has no attribute {name!r}")
 
-
-__all__ = [
-    "TOOL_OUTPUT_STREAM_MAX_CHARS",
-    "AsyncJobStream",
-    "ExecPool",
-    "Limits",
-    "PoolClosedError",
-    "PythonJob",
-    "Result",
-    "ShellJob",
-    "accepts_output_callback",
-    "capture_process_group",
-    "chat_with_tools",
-    "drain_process_output",
-    "drain_queue",
-    "kill_process_tree",
-    "stream_tool_execution",
-]
+def __dir__() -> list:
+    return sorted({*globals(), *_EXPORTS})

@@ -41,9 +41,11 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from multiprocessing.connection import Connection, wait
@@ -106,11 +108,13 @@ class PoolClosedError(ValueError, RuntimeError):
 class _Worker:
     """The supervisor's record of one worker process."""
 
-    def __init__(self, proc: subprocess.Popen, send: Connection, recv: Connection, token: str) -> None:
+    def __init__(self, proc: subprocess.Popen, send: Connection, recv: Connection, token: str,
+                 jobs_dir: str) -> None:
         self.proc = proc
         self.send_conn = send
         self.recv = recv
         self.token = token
+        self.jobs_dir = jobs_dir
         self.send_lock = threading.Lock()
         self.jobs: dict[int, _JobHandle] = {}
         self.pgids: dict[int, int] = {}
@@ -496,19 +500,26 @@ class ExecPool:
         # Blank room in the worker's environment block, which a warm job
         # overwrites with its own marker (execpool/warm.py).
         env[JOB_MARKER_ENV] = " " * _MARKER_ROOM
+        # The worker makes each job's private directory in here; whatever a
+        # dead worker left behind goes with it (see _on_worker_exit).
+        jobs_dir = tempfile.mkdtemp(prefix=f"execpool-{token}-")
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "execpool.worker", str(to_worker_r), str(from_worker_w), token,
-                 self.spawn_method, ",".join(self.preload), "cgroups" if self.cgroups else "no-cgroups"],
+                 self.spawn_method, ",".join(self.preload), "cgroups" if self.cgroups else "no-cgroups",
+                 jobs_dir],
                 pass_fds=(to_worker_r, from_worker_w), env=env, cwd="/", start_new_session=True,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             )
+        except BaseException:
+            shutil.rmtree(jobs_dir, ignore_errors=True)
+            raise
         finally:
             os.close(to_worker_r)
             os.close(from_worker_w)
         self._wake()
         return _Worker(proc, Connection(to_worker_w, readable=False),
-                       Connection(from_worker_r, writable=False), token)
+                       Connection(from_worker_r, writable=False), token, jobs_dir)
 
     def _wake(self) -> None:
         try:
@@ -612,6 +623,7 @@ class ExecPool:
         if lost or worker.pgids:
             kill_tree(worker.pgids.values(), marker=worker.token)
         cgroups.remove_tree(cgroups.worker_bases(worker.token))
+        shutil.rmtree(worker.jobs_dir, ignore_errors=True)
         cause = "the pool was closed" if self._closed else "it died unexpectedly"
         for job_id, handle in lost.items():
             self._watcher.forget(job_id)

@@ -47,14 +47,9 @@ def run(path: str, env: dict, worker_path: list, ready_fd: int) -> NoReturn:
     # The worker is not dumpable (its channel must stay out of tools' reach);
     # a cold tool is, after its exec.
     _linux.prctl(_linux.PR_SET_DUMPABLE, 1)
-    signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    atexit._clear()
+    _reset_handlers()
     _stamp_marker(env.get(JOB_MARKER_ENV, ""))
-    os.environ.clear()
-    os.environ.update(env)
+    _set_environ(env)
     sys.argv = [path]
     job_path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.path.dirname(path), *job_path,
@@ -66,13 +61,48 @@ def run(path: str, env: dict, worker_path: list, ready_fd: int) -> NoReturn:
             import sitecustomize  # noqa: F401 - what a cold start imports from the job's path
         except ImportError:
             pass
-    main = types.ModuleType("__main__")
-    main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins, __package__=None,
-                         __spec__=None, __loader__=SourceFileLoader("__main__", path))
+    main = _new_main(path)
     sys.modules["__main__"] = main
     os.close(ready_fd)
     status = _run_main(path, main)
     os._exit(status)
+
+
+def rehearse() -> None:
+    """Run the steps of :func:`run` that leave no trace, on harmless input,
+    in a warm spare waiting for its job (execpool/worker.py).
+
+    A spare is a fork of the worker: every page it writes for the first time
+    is copied then, a page fault that costs microseconds in a VM, and a warm
+    start writes a few hundred pages (reference counts of the objects it
+    touches). Taking those faults while the spare waits halves its start."""
+    _reset_handlers()
+    _stamp_marker("")
+    _set_environ(dict(os.environ))
+    _fresh_std_streams()
+    _new_main(os.devnull)
+    compile("", os.devnull, "exec", dont_inherit=True)
+
+
+def _reset_handlers() -> None:
+    """The worker's signal handling and exit handlers are not the job's."""
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    atexit._clear()
+
+
+def _set_environ(env: dict) -> None:
+    os.environ.clear()
+    os.environ.update(env)
+
+
+def _new_main(path: str) -> types.ModuleType:
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins, __package__=None,
+                         __spec__=None, __loader__=SourceFileLoader("__main__", path))
+    return main
 
 
 def _stamp_marker(marker: str) -> None:

@@ -1,8 +1,10 @@
 """The worker process: many tools at once, on one thread.
 
-Runs as ``python -m execpool.worker READ_FD WRITE_FD TOKEN METHOD PRELOAD CGROUPS``, started clean by
-the supervisor (never forked from the caller), with its channel on the two
-inherited pipe fds and a scrubbed environment.
+Runs as ``python -m execpool.worker READ_FD WRITE_FD TOKEN METHOD PRELOAD CGROUPS JOBS_DIR``,
+started clean by the supervisor (never forked from the caller), with its
+channel on the two inherited pipe fds and a scrubbed environment. Jobs without
+a ``cwd`` get a private directory in JOBS_DIR, which the supervisor made and
+removes when the worker is gone.
 
 One ``selectors`` loop waits on everything the worker owns:
 
@@ -25,22 +27,25 @@ any pipe or queue beyond it), and kept only as far as the Result needs.
 
 from __future__ import annotations
 
+import array
 import codecs
+import contextlib
 import gc
 import heapq
 import importlib
 import io
 import os
+import pickle
 import resource
 import selectors
 import shutil
 import signal
+import socket
 import sys
-import tempfile
 import time
 from collections import deque
 from multiprocessing.connection import Connection
-from typing import Callable, Optional
+from typing import Callable, NoReturn, Optional
 
 from . import _linux, channel, warm
 from .jobs import Limits
@@ -76,6 +81,9 @@ except ImportError:  # not built here; the pure-Python start is used instead
 SPAWN_METHODS = ("vfork", "fork") if _spawn is not None else ("fork",)
 
 _DEVNULL = os.open(os.devnull, os.O_RDONLY)
+
+#: A job hands its warm spare stdin, output, ready pipe and cgroup files.
+_MAX_PASSED_FDS = 16
 
 #: What the worker's own PYTHONPATH added to sys.path (execpool itself), which
 #: a warm job's sys.path must not have: a cold tool does not.
@@ -172,37 +180,52 @@ def _limit_values(limits: Limits) -> tuple:
 def _fork_child(cwd: str, limits: Limits, stdin_fd: int, out_fd: int, no_network: bool,
                 join_fds: list, then: Callable[[int], None]) -> int:
     """Fork, set the child up as every tool is set up, then hand it to
-    ``then(ready_fd)``, which execs, or closes ``ready_fd`` and runs warm.
-    A failure before that point reaches the worker through ``ready_fd``."""
+    ``then(ready_fd)``, which execs, or closes ``ready_fd`` and runs warm."""
     ready_r, ready_w = os.pipe()
     worker_pid = os.getpid()
     pid = os.fork()
     if pid == 0:
-        try:
-            os.close(ready_r)
-            for fd in join_fds:
-                os.write(fd, b"0")  # this process into its job's cgroup
-            os.setsid()
-            if no_network:
-                _linux.unshare_network()
-            _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != worker_pid:
-                os._exit(137)  # the worker died before the death signal was armed
-            _apply_limits(limits)
-            os.chdir(cwd)
-            os.dup2(stdin_fd, 0)
-            os.dup2(out_fd, 1)
-            os.dup2(out_fd, 2)
-            # The worker's pipes, selector and channel are not the tool's.
-            os.closerange(3, ready_w)
-            os.closerange(ready_w + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-            then(ready_w)
-        except BaseException as exc:  # noqa: BLE001 - report, never return into the loop
-            try:
-                os.write(ready_w, str(exc).encode("utf-8", "replace")[:2048])
-            finally:
-                os._exit(127)
+        os.close(ready_r)
+        _become_tool(cwd, limits, stdin_fd, out_fd, no_network, join_fds, ready_w, worker_pid, then)
     os.close(ready_w)
+    _await_start(pid, ready_r)
+    return pid
+
+
+def _become_tool(cwd: str, limits: Limits, stdin_fd: int, out_fd: int, no_network: bool,
+                 join_fds: list, ready_w: int, worker_pid: int, then: Callable[[int], None]) -> NoReturn:
+    """In a fork of the worker (fresh, or its warm spare): the session, death
+    signal, limits, directory and pipes every tool gets. A failure before
+    ``then`` takes over reaches the worker through ``ready_w``."""
+    try:
+        for fd in join_fds:
+            os.write(fd, b"0")  # this process into its job's cgroup
+        os.setsid()
+        if no_network:
+            _linux.unshare_network()
+        _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != worker_pid:
+            os._exit(137)  # the worker died before the death signal was armed
+        _apply_limits(limits)
+        os.chdir(cwd)
+        os.dup2(stdin_fd, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        # The worker's pipes, selector and channel are not the tool's.
+        os.closerange(3, ready_w)
+        os.closerange(ready_w + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        then(ready_w)
+    except BaseException as exc:  # noqa: BLE001 - report, never return into the loop
+        try:
+            os.write(ready_w, str(exc).encode("utf-8", "replace")[:2048])
+        finally:
+            os._exit(127)
+    os._exit(127)  # ``then`` execs or exits; returning would run the worker's loop in the tool
+
+
+def _await_start(pid: int, ready_r: int) -> None:
+    """Wait until the child execs or starts its warm job (``ready_r`` reaches
+    EOF); raise what it reported if it failed before that."""
     failure = b""
     while chunk := os.read(ready_r, 4096):
         failure += chunk
@@ -210,7 +233,98 @@ def _fork_child(cwd: str, limits: Limits, stdin_fd: int, out_fd: int, no_network
     if failure:
         os.waitpid(pid, 0)
         raise OSError(failure.decode("utf-8", "replace"))
-    return pid
+
+
+class _WarmSpare:
+    """A fork of the worker made ahead of time and parked until a warm job
+    takes it, so that job's start-up skips the fork -- most of its latency.
+
+    The spare keeps only its end of a socket pair (and stdio); it is not
+    dumpable, has the worker's death signal, and carries no job marker until
+    a job stamps its own. A job reaches it as one message -- the script's
+    path, environment, directory, limits and network flag, pickled by the
+    worker that forked it -- with its stdin, output pipe, ready pipe and
+    cgroup files as passed descriptors; from then on it is set up exactly as
+    a freshly forked warm tool (:func:`_become_tool`)."""
+
+    def __init__(self, worker_pid: int) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            pid = os.fork()
+        except OSError:
+            ours.close()
+            theirs.close()
+            raise
+        if pid == 0:
+            ours.close()
+            _park(theirs, worker_pid)
+        theirs.close()
+        self.pid = pid
+        self.sock = ours
+
+    def take(self, script: str, env: dict, cwd: str, limits: Limits, stdin_fd: int, out_fd: int,
+             no_network: bool, join_fds: list) -> Optional[int]:
+        """Start the job in the spare and return its pid (now the tool's), or
+        None when the spare is gone (killed by a stray sweep of another
+        job, say) and the job needs a fresh fork."""
+        payload = pickle.dumps((script, env, cwd, limits, no_network))
+        message = len(payload).to_bytes(8, "little") + payload
+        ready_r, ready_w = os.pipe()
+        fds = array.array("i", [stdin_fd, out_fd, ready_w, *join_fds])
+        try:
+            sent = self.sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        except OSError:
+            os.close(ready_r)
+            return None
+        else:
+            # The job is the spare's now: whatever goes wrong from here, the
+            # ready pipe says, and no fresh fork may run it a second time.
+            if sent < len(message):
+                with contextlib.suppress(OSError):
+                    self.sock.sendall(message[sent:])
+        finally:
+            os.close(ready_w)
+            self.sock.close()
+        _await_start(self.pid, ready_r)
+        return self.pid
+
+    def close(self) -> None:
+        """The spare reads EOF and exits; the worker reaps it."""
+        self.sock.close()
+
+
+def _park(sock: socket.socket, worker_pid: int) -> NoReturn:
+    """The spare's life before its job: drop everything of the worker's but
+    stdio, wait for one job, become its tool. EOF means no job will come."""
+    ready_w = -1
+    try:
+        _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != worker_pid:
+            os._exit(0)
+        keep = sorted({_DEVNULL, sock.fileno()})
+        os.closerange(3, keep[0])
+        os.closerange(keep[0] + 1, keep[-1])
+        os.closerange(keep[-1] + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        warm.rehearse()
+        pickle.loads(pickle.dumps(("", {}, "", Limits(), False)))  # the hand-over's pages too
+        head, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, _MAX_PASSED_FDS)
+        if len(fds) < 3:
+            os._exit(0)  # EOF: the worker let its spare go
+        stdin_fd, out_fd, ready_w, *join_fds = fds
+        data = bytearray(head)
+        while len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "little"):
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                os._exit(0)
+            data += chunk
+        sock.close()
+        script, env, cwd, limits, no_network = pickle.loads(data[8:])
+    except BaseException as exc:  # noqa: BLE001 - a broken hand-over is the job's start failure
+        if ready_w >= 0:
+            os.write(ready_w, f"warm spare: {exc}".encode("utf-8", "replace")[:2048])
+        os._exit(127)
+    _become_tool(cwd, limits, stdin_fd, out_fd, no_network, join_fds, ready_w, worker_pid,
+                 lambda ready: warm.run(script, env, _WORKER_PATH, ready))
 
 
 def _exec(argv: list, env: dict) -> Callable[[int], None]:
@@ -223,12 +337,13 @@ def _exec(argv: list, env: dict) -> Callable[[int], None]:
     return then
 
 
-def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str,
-               stdin_fd: int = -1, no_network: bool = False, join_fds: list = ()) -> tuple[int, int]:
+def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str, stdin_fd: int = -1,
+               no_network: bool = False, join_fds: list = (), spare: Optional[_WarmSpare] = None,
+               ) -> tuple[int, int]:
     """Start one tool in a new session with its limits; return its pid and
     the read end of its merged stdout/stderr pipe. ``method`` is "vfork",
     "fork" (the pure-Python fallback) or "warm" (argv is ``[python, -u, FILE]``,
-    run in a fork of this worker)."""
+    run in ``spare`` if given and alive, else in a fresh fork of this worker)."""
     stdin_fd = _DEVNULL if stdin_fd < 0 else stdin_fd
     out_r, out_w = os.pipe()
     try:
@@ -237,8 +352,12 @@ def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str,
             pid = _spawn.spawn(argv, envp, cwd, _limit_values(limits), stdin_fd, out_w, no_network, list(join_fds))
         elif method == "warm":
             script = argv[-1]
-            pid = _fork_child(cwd, limits, stdin_fd, out_w, no_network, list(join_fds),
-                              lambda ready: warm.run(script, env, _WORKER_PATH, ready))
+            pid = None
+            if spare is not None:
+                pid = spare.take(script, env, cwd, limits, stdin_fd, out_w, no_network, list(join_fds))
+            if pid is None:
+                pid = _fork_child(cwd, limits, stdin_fd, out_w, no_network, list(join_fds),
+                                  lambda ready: warm.run(script, env, _WORKER_PATH, ready))
         else:
             pid = _fork_child(cwd, limits, stdin_fd, out_w, no_network, list(join_fds), _exec(argv, env))
     except BaseException:
@@ -267,13 +386,14 @@ class Worker:
     ``keep_background`` jobs until shutdown."""
 
     def __init__(self, conn_in: Connection, conn_out: Connection, token: str, spawn_method: str,
-                 preload: tuple = (), use_cgroups: bool = True) -> None:
+                 preload: tuple, use_cgroups: bool, jobs_dir: str) -> None:
         self.conn_in = conn_in
         self.conn_out = conn_out
         self.token = token
         self.spawn_method = spawn_method
         self.preload = preload
         self.use_cgroups = use_cgroups
+        self.jobs_dir = jobs_dir
         self.pid = os.getpid()
         self.shell = shutil.which("bash") or "/bin/sh"
         self.sel = selectors.DefaultSelector()
@@ -285,6 +405,7 @@ class Worker:
         self.cgroup_tier: Optional[Cgroups] = None
         self.cgroups_detected = False
         self.stale_groups: list[JobGroup] = []
+        self.spare: Optional[_WarmSpare] = None
         self.stopping = False
 
     # -- the loop --------------------------------------------------------
@@ -361,7 +482,7 @@ class Worker:
                 heapq.heappush(self.timers, (now + PROCESS_COUNT_INTERVAL_S, job_id, "count"))
 
     def _over_process_cap(self, job: _Job) -> bool:
-        count = count_tree(job.pid if not job.reaped else None, job.marker, self.pid, self.by_leader)
+        count = count_tree(job.pid if not job.reaped else None, job.marker, self.pid, self._not_strays())
         return count > job.start.limits.processes
 
     def _send(self, msg: object) -> None:
@@ -409,6 +530,9 @@ class Worker:
                 return
             job = self.by_leader.pop(pid, None)
             if job is None:
+                if self.spare is not None and pid == self.spare.pid:
+                    self.spare.close()  # killed while parked; the next warm job forks
+                    self.spare = None
                 if self.stale_groups:
                     self.stale_groups = [group for group in self.stale_groups if not group.remove()]
                 continue  # an orphan re-parented to us, already killed or done
@@ -460,6 +584,12 @@ class Worker:
             self._finish(job)
             return
         self._send(channel.Spawned(start.job_id, job.pid, job.pid))
+        if start.warm and self.spare is None:
+            # While this job runs, not while the next one waits.
+            try:
+                self.spare = _WarmSpare(self.pid)
+            except OSError:
+                pass  # out of processes or memory: warm jobs fork as they come
         if start.timeout is not None:
             heapq.heappush(self.timers, (job.started + start.timeout, start.job_id, "timeout"))
         if start.limits.processes is not None and job.group is None:
@@ -469,7 +599,8 @@ class Worker:
         start = job.start
         cwd = start.cwd
         if cwd is None:
-            cwd = job.tmpdir = tempfile.mkdtemp(prefix="execpool-job-")
+            cwd = job.tmpdir = os.path.join(self.jobs_dir, str(start.job_id))
+            os.mkdir(cwd, 0o700)
         if start.argv_kind == "python":
             job.script = os.path.join(cwd, f".execpool-{self.token}-{start.job_id}.py")
             with open(job.script, "w", encoding="utf-8") as f:
@@ -490,13 +621,19 @@ class Worker:
                 raise OSError("Limits(memory=...) needs a cgroup memory controller, and execpool cannot "
                               "use one here")
             # else: the worker counts the job's processes itself (see _fire_timers)
+        spare = None
+        if start.warm:
+            spare, self.spare = self.spare, None
         stdin_fd = _stdin_file(start.stdin) if start.stdin is not None else -1
         try:
-            pid, out_r = start_tool(argv, env, cwd, start.limits, method, stdin_fd, not start.network, join_fds)
+            pid, out_r = start_tool(argv, env, cwd, start.limits, method, stdin_fd, not start.network, join_fds,
+                                    spare)
         finally:
             for fd in [*join_fds, stdin_fd]:
                 if fd >= 0:
                     os.close(fd)
+            if spare is not None:
+                spare.close()
         os.set_blocking(out_r, False)
         job.pid, job.fd = pid, out_r
         self.by_leader[pid] = job
@@ -522,9 +659,12 @@ class Worker:
 
     def _kill(self, job: _Job) -> None:
         kill_tree([job.pid], leader=None if job.reaped else job.pid, marker=job.marker, scope=self.pid,
-                  exclude=self.by_leader, group=job.group)
+                  exclude=self._not_strays(), group=job.group)
 
-
+    def _not_strays(self) -> set:
+        """The worker's children that belong to no finished job: the leaders
+        of running jobs and the parked warm spare."""
+        return {*self.by_leader, *(() if self.spare is None else (self.spare.pid,))}
 
     def _finish(self, job: _Job) -> None:
         if job.start.job_id not in self.jobs:
@@ -550,8 +690,9 @@ class Worker:
             # Strays that cleared their environment cannot be attributed to a
             # job; once no job is left they cannot belong to a live one. After
             # the Result, because the tree it belongs to is dead already.
+            keep = self._not_strays()
             for pid in child_pids(self.pid):
-                if not is_zombie(pid):
+                if pid not in keep and not is_zombie(pid):
                     kill_tree(leader=pid)
 
     def _result(self, job: _Job) -> Result:
@@ -578,6 +719,8 @@ class Worker:
                 job.end_reason = "cancel"
             job.reaped = True
             self._finish(job)
+        if self.spare is not None:
+            self.spare.close()
         self._reap()
         if self.cgroup_tier is not None:
             self.cgroup_tier.close()
@@ -599,9 +742,9 @@ def _unlink(path: str) -> None:
 
 
 def main(argv: list) -> None:
-    read_fd, write_fd, token, spawn_method = int(argv[0]), int(argv[1]), argv[2], argv[3]
-    preload = tuple(name for name in argv[4].split(",") if name) if len(argv) > 4 else ()
-    use_cgroups = len(argv) <= 5 or argv[5] != "no-cgroups"
+    read_fd, write_fd, token, spawn_method, preload_names, cgroups_flag, jobs_dir = argv
+    read_fd, write_fd = int(read_fd), int(write_fd)
+    preload = tuple(name for name in preload_names.split(",") if name)
     for fd in (read_fd, write_fd):
         os.set_inheritable(fd, False)
     _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)
@@ -609,7 +752,7 @@ def main(argv: list) -> None:
     # and write into the channel. Exec makes each tool dumpable again.
     _linux.prctl(_linux.PR_SET_DUMPABLE, 0)
     worker = Worker(Connection(read_fd, writable=False), Connection(write_fd, readable=False), token,
-                    spawn_method, preload, use_cgroups)
+                    spawn_method, preload, cgroups_flag != "no-cgroups", jobs_dir)
     worker.serve()
 
 

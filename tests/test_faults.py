@@ -12,6 +12,7 @@ import threading
 import time
 
 import psutil
+import pytest
 
 import hostile
 from execpool import ExecPool, ShellJob
@@ -184,3 +185,17 @@ def test_a_failing_consumer_does_not_stop_the_dispatcher():
         pool._submit(ShellJob("echo one; echo two"), broken_sink, 1000)
         assert finished.wait(10)
         assert pool.run(ShellJob("echo still served")).text == "still served\n"
+
+
+def test_a_killed_workers_private_directories_are_removed():
+    with ExecPool(workers=1) as pool:
+        stream = pool.stream(ShellJob("pwd; echo kept > file; sleep 30", timeout=None))
+        workdir = next(stream)["text"].strip()
+        assert os.path.isfile(os.path.join(workdir, "file")) or wait_for(
+            lambda: os.path.isfile(os.path.join(workdir, "file")))
+        os.kill(pool.worker_pids[0], signal.SIGKILL)
+        with pytest.raises(StopIteration) as stop:
+            while True:
+                next(stream)
+        assert stop.value.value.text.startswith("Execution error: ")
+        assert not os.path.exists(workdir)

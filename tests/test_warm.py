@@ -7,11 +7,12 @@ import os
 import re
 import sys
 
+import psutil
 import pytest
 
 import hostile
 from execpool import ExecPool, Limits, PythonJob, ShellJob
-from helpers import all_dead, pids_in
+from helpers import all_dead, pids_in, wait_for
 
 CORPUS = {
     "print": "print('hello')\nprint(1, 2, sep='-', end='!\\n')",
@@ -122,3 +123,58 @@ def test_stdin_feeds_shell_and_python_and_defaults_to_empty(pool):
 def test_warm_rejects_non_bool():
     with pytest.raises(TypeError):
         PythonJob("pass", warm=1)
+
+
+# --- the warm spare: a fork of the worker parked for the next warm job ------------
+
+
+def _parked_spares(pool: ExecPool) -> list:
+    """Children of the pool's workers that run no job: their parked spares."""
+    spares = []
+    for pid in pool.worker_pids:
+        for child in psutil.Process(pid).children():
+            env = child.environ()
+            if not env.get("EXECPOOL_JOB", "").strip() and child.status() != psutil.STATUS_ZOMBIE:
+                spares.append(child)
+    return spares
+
+
+def test_each_warm_job_runs_exactly_once_in_its_spare():
+    # A hand-over once ran the job a second time in a fresh fork when the
+    # spare had closed its socket before the worker's last (empty) send.
+    with ExecPool(workers=2) as pool:
+        jobs = [PythonJob(f"print({i})", warm=True) for i in range(600)]
+        outputs = [result.output for result in pool.map(jobs, max_in_flight=8)]
+    assert outputs == [f"{i}\n" for i in range(600)]
+
+
+def test_a_warm_job_takes_the_spare_left_by_the_one_before():
+    with ExecPool(workers=1) as pool:
+        pool.run(PythonJob("pass", warm=True))
+        assert wait_for(lambda: len(_parked_spares(pool)) == 1)
+        spare = _parked_spares(pool)[0]
+        # Of the worker's descriptors only stdio, /dev/null and its socket are left.
+        assert len(os.listdir(f"/proc/{spare.pid}/fd")) == 5
+        # A job with no job of its own left cannot take it for a stray.
+        assert pool.run(ShellJob("true")).exit_code == 0
+        assert pool.run(PythonJob("import os\nprint(os.getpid())", warm=True)).output == f"{spare.pid}\n"
+
+
+def test_a_killed_spare_is_replaced_by_a_fresh_fork():
+    with ExecPool(workers=1) as pool:
+        pool.run(PythonJob("pass", warm=True))
+        assert wait_for(lambda: len(_parked_spares(pool)) == 1)
+        spare = _parked_spares(pool)[0]
+        spare.kill()
+        spare.wait(5)
+        assert pool.run(PythonJob("import os\nprint(os.getpid())", warm=True)).output != f"{spare.pid}\n"
+        assert wait_for(lambda: len(_parked_spares(pool)) == 1)
+
+
+def test_pool_close_takes_the_spare_down():
+    pool = ExecPool(workers=1)
+    pool.run(PythonJob("pass", warm=True))
+    assert wait_for(lambda: len(_parked_spares(pool)) == 1)
+    spare = _parked_spares(pool)[0]
+    pool.close()
+    assert all_dead([spare.pid])
