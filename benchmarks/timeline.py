@@ -28,6 +28,7 @@ import glob
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -168,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("scenario", choices=["bash", "warm", "kill"])
     parser.add_argument("--iters", type=int, default=200, help="jobs (kill: rounds) measured (default 200)")
     parser.add_argument("--cwd", help="bash/warm: run the jobs in this directory (no private directory per job)")
+    parser.add_argument("--gap", choices=["none", "raw"], default="none",
+                        help="bash/warm: between jobs, nothing (default) or the raw Popen of the same tool "
+                             "(cold python for warm), as the interleaved pairs of latency.py do")
     args = parser.parse_args(argv)
 
     import execpool.supervisor as supervisor
@@ -191,10 +195,16 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             job = (ShellJob("echo hi", cwd=args.cwd) if args.scenario == "bash"
                    else PythonJob('print("hi")', warm=True, cwd=args.cwd))
+            script = os.path.join(out_dir, "raw.py")
+            with open(script, "w") as f:
+                f.write('print("hi")\n')
+            raw = [C.BASH, "-c", "echo hi"] if args.scenario == "bash" else [sys.executable, "-u", script]
             for i in range(5 + args.iters):
                 t0 = time.monotonic()
                 pool.run(job)
                 t1 = time.monotonic()
+                if args.gap == "raw":
+                    subprocess.run(raw, stdout=subprocess.DEVNULL, check=True)
                 if i >= 5:
                     entry = caller[str(caller["_last"])]
                     entry.update(c_run_in=t0, c_run_out=t1)

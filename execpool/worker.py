@@ -27,31 +27,27 @@ any pipe or queue beyond it), and kept only as far as the Result needs.
 
 from __future__ import annotations
 
-import array
 import codecs
-import contextlib
 import gc
 import heapq
 import importlib
 import io
 import os
-import pickle
-import resource
 import selectors
 import shutil
 import signal
-import socket
 import sys
 import time
 from collections import deque
 from multiprocessing.connection import Connection
-from typing import Callable, NoReturn, Optional
+from typing import Optional
 
-from . import _linux, channel, warm
-from .jobs import Limits
+from . import _linux, channel
 from .cgroups import Cgroups, JobGroup
 from .proctree import JOB_MARKER_ENV, child_pids, count_tree, is_zombie, kill_tree
 from .result import Result
+from .spawn import WarmSpare, WarmTemplate, start_tool
+
 
 
 #: One read per wake-up; 64 KiB is a full default pipe buffer.
@@ -71,31 +67,6 @@ PROCESS_COUNT_INTERVAL_S = 0.02
 #: A killed leader that is not reaped by then (stuck in the kernel) no longer
 #: holds up its Result.
 REAP_GRACE_S = 1.0
-
-try:
-    from . import _spawn
-except ImportError:  # not built here; the pure-Python start is used instead
-    _spawn = None
-
-#: How tools are started: "vfork" (execpool._spawn) or "fork" (pure Python).
-SPAWN_METHODS = ("vfork", "fork") if _spawn is not None else ("fork",)
-
-_DEVNULL = os.open(os.devnull, os.O_RDONLY)
-
-#: A job hands its warm spare stdin, output, ready pipe and cgroup files.
-_MAX_PASSED_FDS = 16
-
-#: What the worker's own PYTHONPATH added to sys.path (execpool itself), which
-#: a warm job's sys.path must not have: a cold tool does not.
-_WORKER_PATH = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-
-_RLIMITS = (
-    ("address_space", "RLIMIT_AS"),
-    ("cpu_seconds", "RLIMIT_CPU"),
-    ("file_size", "RLIMIT_FSIZE"),
-    ("open_files", "RLIMIT_NOFILE"),
-)
-
 
 class _Capture:
     """The bounded part of a tool's output that its Result needs: a head of at
@@ -160,214 +131,6 @@ class _Job:
         self.group: Optional[JobGroup] = None
 
 
-def _apply_limits(limits: Limits) -> None:
-    for field, name in _RLIMITS:
-        value = getattr(limits, field)
-        if value is None:
-            continue
-        which = getattr(resource, name)
-        _soft, hard = resource.getrlimit(which)
-        if hard != resource.RLIM_INFINITY:
-            value = min(value, hard)
-        resource.setrlimit(which, (value, value))
-
-
-def _limit_values(limits: Limits) -> tuple:
-    """The rlimits in the order execpool._spawn takes them, -1 for none."""
-    return tuple(-1 if getattr(limits, field) is None else getattr(limits, field) for field, _ in _RLIMITS)
-
-
-def _fork_child(cwd: str, limits: Limits, stdin_fd: int, out_fd: int, no_network: bool,
-                join_fds: list, then: Callable[[int], None]) -> int:
-    """Fork, set the child up as every tool is set up, then hand it to
-    ``then(ready_fd)``, which execs, or closes ``ready_fd`` and runs warm."""
-    ready_r, ready_w = os.pipe()
-    worker_pid = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        os.close(ready_r)
-        _become_tool(cwd, limits, stdin_fd, out_fd, no_network, join_fds, ready_w, worker_pid, then)
-    os.close(ready_w)
-    _await_start(pid, ready_r)
-    return pid
-
-
-def _become_tool(cwd: str, limits: Limits, stdin_fd: int, out_fd: int, no_network: bool,
-                 join_fds: list, ready_w: int, worker_pid: int, then: Callable[[int], None]) -> NoReturn:
-    """In a fork of the worker (fresh, or its warm spare): the session, death
-    signal, limits, directory and pipes every tool gets. A failure before
-    ``then`` takes over reaches the worker through ``ready_w``."""
-    try:
-        for fd in join_fds:
-            os.write(fd, b"0")  # this process into its job's cgroup
-        os.setsid()
-        if no_network:
-            _linux.unshare_network()
-        _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != worker_pid:
-            os._exit(137)  # the worker died before the death signal was armed
-        _apply_limits(limits)
-        os.chdir(cwd)
-        os.dup2(stdin_fd, 0)
-        os.dup2(out_fd, 1)
-        os.dup2(out_fd, 2)
-        # The worker's pipes, selector and channel are not the tool's.
-        os.closerange(3, ready_w)
-        os.closerange(ready_w + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-        then(ready_w)
-    except BaseException as exc:  # noqa: BLE001 - report, never return into the loop
-        try:
-            os.write(ready_w, str(exc).encode("utf-8", "replace")[:2048])
-        finally:
-            os._exit(127)
-    os._exit(127)  # ``then`` execs or exits; returning would run the worker's loop in the tool
-
-
-def _await_start(pid: int, ready_r: int) -> None:
-    """Wait until the child execs or starts its warm job (``ready_r`` reaches
-    EOF); raise what it reported if it failed before that."""
-    failure = b""
-    while chunk := os.read(ready_r, 4096):
-        failure += chunk
-    os.close(ready_r)
-    if failure:
-        os.waitpid(pid, 0)
-        raise OSError(failure.decode("utf-8", "replace"))
-
-
-class _WarmSpare:
-    """A fork of the worker made ahead of time and parked until a warm job
-    takes it, so that job's start-up skips the fork -- most of its latency.
-
-    The spare keeps only its end of a socket pair (and stdio); it is not
-    dumpable, has the worker's death signal, and carries no job marker until
-    a job stamps its own. A job reaches it as one message -- the script's
-    path, environment, directory, limits and network flag, pickled by the
-    worker that forked it -- with its stdin, output pipe, ready pipe and
-    cgroup files as passed descriptors; from then on it is set up exactly as
-    a freshly forked warm tool (:func:`_become_tool`)."""
-
-    def __init__(self, worker_pid: int) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            pid = os.fork()
-        except OSError:
-            ours.close()
-            theirs.close()
-            raise
-        if pid == 0:
-            ours.close()
-            _park(theirs, worker_pid)
-        theirs.close()
-        self.pid = pid
-        self.sock = ours
-
-    def take(self, script: str, env: dict, cwd: str, limits: Limits, stdin_fd: int, out_fd: int,
-             no_network: bool, join_fds: list) -> Optional[int]:
-        """Start the job in the spare and return its pid (now the tool's), or
-        None when the spare is gone (killed by a stray sweep of another
-        job, say) and the job needs a fresh fork."""
-        payload = pickle.dumps((script, env, cwd, limits, no_network))
-        message = len(payload).to_bytes(8, "little") + payload
-        ready_r, ready_w = os.pipe()
-        fds = array.array("i", [stdin_fd, out_fd, ready_w, *join_fds])
-        try:
-            sent = self.sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-        except OSError:
-            os.close(ready_r)
-            return None
-        else:
-            # The job is the spare's now: whatever goes wrong from here, the
-            # ready pipe says, and no fresh fork may run it a second time.
-            if sent < len(message):
-                with contextlib.suppress(OSError):
-                    self.sock.sendall(message[sent:])
-        finally:
-            os.close(ready_w)
-            self.sock.close()
-        _await_start(self.pid, ready_r)
-        return self.pid
-
-    def close(self) -> None:
-        """The spare reads EOF and exits; the worker reaps it."""
-        self.sock.close()
-
-
-def _park(sock: socket.socket, worker_pid: int) -> NoReturn:
-    """The spare's life before its job: drop everything of the worker's but
-    stdio, wait for one job, become its tool. EOF means no job will come."""
-    ready_w = -1
-    try:
-        _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != worker_pid:
-            os._exit(0)
-        keep = sorted({_DEVNULL, sock.fileno()})
-        os.closerange(3, keep[0])
-        os.closerange(keep[0] + 1, keep[-1])
-        os.closerange(keep[-1] + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-        warm.rehearse()
-        pickle.loads(pickle.dumps(("", {}, "", Limits(), False)))  # the hand-over's pages too
-        head, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, _MAX_PASSED_FDS)
-        if len(fds) < 3:
-            os._exit(0)  # EOF: the worker let its spare go
-        stdin_fd, out_fd, ready_w, *join_fds = fds
-        data = bytearray(head)
-        while len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "little"):
-            chunk = sock.recv(1 << 16)
-            if not chunk:
-                os._exit(0)
-            data += chunk
-        sock.close()
-        script, env, cwd, limits, no_network = pickle.loads(data[8:])
-    except BaseException as exc:  # noqa: BLE001 - a broken hand-over is the job's start failure
-        if ready_w >= 0:
-            os.write(ready_w, f"warm spare: {exc}".encode("utf-8", "replace")[:2048])
-        os._exit(127)
-    _become_tool(cwd, limits, stdin_fd, out_fd, no_network, join_fds, ready_w, worker_pid,
-                 lambda ready: warm.run(script, env, _WORKER_PATH, ready))
-
-
-def _exec(argv: list, env: dict) -> Callable[[int], None]:
-    def then(_ready_fd: int) -> None:
-        # exec resets caught signals itself; ignored ones would stay ignored.
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-            signal.signal(sig, signal.SIG_DFL)
-        os.execve(argv[0], argv, env)
-
-    return then
-
-
-def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str, stdin_fd: int = -1,
-               no_network: bool = False, join_fds: list = (), spare: Optional[_WarmSpare] = None,
-               ) -> tuple[int, int]:
-    """Start one tool in a new session with its limits; return its pid and
-    the read end of its merged stdout/stderr pipe. ``method`` is "vfork",
-    "fork" (the pure-Python fallback) or "warm" (argv is ``[python, -u, FILE]``,
-    run in ``spare`` if given and alive, else in a fresh fork of this worker)."""
-    stdin_fd = _DEVNULL if stdin_fd < 0 else stdin_fd
-    out_r, out_w = os.pipe()
-    try:
-        if method == "vfork":
-            envp = [f"{key}={value}" for key, value in env.items()]
-            pid = _spawn.spawn(argv, envp, cwd, _limit_values(limits), stdin_fd, out_w, no_network, list(join_fds))
-        elif method == "warm":
-            script = argv[-1]
-            pid = None
-            if spare is not None:
-                pid = spare.take(script, env, cwd, limits, stdin_fd, out_w, no_network, list(join_fds))
-            if pid is None:
-                pid = _fork_child(cwd, limits, stdin_fd, out_w, no_network, list(join_fds),
-                                  lambda ready: warm.run(script, env, _WORKER_PATH, ready))
-        else:
-            pid = _fork_child(cwd, limits, stdin_fd, out_w, no_network, list(join_fds), _exec(argv, env))
-    except BaseException:
-        os.close(out_r)
-        raise
-    finally:
-        os.close(out_w)
-    return pid, out_r
-
-
 def _stdin_file(text: str) -> int:
     """An anonymous file holding a job's stdin, rewound, so the tool reads it
     at its own pace and the worker never blocks writing it."""
@@ -405,7 +168,9 @@ class Worker:
         self.cgroup_tier: Optional[Cgroups] = None
         self.cgroups_detected = False
         self.stale_groups: list[JobGroup] = []
-        self.spare: Optional[_WarmSpare] = None
+        self.template: Optional[WarmTemplate] = None
+        self.spare: Optional[WarmSpare] = None
+        self.spare_asked = False
         self.stopping = False
 
     # -- the loop --------------------------------------------------------
@@ -427,6 +192,41 @@ class Worker:
                     break
             self._fire_timers()
         self._shutdown()
+
+    def _ask_for_spare(self) -> None:
+        """After each warm start, so the next warm job finds a spare parked
+        (execpool/spawn.py); the template is forked at the first."""
+        if self.spare is not None or self.spare_asked:
+            return
+        if self.template is None:
+            try:
+                self.template = WarmTemplate()
+            except OSError:
+                return  # out of processes or memory: warm jobs fork as they come
+            self.sel.register(self.template.sock, selectors.EVENT_READ, self._on_template)
+        self.template.ask()
+        self.spare_asked = True
+
+    def _on_template(self, _fd: int) -> None:
+        message = self.template.receive()
+        if message is None:
+            self._drop_template()
+        elif message[0] == "spare":
+            self.spare_asked = False
+            self.spare = message[1]
+        else:
+            self._on_exit(message[1], message[2])
+
+    def _drop_template(self) -> None:
+        """It died, or shutdown: its parked spare dies with it, and warm jobs
+        fork from the worker until the next warm start makes a new one."""
+        self.sel.unregister(self.template.sock)
+        self.template.close()
+        self.template = None
+        if self.spare is not None:
+            self.spare.close()
+            self.spare = None
+        self.spare_asked = False
 
     def _cgroups(self) -> Optional[Cgroups]:
         """The cgroup tier, detected the first time a job needs it; None
@@ -528,18 +328,24 @@ class Worker:
                 return
             if pid == 0:
                 return
-            job = self.by_leader.pop(pid, None)
-            if job is None:
-                if self.spare is not None and pid == self.spare.pid:
-                    self.spare.close()  # killed while parked; the next warm job forks
-                    self.spare = None
-                if self.stale_groups:
-                    self.stale_groups = [group for group in self.stale_groups if not group.remove()]
-                continue  # an orphan re-parented to us, already killed or done
-            job.exit_code = os.waitstatus_to_exitcode(status)
-            job.reaped = True
-            if job.eof or job.end_reason:
-                self._finish(job)
+            self._on_exit(pid, status)
+
+    def _on_exit(self, pid: int, status: int) -> None:
+        """A child of the worker reaped, or a warm job (or spare) the template reaped."""
+        job = self.by_leader.pop(pid, None)
+        if job is None:
+            if self.template is not None and pid == self.template.pid:
+                self._drop_template()
+            elif self.spare is not None and pid == self.spare.pid:
+                self.spare.close()  # killed while parked; the next warm job forks
+                self.spare = None
+            if self.stale_groups:
+                self.stale_groups = [group for group in self.stale_groups if not group.remove()]
+            return  # an orphan re-parented to us, already killed or done
+        job.exit_code = os.waitstatus_to_exitcode(status)
+        job.reaped = True
+        if job.eof or job.end_reason:
+            self._finish(job)
 
     def _on_output(self, fd: int) -> None:
         job = self.jobs_by_fd.get(fd)
@@ -584,12 +390,8 @@ class Worker:
             self._finish(job)
             return
         self._send(channel.Spawned(start.job_id, job.pid, job.pid))
-        if start.warm and self.spare is None:
-            # While this job runs, not while the next one waits.
-            try:
-                self.spare = _WarmSpare(self.pid)
-            except OSError:
-                pass  # out of processes or memory: warm jobs fork as they come
+        if start.warm:
+            self._ask_for_spare()
         if start.timeout is not None:
             heapq.heappush(self.timers, (job.started + start.timeout, start.job_id, "timeout"))
         if start.limits.processes is not None and job.group is None:
@@ -663,8 +465,8 @@ class Worker:
 
     def _not_strays(self) -> set:
         """The worker's children that belong to no finished job: the leaders
-        of running jobs and the parked warm spare."""
-        return {*self.by_leader, *(() if self.spare is None else (self.spare.pid,))}
+        of running jobs and the warm template."""
+        return {*self.by_leader, *(() if self.template is None else (self.template.pid,))}
 
     def _finish(self, job: _Job) -> None:
         if job.start.job_id not in self.jobs:
@@ -719,8 +521,8 @@ class Worker:
                 job.end_reason = "cancel"
             job.reaped = True
             self._finish(job)
-        if self.spare is not None:
-            self.spare.close()
+        if self.template is not None:
+            self._drop_template()
         self._reap()
         if self.cgroup_tier is not None:
             self.cgroup_tier.close()

@@ -6,7 +6,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from execpool import ExecPool  # noqa: E402
-from execpool.worker import SPAWN_METHODS  # noqa: E402
+from execpool.spawn import SPAWN_METHODS  # noqa: E402
 
 
 @pytest.fixture(params=SPAWN_METHODS)

@@ -33,7 +33,7 @@ import pytest
 import hostile
 from execpool import ExecPool, Limits, PythonJob, ShellJob
 from execpool.drain import STREAM_CAP_NOTICE
-from execpool.worker import SPAWN_METHODS
+from execpool.spawn import SPAWN_METHODS
 from helpers import all_dead, alive, collect, joined_output, pids_in, processes_with_env, wait_for
 
 RUN = uuid.uuid4().hex

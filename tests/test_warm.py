@@ -125,18 +125,22 @@ def test_warm_rejects_non_bool():
         PythonJob("pass", warm=1)
 
 
-# --- the warm spare: a fork of the worker parked for the next warm job ------------
+# --- the template and its spares: warm starts without a fork from the worker ------
+
+
+def _templates(pool: ExecPool) -> list:
+    """Children of the pool's workers that run no job: their warm templates."""
+    found = []
+    for pid in pool.worker_pids:
+        for child in psutil.Process(pid).children():
+            if not child.environ().get("EXECPOOL_JOB", "").strip() and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+    return found
 
 
 def _parked_spares(pool: ExecPool) -> list:
-    """Children of the pool's workers that run no job: their parked spares."""
-    spares = []
-    for pid in pool.worker_pids:
-        for child in psutil.Process(pid).children():
-            env = child.environ()
-            if not env.get("EXECPOOL_JOB", "").strip() and child.status() != psutil.STATUS_ZOMBIE:
-                spares.append(child)
-    return spares
+    return [spare for template in _templates(pool) for spare in template.children()
+            if not spare.environ().get("EXECPOOL_JOB", "").strip() and spare.status() != psutil.STATUS_ZOMBIE]
 
 
 def test_each_warm_job_runs_exactly_once_in_its_spare():
@@ -155,26 +159,33 @@ def test_a_warm_job_takes_the_spare_left_by_the_one_before():
         spare = _parked_spares(pool)[0]
         # Of the worker's descriptors only stdio, /dev/null and its socket are left.
         assert len(os.listdir(f"/proc/{spare.pid}/fd")) == 5
-        # A job with no job of its own left cannot take it for a stray.
+        # A job ending with no job left does not take the template for a stray.
         assert pool.run(ShellJob("true")).exit_code == 0
-        assert pool.run(PythonJob("import os\nprint(os.getpid())", warm=True)).output == f"{spare.pid}\n"
+        result = pool.run(PythonJob("import os, sys\nprint(os.getpid())\nsys.exit(3)", warm=True))
+        assert (result.output, result.exit_code) == (f"{spare.pid}\n", 3)
 
 
-def test_a_killed_spare_is_replaced_by_a_fresh_fork():
+def test_killed_spares_and_templates_are_replaced():
     with ExecPool(workers=1) as pool:
-        pool.run(PythonJob("pass", warm=True))
+        probe = PythonJob("import os\nprint(os.getpid())", warm=True)
+        pool.run(probe)
         assert wait_for(lambda: len(_parked_spares(pool)) == 1)
         spare = _parked_spares(pool)[0]
         spare.kill()
-        spare.wait(5)
-        assert pool.run(PythonJob("import os\nprint(os.getpid())", warm=True)).output != f"{spare.pid}\n"
+        assert pool.run(probe).output != f"{spare.pid}\n"
         assert wait_for(lambda: len(_parked_spares(pool)) == 1)
+        template, spare = _templates(pool)[0], _parked_spares(pool)[0]
+        template.kill()
+        assert all_dead([template.pid, spare.pid])
+        assert pool.run(probe).exit_code == 0
+        assert wait_for(lambda: len(_templates(pool)) == 1 and _templates(pool)[0].pid != template.pid)
+        assert pool.run(probe).exit_code == 0
 
 
-def test_pool_close_takes_the_spare_down():
+def test_pool_close_takes_the_template_and_spare_down():
     pool = ExecPool(workers=1)
     pool.run(PythonJob("pass", warm=True))
     assert wait_for(lambda: len(_parked_spares(pool)) == 1)
-    spare = _parked_spares(pool)[0]
+    pids = [_templates(pool)[0].pid, _parked_spares(pool)[0].pid]
     pool.close()
-    assert all_dead([spare.pid])
+    assert all_dead(pids)
