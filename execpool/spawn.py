@@ -14,11 +14,12 @@ copied before the job comes), then parks until a warm job is handed to it
 over a socket. The worker never forks for them, so it never pays for the
 copy-on-write faults a fork costs the parent: hundreds per fork, microseconds
 each in a VM, on the path of every job the worker handles next. The
-template, which only forks, writes almost nothing. Warm jobs are the
-template's children, so it reaps them and reports each exit status to the
-worker; their orphans still go to the worker, the subreaper. Without a
-spare (the first warm job, a burst, a spare or template that was killed) a
-warm job is forked from the worker as before.
+template, which only forks, writes almost nothing. It forks each spare
+through a short-lived middle process, which exits at once: the spare is
+then re-parented to the worker (a child subreaper), so the worker reaps its
+warm jobs as it reaps every other tool and sees their exit at once. Without
+a spare (the first warm job, a burst, a spare or template that was killed)
+a warm job is forked from the worker as before.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ import contextlib
 import os
 import pickle
 import resource
-import select
 import signal
 import socket
 import struct
+import time
 from typing import Callable, NoReturn, Optional
 
 from . import _linux, warm
@@ -61,10 +62,20 @@ _RLIMITS = (
 #: A job hands its spare stdin, output, ready pipe and cgroup files.
 _MAX_PASSED_FDS = 16
 
-#: Template -> worker: a new spare (pid, its socket passed along), or the exit
-#: status of a warm job (or spare) the template reaped.
-_SPARE = struct.Struct("=ci")
-_EXIT = struct.Struct("=cii")
+#: Template -> worker: a new spare's pid, its socket passed along.
+_SPARE_PID = struct.Struct("=i")
+
+#: A spare's first word on the ready pipe: it has the job. A spare that dies
+#: before saying it was killed while parked, and the job needs a fresh fork.
+_TAKEN = "\x01"
+
+#: What ``ps`` calls a worker's template and its parked spares.
+TEMPLATE_NAME = "execpool-templ"
+SPARE_NAME = "execpool-spare"
+
+#: How often a new spare looks whether the middle process that forked it is
+#: gone (it exits right after the fork).
+_REPARENT_POLL_S = 0.0002
 
 
 def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str, stdin_fd: int = -1,
@@ -196,10 +207,8 @@ def _close_all_but(*keep: int) -> None:
 
 
 class WarmTemplate:
-    """The worker's side of its template process (see the module docstring).
-
-    The worker watches ``sock``: each message is a spare (:meth:`receive`
-    returns it) or the exit status of a process the template reaped."""
+    """The worker's side of its template process (see the module docstring):
+    the worker watches ``sock``, where each spare it asked for arrives."""
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -222,74 +231,62 @@ class WarmTemplate:
         with contextlib.suppress(OSError):
             self.sock.send(b"s")
 
-    def receive(self) -> Optional[tuple]:
-        """``("spare", WarmSpare)``, ``("exit", pid, status)``, or None at
-        EOF (the template is gone)."""
+    def receive(self) -> Optional[WarmSpare]:
+        """The next spare, or None once the template is gone."""
         try:
             data, fds, _flags, _addr = socket.recv_fds(self.sock, 64, 1)
         except OSError:
             return None
-        if data[:1] == b"S" and fds:
-            _, pid = _SPARE.unpack(data)
-            return "spare", WarmSpare(pid, socket.socket(fileno=fds[0]))
+        if len(data) == _SPARE_PID.size and len(fds) == 1:
+            return WarmSpare(_SPARE_PID.unpack(data)[0], socket.socket(fileno=fds[0]))
         for fd in fds:
             os.close(fd)
-        if data[:1] == b"X":
-            _, pid, status = _EXIT.unpack(data)
-            return "exit", pid, status
         return None
 
     def close(self) -> None:
-        """The template reads EOF and exits, and its parked spare with it."""
+        """The template reads EOF and exits; spares already made stay."""
         self.sock.close()
 
 
 def _serve_spares(sock: socket.socket, worker_pid: int) -> NoReturn:
-    """The template's loop: a spare for each request, an exit status for each
-    child it reaps. It writes little, so its forks copy little."""
+    """The template's loop: one spare per request, until EOF."""
     try:
         _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != worker_pid:
             os._exit(0)
-        sig_r, sig_w = os.pipe()
-        for fd in (sig_r, sig_w):
-            os.set_blocking(fd, False)
-        signal.set_wakeup_fd(sig_w, warn_on_full_buffer=False)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        _close_all_but(DEVNULL, sock.fileno(), sig_r, sig_w)
-        me = os.getpid()
-        while True:
-            readable, _, _ = select.select([sock, sig_r], [], [])
-            if sig_r in readable:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(sig_r, 4096)
-                _report_exits(sock)
-            if sock in readable:
-                if not sock.recv(16):
-                    os._exit(0)  # the worker let its template go
-                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-                pid = os.fork()
-                if pid == 0:
-                    ours.close()
-                    _park(theirs, me)
-                theirs.close()
-                fds = array.array("i", [ours.fileno()])
-                sock.sendmsg([_SPARE.pack(b"S", pid)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        _close_all_but(DEVNULL, sock.fileno())
+        with open("/proc/self/comm", encoding="utf-8") as f:
+            name = f.read().strip()
+        _linux.set_name(TEMPLATE_NAME)
+        while sock.recv(16):
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            pid_r, pid_w = os.pipe()
+            middle = os.fork()
+            if middle == 0:
                 ours.close()
+                os.close(pid_r)
+                middle = os.getpid()
+                spare = os.fork()
+                if spare == 0:
+                    os.close(pid_w)
+                    _park(theirs, worker_pid, middle, name)
+                os.write(pid_w, _SPARE_PID.pack(spare))
+                os._exit(0)
+            theirs.close()
+            os.close(pid_w)
+            pid = os.read(pid_r, _SPARE_PID.size)
+            os.close(pid_r)
+            os.waitpid(middle, 0)
+            if len(pid) == _SPARE_PID.size:
+                fds = array.array("i", [ours.fileno()])
+                sock.sendmsg([pid], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            ours.close()
     except BaseException:  # noqa: BLE001 - the worker sees EOF and forks its warm jobs itself
         os._exit(1)
-
-
-def _report_exits(sock: socket.socket) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        sock.send(_EXIT.pack(b"X", pid, status))
+    os._exit(0)  # the worker let its template go
 
 
 class WarmSpare:
@@ -321,9 +318,11 @@ class WarmSpare:
         finally:
             os.close(ready_w)
             self.sock.close()
-        failure = _await_start(ready_r)
-        if failure:
-            raise OSError(failure)  # the template reaps the spare
+        report = _await_start(ready_r)
+        if not report.startswith(_TAKEN):
+            return None  # killed while parked (by a job's pkill, say) before it took the job
+        if report != _TAKEN:
+            raise OSError(report[len(_TAKEN):])  # the worker reaps the spare as any child
         return self.pid
 
     def close(self) -> None:
@@ -331,15 +330,19 @@ class WarmSpare:
         self.sock.close()
 
 
-def _park(sock: socket.socket, parent_pid: int) -> NoReturn:
-    """A spare's life before its job: rehearse, drop every descriptor but
-    stdio and the socket, wait for one job, become its tool. EOF means no
-    job will come."""
+def _park(sock: socket.socket, worker_pid: int, middle: int, name: str) -> NoReturn:
+    """A spare's life before its job: become the worker's child, rehearse,
+    drop every descriptor but stdio and the socket, wait for one job, become
+    its tool. EOF means no job will come."""
     ready_w = -1
     try:
+        while (parent := os.getppid()) == middle:
+            time.sleep(_REPARENT_POLL_S)
+        # Armed only now: the middle process's exit would have fired it.
         _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent_pid:
-            os._exit(0)
+        if parent != worker_pid or os.getppid() != worker_pid:
+            os._exit(0)  # the worker is gone (or is no subreaper): no job will come
+        _linux.set_name(SPARE_NAME)
         warm.rehearse()
         _close_all_but(DEVNULL, sock.fileno())
         pickle.loads(pickle.dumps(("", {}, "", Limits(), False)))  # the hand-over's pages too
@@ -347,6 +350,7 @@ def _park(sock: socket.socket, parent_pid: int) -> NoReturn:
         if len(fds) < 3:
             os._exit(0)  # EOF: the worker let its spare go
         stdin_fd, out_fd, ready_w, *join_fds = fds
+        os.write(ready_w, _TAKEN.encode())
         data = bytearray(head)
         while len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "little"):
             chunk = sock.recv(1 << 16)
@@ -355,9 +359,10 @@ def _park(sock: socket.socket, parent_pid: int) -> NoReturn:
             data += chunk
         sock.close()
         script, env, cwd, limits, no_network = pickle.loads(data[8:])
+        _linux.set_name(name)  # the interpreter's own, as a cold start has it
     except BaseException as exc:  # noqa: BLE001 - a broken hand-over is the job's start failure
         if ready_w >= 0:
             os.write(ready_w, f"warm spare: {exc}".encode("utf-8", "replace")[:2048])
         os._exit(127)
-    _become_tool(cwd, limits, stdin_fd, out_fd, no_network, join_fds, ready_w, parent_pid,
+    _become_tool(cwd, limits, stdin_fd, out_fd, no_network, join_fds, ready_w, worker_pid,
                  _run_warm(script, env))

@@ -64,6 +64,10 @@ MAX_ERROR_LINE_CHARS = 4096
 #: stopped, though it may pass the cap for up to one interval.
 PROCESS_COUNT_INTERVAL_S = 0.02
 
+#: Warm spares a worker keeps parked once it has run a warm job: two, so
+#: back-to-back warm jobs find one while the next is being made.
+WARM_SPARES = 2
+
 #: A killed leader that is not reaped by then (stuck in the kernel) no longer
 #: holds up its Result.
 REAP_GRACE_S = 1.0
@@ -169,8 +173,8 @@ class Worker:
         self.cgroups_detected = False
         self.stale_groups: list[JobGroup] = []
         self.template: Optional[WarmTemplate] = None
-        self.spare: Optional[WarmSpare] = None
-        self.spare_asked = False
+        self.spares: dict[int, WarmSpare] = {}
+        self.spares_asked = 0
         self.stopping = False
 
     # -- the loop --------------------------------------------------------
@@ -193,40 +197,35 @@ class Worker:
             self._fire_timers()
         self._shutdown()
 
-    def _ask_for_spare(self) -> None:
-        """After each warm start, so the next warm job finds a spare parked
+    def _ask_for_spares(self) -> None:
+        """After each warm start, so the next warm jobs find spares parked
         (execpool/spawn.py); the template is forked at the first."""
-        if self.spare is not None or self.spare_asked:
-            return
         if self.template is None:
             try:
                 self.template = WarmTemplate()
             except OSError:
                 return  # out of processes or memory: warm jobs fork as they come
             self.sel.register(self.template.sock, selectors.EVENT_READ, self._on_template)
-        self.template.ask()
-        self.spare_asked = True
+        while len(self.spares) + self.spares_asked < WARM_SPARES:
+            self.template.ask()
+            self.spares_asked += 1
 
     def _on_template(self, _fd: int) -> None:
-        message = self.template.receive()
-        if message is None:
+        spare = self.template.receive()
+        if spare is None:
             self._drop_template()
-        elif message[0] == "spare":
-            self.spare_asked = False
-            self.spare = message[1]
         else:
-            self._on_exit(message[1], message[2])
+            self.spares_asked -= 1
+            self.spares[spare.pid] = spare
+            self._sweep_strays()  # the one a Result skipped while the spare was on its way
 
     def _drop_template(self) -> None:
-        """It died, or shutdown: its parked spare dies with it, and warm jobs
-        fork from the worker until the next warm start makes a new one."""
+        """It died (or shutdown): the next warm start makes a new one."""
         self.sel.unregister(self.template.sock)
         self.template.close()
         self.template = None
-        if self.spare is not None:
-            self.spare.close()
-            self.spare = None
-        self.spare_asked = False
+        self.spares_asked = 0
+        self._sweep_strays()
 
     def _cgroups(self) -> Optional[Cgroups]:
         """The cgroup tier, detected the first time a job needs it; None
@@ -328,24 +327,20 @@ class Worker:
                 return
             if pid == 0:
                 return
-            self._on_exit(pid, status)
-
-    def _on_exit(self, pid: int, status: int) -> None:
-        """A child of the worker reaped, or a warm job (or spare) the template reaped."""
-        job = self.by_leader.pop(pid, None)
-        if job is None:
-            if self.template is not None and pid == self.template.pid:
-                self._drop_template()
-            elif self.spare is not None and pid == self.spare.pid:
-                self.spare.close()  # killed while parked; the next warm job forks
-                self.spare = None
-            if self.stale_groups:
-                self.stale_groups = [group for group in self.stale_groups if not group.remove()]
-            return  # an orphan re-parented to us, already killed or done
-        job.exit_code = os.waitstatus_to_exitcode(status)
-        job.reaped = True
-        if job.eof or job.end_reason:
-            self._finish(job)
+            job = self.by_leader.pop(pid, None)
+            if job is None:
+                if self.template is not None and pid == self.template.pid:
+                    self._drop_template()
+                elif pid in self.spares:
+                    self.spares.pop(pid).close()  # killed while parked: make another
+                    self._ask_for_spares()
+                if self.stale_groups:
+                    self.stale_groups = [group for group in self.stale_groups if not group.remove()]
+                continue  # an orphan re-parented to us, already killed or done
+            job.exit_code = os.waitstatus_to_exitcode(status)
+            job.reaped = True
+            if job.eof or job.end_reason:
+                self._finish(job)
 
     def _on_output(self, fd: int) -> None:
         job = self.jobs_by_fd.get(fd)
@@ -391,7 +386,7 @@ class Worker:
             return
         self._send(channel.Spawned(start.job_id, job.pid, job.pid))
         if start.warm:
-            self._ask_for_spare()
+            self._ask_for_spares()
         if start.timeout is not None:
             heapq.heappush(self.timers, (job.started + start.timeout, start.job_id, "timeout"))
         if start.limits.processes is not None and job.group is None:
@@ -424,8 +419,8 @@ class Worker:
                               "use one here")
             # else: the worker counts the job's processes itself (see _fire_timers)
         spare = None
-        if start.warm:
-            spare, self.spare = self.spare, None
+        if start.warm and self.spares:
+            spare = self.spares.pop(next(iter(self.spares)))  # the oldest: rehearsed by now
         stdin_fd = _stdin_file(start.stdin) if start.stdin is not None else -1
         try:
             pid, out_r = start_tool(argv, env, cwd, start.limits, method, stdin_fd, not start.network, join_fds,
@@ -465,8 +460,8 @@ class Worker:
 
     def _not_strays(self) -> set:
         """The worker's children that belong to no finished job: the leaders
-        of running jobs and the warm template."""
-        return {*self.by_leader, *(() if self.template is None else (self.template.pid,))}
+        of running jobs, the warm template and the parked spares."""
+        return {*self.by_leader, *self.spares, *(() if self.template is None else (self.template.pid,))}
 
     def _finish(self, job: _Job) -> None:
         if job.start.job_id not in self.jobs:
@@ -488,14 +483,19 @@ class Worker:
         if job.tmpdir is not None:
             _remove_dir(job.tmpdir)
         self._send(channel.Finished(job.start.job_id, self._result(job)))
-        if not self.jobs and not self.kept_pgids:
-            # Strays that cleared their environment cannot be attributed to a
-            # job; once no job is left they cannot belong to a live one. After
-            # the Result, because the tree it belongs to is dead already.
-            keep = self._not_strays()
-            for pid in child_pids(self.pid):
-                if pid not in keep and not is_zombie(pid):
-                    kill_tree(leader=pid)
+        self._sweep_strays()  # after the Result: the tree it belongs to is dead already
+
+    def _sweep_strays(self) -> None:
+        """Strays that cleared their environment cannot be attributed to a
+        job; once no job is left they cannot belong to a live one. Not while
+        a spare is on its way, which is a child of the worker before the
+        worker knows its pid."""
+        if self.jobs or self.kept_pgids or self.spares_asked:
+            return
+        keep = self._not_strays()
+        for pid in child_pids(self.pid):
+            if pid not in keep and not is_zombie(pid):
+                kill_tree(leader=pid)
 
     def _result(self, job: _Job) -> Result:
         capture = job.capture
@@ -523,6 +523,8 @@ class Worker:
             self._finish(job)
         if self.template is not None:
             self._drop_template()
+        for spare in self.spares.values():
+            spare.close()
         self._reap()
         if self.cgroup_tier is not None:
             self.cgroup_tier.close()

@@ -12,6 +12,8 @@ import pytest
 
 import hostile
 from execpool import ExecPool, Limits, PythonJob, ShellJob
+from execpool.spawn import SPARE_NAME, TEMPLATE_NAME
+from execpool.worker import WARM_SPARES
 from helpers import all_dead, pids_in, wait_for
 
 CORPUS = {
@@ -128,19 +130,17 @@ def test_warm_rejects_non_bool():
 # --- the template and its spares: warm starts without a fork from the worker ------
 
 
+def _helpers(pool: ExecPool, name: str) -> list:
+    return [child for pid in pool.worker_pids for child in psutil.Process(pid).children()
+            if child.name() == name and child.status() != psutil.STATUS_ZOMBIE]
+
+
 def _templates(pool: ExecPool) -> list:
-    """Children of the pool's workers that run no job: their warm templates."""
-    found = []
-    for pid in pool.worker_pids:
-        for child in psutil.Process(pid).children():
-            if not child.environ().get("EXECPOOL_JOB", "").strip() and child.status() != psutil.STATUS_ZOMBIE:
-                found.append(child)
-    return found
+    return _helpers(pool, TEMPLATE_NAME)
 
 
 def _parked_spares(pool: ExecPool) -> list:
-    return [spare for template in _templates(pool) for spare in template.children()
-            if not spare.environ().get("EXECPOOL_JOB", "").strip() and spare.status() != psutil.STATUS_ZOMBIE]
+    return _helpers(pool, SPARE_NAME)
 
 
 def test_each_warm_job_runs_exactly_once_in_its_spare():
@@ -152,40 +152,44 @@ def test_each_warm_job_runs_exactly_once_in_its_spare():
     assert outputs == [f"{i}\n" for i in range(600)]
 
 
-def test_a_warm_job_takes_the_spare_left_by_the_one_before():
+def test_a_warm_job_takes_a_spare_parked_by_the_ones_before():
     with ExecPool(workers=1) as pool:
         pool.run(PythonJob("pass", warm=True))
-        assert wait_for(lambda: len(_parked_spares(pool)) == 1)
-        spare = _parked_spares(pool)[0]
-        # Of the worker's descriptors only stdio, /dev/null and its socket are left.
-        assert len(os.listdir(f"/proc/{spare.pid}/fd")) == 5
-        # A job ending with no job left does not take the template for a stray.
+        assert wait_for(lambda: len(_parked_spares(pool)) == WARM_SPARES)
+        spares = {spare.pid for spare in _parked_spares(pool)}
+        for spare in spares:
+            # Of the worker's descriptors only stdio, /dev/null and its socket are left.
+            assert len(os.listdir(f"/proc/{spare}/fd")) == 5
+        # A job ending with no job left does not take the template or a spare for a stray.
         assert pool.run(ShellJob("true")).exit_code == 0
         result = pool.run(PythonJob("import os, sys\nprint(os.getpid())\nsys.exit(3)", warm=True))
-        assert (result.output, result.exit_code) == (f"{spare.pid}\n", 3)
+        assert int(result.output) in spares and result.exit_code == 3
 
 
 def test_killed_spares_and_templates_are_replaced():
     with ExecPool(workers=1) as pool:
         probe = PythonJob("import os\nprint(os.getpid())", warm=True)
         pool.run(probe)
-        assert wait_for(lambda: len(_parked_spares(pool)) == 1)
-        spare = _parked_spares(pool)[0]
-        spare.kill()
-        assert pool.run(probe).output != f"{spare.pid}\n"
-        assert wait_for(lambda: len(_parked_spares(pool)) == 1)
-        template, spare = _templates(pool)[0], _parked_spares(pool)[0]
+        assert wait_for(lambda: len(_parked_spares(pool)) == WARM_SPARES)
+        killed = _parked_spares(pool)
+        for spare in killed:
+            spare.kill()
+        assert int(pool.run(probe).output) not in {spare.pid for spare in killed}
+        assert wait_for(lambda: len(_parked_spares(pool)) == WARM_SPARES)
+        template = _templates(pool)[0]
         template.kill()
-        assert all_dead([template.pid, spare.pid])
+        assert all_dead([template.pid])
+        # Parked spares are the worker's children and outlive their template.
         assert pool.run(probe).exit_code == 0
         assert wait_for(lambda: len(_templates(pool)) == 1 and _templates(pool)[0].pid != template.pid)
+        assert wait_for(lambda: len(_parked_spares(pool)) == WARM_SPARES)
         assert pool.run(probe).exit_code == 0
 
 
-def test_pool_close_takes_the_template_and_spare_down():
+def test_pool_close_takes_the_template_and_spares_down():
     pool = ExecPool(workers=1)
     pool.run(PythonJob("pass", warm=True))
-    assert wait_for(lambda: len(_parked_spares(pool)) == 1)
-    pids = [_templates(pool)[0].pid, _parked_spares(pool)[0].pid]
+    assert wait_for(lambda: len(_parked_spares(pool)) == WARM_SPARES)
+    pids = [_templates(pool)[0].pid, *(spare.pid for spare in _parked_spares(pool))]
     pool.close()
     assert all_dead(pids)
