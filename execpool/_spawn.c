@@ -1,6 +1,6 @@
 /* Start one tool: vfork + everything that must happen before exec.
  *
- * Runs inside a worker (execpool/worker.py). A Python-level fork of the
+ * Runs inside a worker (execpool/spawn.py). A Python-level fork of the
  * worker costs milliseconds here -- the child copies page tables, takes
  * copy-on-write faults and tears the copy down again at exec -- while vfork
  * borrows the parent's memory until exec. subprocess uses vfork too, but it

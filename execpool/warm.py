@@ -1,9 +1,9 @@
 """Warm Python: a job's file run in a fork of the worker, as ``python -u FILE``
 would run it, without an interpreter start-up.
 
-Runs only in the forked child, after the worker has given it its session,
-death signal, rlimits, working directory and stdin/stdout/stderr
-(execpool/worker.py). What is reset here is what a cold interpreter would
+Runs only in the forked child (a parked spare, or a fresh fork of the
+worker), after it was given its session, death signal, rlimits, working
+directory and stdin/stdout/stderr (execpool/spawn.py). What is reset here is what a cold interpreter would
 have differently from the worker: the environment, ``sys.argv``,
 ``sys.path[0]``, fresh unbuffered std streams, a new ``__main__``, signal
 dispositions and exit handlers. What a cold run does at the end is done
@@ -70,7 +70,7 @@ def run(path: str, env: dict, worker_path: list, ready_fd: int) -> NoReturn:
 
 def rehearse() -> None:
     """Run the steps of :func:`run` that leave no trace, on harmless input,
-    in a warm spare waiting for its job (execpool/worker.py).
+    in a warm spare waiting for its job (execpool/spawn.py).
 
     A spare is a fork of the worker: every page it writes for the first time
     is copied then, a page fault that costs microseconds in a VM, and a warm

@@ -385,7 +385,10 @@ class Worker:
             self._finish(job)
             return
         self._send(channel.Spawned(start.job_id, job.pid, job.pid))
-        if start.warm:
+        if start.warm and len(self.jobs) == 1:
+            # Only while this worker is otherwise idle: a spare saves latency
+            # but costs more CPU than a fork from the worker (a second fork
+            # and the rehearsal), which a worker running many jobs lacks.
             self._ask_for_spares()
         if start.timeout is not None:
             heapq.heappush(self.timers, (job.started + start.timeout, start.job_id, "timeout"))
