@@ -68,6 +68,10 @@ PROCESS_COUNT_INTERVAL_S = 0.02
 #: back-to-back warm jobs find one while the next is being made.
 WARM_SPARES = 2
 
+#: A warm job that starts after the worker ran nothing for this long has the
+#: worker make spares for the next ones.
+SPARE_QUIET_S = 0.01
+
 #: A killed leader that is not reaped by then (stuck in the kernel) no longer
 #: holds up its Result.
 REAP_GRACE_S = 1.0
@@ -175,6 +179,7 @@ class Worker:
         self.template: Optional[WarmTemplate] = None
         self.spares: dict[int, WarmSpare] = {}
         self.spares_asked = 0
+        self.idle_since = -SPARE_QUIET_S  # when the last running job ended
         self.stopping = False
 
     # -- the loop --------------------------------------------------------
@@ -385,10 +390,10 @@ class Worker:
             self._finish(job)
             return
         self._send(channel.Spawned(start.job_id, job.pid, job.pid))
-        if start.warm and len(self.jobs) == 1:
-            # Only while this worker is otherwise idle: a spare saves latency
-            # but costs more CPU than a fork from the worker (a second fork
-            # and the rehearsal), which a worker running many jobs lacks.
+        if start.warm and len(self.jobs) == 1 and job.started - self.idle_since >= SPARE_QUIET_S:
+            # Spares only for a worker that had nothing to do: a spare saves
+            # latency but costs more CPU than a fork from the worker (a second
+            # fork), which a busy worker -- a batch -- is short of.
             self._ask_for_spares()
         if start.timeout is not None:
             heapq.heappush(self.timers, (job.started + start.timeout, start.job_id, "timeout"))
@@ -470,6 +475,8 @@ class Worker:
         if job.start.job_id not in self.jobs:
             return
         del self.jobs[job.start.job_id]
+        if not self.jobs:
+            self.idle_since = time.monotonic()
         self._close_output(job)
         if job.end_reason is None and job.pid is not None:
             if job.start.keep_background:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 
 import psutil
 import pytest
@@ -13,7 +14,7 @@ import pytest
 import hostile
 from execpool import ExecPool, Limits, PythonJob, ShellJob
 from execpool.spawn import SPARE_NAME, TEMPLATE_NAME
-from execpool.worker import WARM_SPARES
+from execpool.worker import SPARE_QUIET_S, WARM_SPARES
 from helpers import all_dead, pids_in, wait_for
 
 CORPUS = {
@@ -193,3 +194,17 @@ def test_pool_close_takes_the_template_and_spares_down():
     pids = [_templates(pool)[0].pid, *(spare.pid for spare in _parked_spares(pool))]
     pool.close()
     assert all_dead(pids)
+
+
+def test_a_busy_worker_forks_warm_jobs_itself_and_makes_no_spares():
+    with ExecPool(workers=1) as pool:
+        stream = pool.stream(ShellJob("echo up; sleep 30", timeout=None))
+        assert next(stream)["text"] == "up\n"
+        assert pool.run(PythonJob("print('hi')", warm=True)).output == "hi\n"
+        assert _templates(pool) == [] and _parked_spares(pool) == []
+        stream.close()
+        # Idle for SPARE_QUIET_S (a time is what the rule is about): the next
+        # warm job has the worker make its template and spares.
+        time.sleep(2 * SPARE_QUIET_S)
+        pool.run(PythonJob("pass", warm=True))
+        assert len(_templates(pool)) == 1
