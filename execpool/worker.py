@@ -28,6 +28,7 @@ any pipe or queue beyond it), and kept only as far as the Result needs.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import gc
 import heapq
 import importlib
@@ -165,6 +166,12 @@ class Worker:
         self.preload = preload
         self.use_cgroups = use_cgroups
         self.jobs_dir = jobs_dir
+        # Where a job's private directory goes when the job ends: a rename is
+        # a quarter of an rmdir here, and the rmdir can wait until the Result
+        # is out (the supervisor removes whatever is left with jobs_dir).
+        self.trash = os.path.join(jobs_dir, ".trash")
+        os.mkdir(self.trash, 0o700)
+        self.trashed: list[str] = []
         self.pid = os.getpid()
         self.shell = shutil.which("bash") or "/bin/sh"
         self.sel = selectors.DefaultSelector()
@@ -488,12 +495,24 @@ class Worker:
                 job.error = f"the job went over its memory limit ({job.start.limits.memory} bytes) and was killed"
             if job.start.keep_background or not job.group.remove():
                 self.stale_groups.append(job.group)  # removed once its last process is reaped
-        if job.script is not None:
-            _unlink(job.script)
         if job.tmpdir is not None:
-            _remove_dir(job.tmpdir)
+            self._discard(job.tmpdir)  # the script in it too
+        elif job.script is not None:
+            _unlink(job.script)
         self._send(channel.Finished(job.start.job_id, self._result(job)))
+        while self.trashed:
+            _remove(self.trashed.pop())
         self._sweep_strays()  # after the Result: the tree it belongs to is dead already
+
+    def _discard(self, path: str) -> None:
+        """Take a private directory off its path now; delete it later."""
+        trashed = os.path.join(self.trash, os.path.basename(path))
+        try:
+            os.rename(path, trashed)
+        except OSError:
+            _remove(path)
+        else:
+            self.trashed.append(trashed)
 
     def _sweep_strays(self) -> None:
         """Strays that cleared their environment cannot be attributed to a
@@ -540,19 +559,22 @@ class Worker:
             self.cgroup_tier.close()
 
 
-def _remove_dir(path: str) -> None:
-    """Most private directories are empty by now: one rmdir, not rmtree's walk."""
+def _remove(path: str) -> None:
+    """Whatever a job left at ``path``, never following a link it put
+    there. Most private directories are empty: one rmdir, not rmtree's walk."""
     try:
         os.rmdir(path)
+    except NotADirectoryError:
+        _unlink(path)
+    except FileNotFoundError:
+        pass
     except OSError:
         shutil.rmtree(path, ignore_errors=True)
 
 
 def _unlink(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def main(argv: list) -> None:

@@ -253,3 +253,11 @@ def test_private_directory_is_removed_with_what_the_job_wrote(pool):
     result = pool.run(ShellJob("mkdir -p a/b && echo x > a/b/f && echo y > g && pwd"))
     workdir = result.output.strip()
     assert workdir and not os.path.exists(workdir)
+
+
+def test_private_directory_replaced_by_a_symlink_is_removed_and_not_followed(pool, tmp_path):
+    (tmp_path / "keep").write_text("mine")
+    result = pool.run(ShellJob(f'd=$(pwd); cd /; rmdir "$d" && ln -s {tmp_path} "$d" && echo "$d"'))
+    workdir = result.output.strip()
+    assert workdir and not os.path.lexists(workdir)
+    assert (tmp_path / "keep").read_text() == "mine"
