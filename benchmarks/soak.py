@@ -15,6 +15,7 @@ Every job's Result is checked against what that kind of job must give:
 ====================  ==========================================================
 shell_output          exact output, exit 0
 python_output         exact output, exit 0
+warm_python           the same through PythonJob(warm=True)
 stream_output         pool.stream: the events concatenate to the exact output
 fail                  exit_code 3, text "Exit code 3:\\n..."
 timeout               ``sleep`` past a 0.2 s timeout: timed_out, output kept
@@ -33,6 +34,7 @@ flood_shell/python    5 MB through pool.stream: the live events stop at the cap
 daemon_shell          ``( setsid sleep 1000 >/dev/null 2>&1 & )``: a double-fork
                       daemon that left the group; "ok", exit 0
 daemon_python         the same with os.fork + os.setsid + os.fork
+warm_daemon           the same as a warm job (a fork of a fork of the worker)
 daemon_holds_pipe     the daemon keeps stdout open, so no EOF: must time out
                       (0.3 s) with the output kept
 background            background grandchildren (one in the group, one in a
@@ -178,6 +180,12 @@ def python_output(s: Soak, i: int) -> Optional[str]:
     code = f"import sys\nprint('py-{i}')\nprint('err', file=sys.stderr)\n"
     r = s.pool.run(PythonJob(code, timeout=JOB_TIMEOUT_S, env=s.env("python_output")))
     return _expect(r, output=f"py-{i}\nerr\n")
+
+
+def warm_python(s: Soak, i: int) -> Optional[str]:
+    code = f"import sys\nprint('warm-{i}')\nprint('err', file=sys.stderr)\n"
+    r = s.pool.run(PythonJob(code, timeout=JOB_TIMEOUT_S, env=s.env("warm_python"), warm=True))
+    return _expect(r, output=f"warm-{i}\nerr\n")
 
 
 def stream_output(s: Soak, i: int) -> Optional[str]:
@@ -345,6 +353,11 @@ def daemon_python(s: Soak, i: int) -> Optional[str]:
                    output="ok\n")
 
 
+def warm_daemon(s: Soak, i: int) -> Optional[str]:
+    return _expect(s.pool.run(PythonJob(_DAEMON_PY, timeout=JOB_TIMEOUT_S, env=s.env("warm_daemon"), warm=True)),
+                   output="ok\n")
+
+
 def daemon_holds_pipe(s: Soak, i: int) -> Optional[str]:
     # The daemon inherits stdout, so the output never ends: like communicate(),
     # the job runs to its timeout, and then the escaped daemon must die too.
@@ -360,8 +373,9 @@ def background(s: Soak, i: int) -> Optional[str]:
 
 #: kind -> (function, weight per 100 jobs)
 KINDS: dict[str, tuple[Callable[[Soak, int], Optional[str]], int]] = {
-    "shell_output": (shell_output, 14),
+    "shell_output": (shell_output, 10),
     "python_output": (python_output, 8),
+    "warm_python": (warm_python, 4),
     "stream_output": (stream_output, 6),
     "fail": (fail, 10),
     "timeout": (timeout, 8),
@@ -373,8 +387,9 @@ KINDS: dict[str, tuple[Callable[[Soak, int], Optional[str]], int]] = {
     "flood_python": (flood_python, 2),
     "daemon_shell": (daemon_shell, 8),
     "daemon_python": (daemon_python, 5),
+    "warm_daemon": (warm_daemon, 3),
     "daemon_holds_pipe": (daemon_holds_pipe, 4),
-    "background": (background, 10),
+    "background": (background, 7),
 }
 
 
@@ -446,6 +461,12 @@ def is_zombie(proc: psutil.Process) -> bool:
         return False
 
 
+def _has_job(env: Optional[dict]) -> bool:
+    """Carries a job's marker: workers and their warm template and spares
+    carry the variable too, blank (room a warm job stamps its marker into)."""
+    return bool(env and env.get(MARKER_VAR, "").strip())
+
+
 def marked_processes(run_id: str) -> dict:
     """Live processes anywhere carrying EXECPOOL_JOB: of this run / of others."""
     ours: list[dict] = []
@@ -455,7 +476,7 @@ def marked_processes(run_id: str) -> dict:
         if proc.pid == me:
             continue
         env = C.environ_of(proc)
-        if not env or MARKER_VAR not in env:
+        if not _has_job(env):
             continue
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
@@ -474,7 +495,7 @@ def _is_pool_helper(proc: psutil.Process, env: Optional[dict]) -> bool:
     """A process of the pool's own below a worker (e.g. a pre-forked tool
     process waiting for its job): a fork of the worker, so the worker's
     command line and no job marker."""
-    if env is not None and MARKER_VAR in env:
+    if _has_job(env):
         return False
     try:
         return "execpool.worker" in proc.cmdline()
@@ -492,7 +513,7 @@ def snapshot(pool: ExecPool, run_id: str) -> dict:
             zombies += 1
             continue
         env = C.environ_of(proc)
-        if env is not None and MARKER_VAR in env:
+        if _has_job(env):
             tools += 1
         elif _is_pool_helper(proc, env):
             helpers += 1
