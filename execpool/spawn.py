@@ -331,11 +331,13 @@ class WarmSpare:
 
 
 def _park(sock: socket.socket, worker_pid: int, middle: int, name: str) -> NoReturn:
-    """A spare's life before its job: become the worker's child, rehearse,
-    drop every descriptor but stdio and the socket, wait for one job, become
-    its tool. EOF means no job will come."""
+    """A spare's life before its job: drop every descriptor but stdio and
+    its socket (the template's channel too, so its EOF reaches the worker),
+    become the worker's child, rehearse, wait for one job, become its tool.
+    EOF means no job will come."""
     ready_w = -1
     try:
+        _close_all_but(DEVNULL, sock.fileno())
         while (parent := os.getppid()) == middle:
             time.sleep(_REPARENT_POLL_S)
         # Armed only now: the middle process's exit would have fired it.
@@ -344,7 +346,6 @@ def _park(sock: socket.socket, worker_pid: int, middle: int, name: str) -> NoRet
             os._exit(0)  # the worker is gone (or is no subreaper): no job will come
         _linux.set_name(SPARE_NAME)
         warm.rehearse()
-        _close_all_but(DEVNULL, sock.fileno())
         pickle.loads(pickle.dumps(("", {}, "", Limits(), False)))  # the hand-over's pages too
         head, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, _MAX_PASSED_FDS)
         if len(fds) < 3:

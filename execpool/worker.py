@@ -212,6 +212,8 @@ class Worker:
     def _ask_for_spares(self) -> None:
         """After each warm start, so the next warm jobs find spares parked
         (execpool/spawn.py); the template is forked at the first."""
+        if self.stopping:
+            return
         if self.template is None:
             try:
                 self.template = WarmTemplate()
@@ -554,6 +556,7 @@ class Worker:
             self._drop_template()
         for spare in self.spares.values():
             spare.close()
+        self.spares.clear()
         self._reap()
         if self.cgroup_tier is not None:
             self.cgroup_tier.close()
