@@ -62,6 +62,11 @@ DEFAULT_ENV_ALLOWLIST = (
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "TMPDIR",
 )
 
+#: Warm spares each worker keeps parked once idle: two, so back-to-back warm
+#: jobs find one while the next is being made.
+DEFAULT_WARM_SPARES = 2
+MAX_WARM_SPARES = 64
+
 #: How much output a Result keeps by default (the full length is always counted).
 DEFAULT_MAX_OUTPUT_CHARS = 1_000_000
 
@@ -240,6 +245,9 @@ class ExecPool:
     cannot read its environment (its secrets) through ``/proc``.
     ``cgroups=False`` keeps execpool from creating cgroups even where it could:
     process caps are then kept by the worker counting, and memory caps refused.
+    ``warm_spares`` is how many pre-forked, rehearsed processes a worker keeps
+    parked for its next warm jobs once it has been idle (about 2 MB each; 0
+    forks every warm job from the worker, see execpool/spawn.py).
     """
 
     def __init__(
@@ -257,6 +265,7 @@ class ExecPool:
         preload: Iterable[str] = (),
         non_dumpable: bool = False,
         cgroups: bool = True,
+        warm_spares: int = DEFAULT_WARM_SPARES,
     ) -> None:
         if workers is None:
             workers = os.cpu_count() or 2
@@ -285,6 +294,11 @@ class ExecPool:
         if not isinstance(cgroups, bool):
             raise TypeError("cgroups must be a bool")
         self.cgroups = cgroups
+        if isinstance(warm_spares, bool) or not isinstance(warm_spares, int):
+            raise TypeError(f"warm_spares must be an int, not {type(warm_spares).__name__}")
+        if not 0 <= warm_spares <= MAX_WARM_SPARES:
+            raise ValueError(f"warm_spares must be between 0 and {MAX_WARM_SPARES}, got {warm_spares}")
+        self.warm_spares = warm_spares
         if non_dumpable:
             _make_non_dumpable()
         if not isinstance(limits, Limits):
@@ -507,7 +521,7 @@ class ExecPool:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "execpool.worker", str(to_worker_r), str(from_worker_w), token,
                  self.spawn_method, ",".join(self.preload), "cgroups" if self.cgroups else "no-cgroups",
-                 jobs_dir],
+                 jobs_dir, str(self.warm_spares)],
                 pass_fds=(to_worker_r, from_worker_w), env=env, cwd="/", start_new_session=True,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             )

@@ -1,6 +1,6 @@
 """The worker process: many tools at once, on one thread.
 
-Runs as ``python -m execpool.worker READ_FD WRITE_FD TOKEN METHOD PRELOAD CGROUPS JOBS_DIR``,
+Runs as ``python -m execpool.worker READ_FD WRITE_FD TOKEN METHOD PRELOAD CGROUPS JOBS_DIR SPARES``,
 started clean by the supervisor (never forked from the caller), with its
 channel on the two inherited pipe fds and a scrubbed environment. Jobs without
 a ``cwd`` get a private directory in JOBS_DIR, which the supervisor made and
@@ -64,10 +64,6 @@ MAX_ERROR_LINE_CHARS = 4096
 #: processes this often and kills the job once it is over: a fork storm is
 #: stopped, though it may pass the cap for up to one interval.
 PROCESS_COUNT_INTERVAL_S = 0.02
-
-#: Warm spares a worker keeps parked once it has run a warm job: two, so
-#: back-to-back warm jobs find one while the next is being made.
-WARM_SPARES = 2
 
 #: A warm job that starts after the worker ran nothing for this long has the
 #: worker make spares for the next ones.
@@ -158,7 +154,7 @@ class Worker:
     ``keep_background`` jobs until shutdown."""
 
     def __init__(self, conn_in: Connection, conn_out: Connection, token: str, spawn_method: str,
-                 preload: tuple, use_cgroups: bool, jobs_dir: str) -> None:
+                 preload: tuple, use_cgroups: bool, jobs_dir: str, warm_spares: int) -> None:
         self.conn_in = conn_in
         self.conn_out = conn_out
         self.token = token
@@ -184,6 +180,7 @@ class Worker:
         self.cgroups_detected = False
         self.stale_groups: list[JobGroup] = []
         self.template: Optional[WarmTemplate] = None
+        self.warm_spares = warm_spares
         self.spares: dict[int, WarmSpare] = {}
         self.spares_asked = 0
         self.idle_since = -SPARE_QUIET_S  # when the last running job ended
@@ -212,7 +209,7 @@ class Worker:
     def _ask_for_spares(self) -> None:
         """After each warm start, so the next warm jobs find spares parked
         (execpool/spawn.py); the template is forked at the first."""
-        if self.stopping:
+        if self.stopping or not self.warm_spares:
             return
         if self.template is None:
             try:
@@ -220,7 +217,7 @@ class Worker:
             except OSError:
                 return  # out of processes or memory: warm jobs fork as they come
             self.sel.register(self.template.sock, selectors.EVENT_READ, self._on_template)
-        while len(self.spares) + self.spares_asked < WARM_SPARES:
+        while len(self.spares) + self.spares_asked < self.warm_spares:
             self.template.ask()
             self.spares_asked += 1
 
@@ -581,7 +578,7 @@ def _unlink(path: str) -> None:
 
 
 def main(argv: list) -> None:
-    read_fd, write_fd, token, spawn_method, preload_names, cgroups_flag, jobs_dir = argv
+    read_fd, write_fd, token, spawn_method, preload_names, cgroups_flag, jobs_dir, warm_spares = argv
     read_fd, write_fd = int(read_fd), int(write_fd)
     preload = tuple(name for name in preload_names.split(",") if name)
     for fd in (read_fd, write_fd):
@@ -591,7 +588,7 @@ def main(argv: list) -> None:
     # and write into the channel. Exec makes each tool dumpable again.
     _linux.prctl(_linux.PR_SET_DUMPABLE, 0)
     worker = Worker(Connection(read_fd, writable=False), Connection(write_fd, readable=False), token,
-                    spawn_method, preload, cgroups_flag != "no-cgroups", jobs_dir)
+                    spawn_method, preload, cgroups_flag != "no-cgroups", jobs_dir, int(warm_spares))
     worker.serve()
 
 

@@ -14,7 +14,8 @@ import pytest
 import hostile
 from execpool import ExecPool, Limits, PythonJob, ShellJob
 from execpool.spawn import SPARE_NAME, TEMPLATE_NAME
-from execpool.worker import SPARE_QUIET_S, WARM_SPARES
+from execpool.supervisor import DEFAULT_WARM_SPARES as WARM_SPARES
+from execpool.worker import SPARE_QUIET_S
 from helpers import all_dead, pids_in, wait_for
 
 CORPUS = {
@@ -62,6 +63,36 @@ def test_warm_output_is_byte_identical_to_cold(warm_pool, name, tmp_path):
     warm = warm_pool.run(PythonJob(code, cwd=str(tmp_path), stdin="line one\nline two\n", warm=True))
     assert normalized(warm) == normalized(cold)
     assert warm.text.startswith("Exit code") == cold.text.startswith("Exit code")
+
+
+@pytest.fixture(scope="module")
+def spare_pool():
+    """One worker with a spare for every corpus program: each warm job below
+    is handed to a parked spare, none forked from the worker."""
+    with ExecPool(workers=1, warm_spares=len(CORPUS) + 1) as pool:
+        pool.run(PythonJob("pass", warm=True))
+        assert wait_for(lambda: len(_parked_spares(pool)) == len(CORPUS) + 1, timeout=30)
+        yield pool
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_warm_output_in_a_spare_is_byte_identical_to_cold(warm_pool, spare_pool, name, tmp_path):
+    code = CORPUS[name]
+    parked = {spare.pid for spare in _parked_spares(spare_pool)}
+    cold = warm_pool.run(PythonJob(code, cwd=str(tmp_path), stdin="line one\nline two\n"))
+    warm = spare_pool.run(PythonJob(code, cwd=str(tmp_path), stdin="line one\nline two\n", warm=True))
+    assert normalized(warm) == normalized(cold)
+    # One parked spare ran it (and is gone); none was forked for it.
+    assert len(parked - {spare.pid for spare in _parked_spares(spare_pool)}) == 1
+
+
+def test_warm_spares_option():
+    with ExecPool(workers=1, warm_spares=0) as pool:
+        assert pool.run(PythonJob("print('forked')", warm=True)).text == "forked\n"
+        assert _templates(pool) == [] and _parked_spares(pool) == []
+    for bad, error in ((-1, ValueError), (65, ValueError), (True, TypeError), (1.5, TypeError)):
+        with pytest.raises(error):
+            ExecPool(workers=1, warm_spares=bad)
 
 
 def test_exit_codes_and_tracebacks(warm_pool):
