@@ -17,6 +17,7 @@ kind               correct Result
 =================  ===============================================================
 shell              exact output, exit 0
 python             exact output, exit 0
+warm               the same through PythonJob(warm=True)
 fail               ``Exit code 3:\\n...``
 timeout            ``sleep`` past a 0.3 s timeout: ``Execution timed out after 0.3 seconds.``
 cancel             cancel_event set after 0.1 s: ``Execution cancelled.``
@@ -24,6 +25,7 @@ close              stream closed after its first event: the job's one Result is
                    cancelled (or finished, if it beat the Cancel)
 flood              5 MB through pool.stream: exact length, capped live output
 daemon_python      setsid + double-fork daemon, then "ok"
+warm_daemon        the same as a warm job
 daemon_shell       ``setsid sleep`` from a subshell, then "ok"
 daemon_holds_pipe  a setsid daemon keeps stdout open: times out at 0.3 s
 background         20 background sleepers, then "bg"
@@ -40,7 +42,8 @@ Checked at the end:
 - every Result correct for its kind, or the clear worker-killed error;
 - nothing leaked once the run settled (up to ``--settle`` s, default 3):
   this process's threads and fds back to their baseline (taken after a
-  warm-up), the pool back to its worker count, no zombie below this
+  warm-up), the pool back to its worker count, nothing below the workers
+  but their warm templates and parked spares, no zombie below this
   process, no live process carrying this run's marker anywhere;
 - and after ``pool.close()``: no process below this one still running.
 
@@ -71,6 +74,7 @@ import psutil
 
 from benchmarks import _common as C
 from execpool import TOOL_OUTPUT_STREAM_MAX_CHARS, ExecPool, PythonJob, Result, ShellJob
+from execpool.spawn import SPARE_NAME, TEMPLATE_NAME
 from execpool import channel
 from execpool.drain import STREAM_CAP_NOTICE
 
@@ -220,12 +224,21 @@ class Chaos:
             return r, f"streamed {len(streamed)} chars ending {streamed[-40:]!r}"
         return r, None
 
-    def daemon_python(self, i: int):
+    def warm(self, i: int):
+        r = self.pool.run(PythonJob(f"import sys\nprint('warm', {i})\nprint('e', file=sys.stderr)",
+                                    timeout=JOB_TIMEOUT_S, env=self.env("warm"), warm=True))
+        return r, _expect(r, f"warm {i}\ne\n")
+
+    def daemon_python(self, i: int, warm: bool = False):
         code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
                 "        fd = os.open(os.devnull, os.O_RDWR)\n        for n in (0, 1, 2):\n"
                 "            os.dup2(fd, n)\n        time.sleep(1000)\n    os._exit(0)\nos.wait()\nprint('ok')\n")
-        r = self.pool.run(PythonJob(code, timeout=JOB_TIMEOUT_S, env=self.env("daemon_python")))
+        kind = "warm_daemon" if warm else "daemon_python"
+        r = self.pool.run(PythonJob(code, timeout=JOB_TIMEOUT_S, env=self.env(kind), warm=warm))
         return r, _expect(r, "ok\n")
+
+    def warm_daemon(self, i: int):
+        return self.daemon_python(i, warm=True)
 
     def daemon_shell(self, i: int):
         r = self.pool.run(ShellJob("( setsid sleep 1000 >/dev/null 2>&1 & ); echo ok", timeout=JOB_TIMEOUT_S,
@@ -246,8 +259,8 @@ class Chaos:
 
 #: kind -> weight
 KINDS: dict[str, int] = {
-    "shell": 16, "python": 10, "fail": 8, "timeout": 8, "cancel": 10, "close": 10, "flood": 4,
-    "daemon_python": 8, "daemon_shell": 8, "daemon_holds_pipe": 6, "background": 8,
+    "shell": 12, "python": 10, "warm": 6, "fail": 8, "timeout": 8, "cancel": 10, "close": 10, "flood": 4,
+    "daemon_python": 6, "warm_daemon": 4, "daemon_shell": 8, "daemon_holds_pipe": 6, "background": 8,
 }
 
 
@@ -300,13 +313,15 @@ def marked(run_id: str) -> list[psutil.Process]:
 
 def counts(pool: ExecPool, run_id: str) -> dict:
     workers = set(pool.worker_pids)
-    zombies = others = 0
+    zombies = others = helpers = 0
     for proc in C.descendants():
         if proc.pid in workers:
             continue
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 zombies += 1
+            elif proc.name() in (TEMPLATE_NAME, SPARE_NAME):
+                helpers += 1  # a worker's warm template and parked spares
             else:
                 others += 1
         except psutil.Error:
@@ -317,6 +332,7 @@ def counts(pool: ExecPool, run_id: str) -> dict:
         "fds": len(os.listdir("/proc/self/fd")),
         "workers": len(workers),
         "processes_below_workers": others,
+        "warm_template_and_spares": helpers,
         "zombies": zombies,
         "marked": len(marked(run_id)),
     }

@@ -46,7 +46,7 @@ except ImportError:  # not built here; the pure-Python start is used instead
 #: How tools are started: "vfork" (execpool._spawn) or "fork" (pure Python).
 SPAWN_METHODS = ("vfork", "fork") if _spawn is not None else ("fork",)
 
-DEVNULL = os.open(os.devnull, os.O_RDONLY)
+_DEVNULL = os.open(os.devnull, os.O_RDONLY)
 
 #: What the worker's own PYTHONPATH added to sys.path (execpool itself), which
 #: a warm job's sys.path must not have: a cold tool does not.
@@ -84,7 +84,7 @@ def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str, std
     """Start one tool; return its pid and the read end of its merged
     stdout/stderr pipe. For ``method="warm"`` (argv is ``[python, -u, FILE]``)
     the job runs in ``spare`` if given and alive, else in a fresh fork."""
-    stdin_fd = DEVNULL if stdin_fd < 0 else stdin_fd
+    stdin_fd = _DEVNULL if stdin_fd < 0 else stdin_fd
     out_r, out_w = os.pipe()
     try:
         if method == "vfork":
@@ -257,7 +257,7 @@ def _serve_spares(sock: socket.socket, worker_pid: int) -> NoReturn:
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
-        _close_all_but(DEVNULL, sock.fileno())
+        _close_all_but(_DEVNULL, sock.fileno())
         with open("/proc/self/comm", encoding="utf-8") as f:
             name = f.read().strip()
         _linux.set_name(TEMPLATE_NAME)
@@ -337,7 +337,7 @@ def _park(sock: socket.socket, worker_pid: int, middle: int, name: str) -> NoRet
     EOF means no job will come."""
     ready_w = -1
     try:
-        _close_all_but(DEVNULL, sock.fileno())
+        _close_all_but(_DEVNULL, sock.fileno())
         while (parent := os.getppid()) == middle:
             time.sleep(_REPARENT_POLL_S)
         # Armed only now: the middle process's exit would have fired it.
