@@ -15,6 +15,8 @@ One ``selectors`` loop waits on everything the worker owns:
   tool leaders and, because the worker is a child subreaper, any daemon that
   escaped its group and was re-parented here -- so no zombie stays,
 - one non-blocking stdout pipe per running tool,
+- the warm template's socket, where the spares the worker asked for arrive
+  (execpool/spawn.py: how tools are started),
 - and a timer heap for deadlines, used as the select timeout.
 
 There are no threads, so forking a tool from here is safe and cheap (the
