@@ -86,6 +86,29 @@ def test_warm_output_in_a_spare_is_byte_identical_to_cold(warm_pool, spare_pool,
     assert len(parked - {spare.pid for spare in _parked_spares(spare_pool)}) == 1
 
 
+def test_a_spare_gets_the_jobs_limits_network_env_and_directory(spare_pool, tmp_path):
+    parked = {spare.pid for spare in _parked_spares(spare_pool)}
+    probe = ("import os, resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE)[0], os.getcwd(),\n"
+             "      os.environ['WHO'], open('/proc/net/dev').read().count(':'), os.getpid() == os.getsid(0))")
+    job = PythonJob(probe, warm=True, cwd=str(tmp_path), env={"WHO": "me"}, network=False,
+                    limits=Limits(open_files=40))
+    result = spare_pool.run(job)
+    if result.error and "Operation not permitted" in result.error:
+        pytest.skip("this user may not create network namespaces")
+    assert result.text == f"40 {tmp_path} me 1 True\n"  # loopback only, own session
+    assert len(parked - {spare.pid for spare in _parked_spares(spare_pool)}) == 1
+
+
+def test_a_spare_joins_its_jobs_cgroup(spare_pool):
+    probe = "print(open('/proc/self/cgroup').read())"
+    if "/execpool-" not in spare_pool.run(PythonJob(probe, limits=Limits(processes=5))).output:
+        pytest.skip("no cgroup tier for process caps here (a cold job got none)")
+    parked = {spare.pid for spare in _parked_spares(spare_pool)}
+    result = spare_pool.run(PythonJob(probe, warm=True, limits=Limits(processes=5)))
+    assert re.search(r"/execpool-\w+/job-\d+$", result.output, re.MULTILINE)
+    assert len(parked - {spare.pid for spare in _parked_spares(spare_pool)}) == 1
+
+
 def test_warm_spares_option():
     with ExecPool(workers=1, warm_spares=0) as pool:
         assert pool.run(PythonJob("print('forked')", warm=True)).text == "forked\n"
