@@ -7,19 +7,21 @@ namespace) and the merged stdout/stderr pipe, in one of three ways:
 - ``warm``: no exec at all -- a fork of the worker becomes the job's
   interpreter (execpool/warm.py).
 
-Warm jobs normally skip even the fork: each worker keeps a *template*, a
-fork of itself made at its first warm job, which does nothing but fork
-*spares*. A spare rehearses a warm start (so the pages it will write are
-copied before the job comes), then parks until a warm job is handed to it
-over a socket. The worker never forks for them, so it never pays for the
+A warm job on an idle worker skips even the fork: the worker keeps a
+*template*, a fork of itself made the first time, which does nothing but
+fork *spares*. A spare rehearses a warm start (so the pages it will write
+are copied before the job comes), then parks until a warm job is handed to
+it over a socket. The worker never forks for them, so it never pays for the
 copy-on-write faults a fork costs the parent: hundreds per fork, microseconds
 each in a VM, on the path of every job the worker handles next. The
 template, which only forks, writes almost nothing. It forks each spare
 through a short-lived middle process, which exits at once: the spare is
 then re-parented to the worker (a child subreaper), so the worker reaps its
-warm jobs as it reaps every other tool and sees their exit at once. Without
-a spare (the first warm job, a burst, a spare or template that was killed)
-a warm job is forked from the worker as before.
+warm jobs as it reaps every other tool and sees their exit at once. The
+middle fork makes a spare cost more CPU than a plain fork, which is why a
+busy worker makes none (execpool/worker.py). Without a spare (the first
+warm job, a busy worker, a spare or template that was killed) a warm job is
+forked from the worker.
 """
 
 from __future__ import annotations
