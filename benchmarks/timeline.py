@@ -6,6 +6,7 @@ Run from the repository root::
     python -m benchmarks.timeline bash --iters 300
     python -m benchmarks.timeline bash --cwd /tmp      # no private directory per job
     python -m benchmarks.timeline warm --iters 200
+    python -m benchmarks.timeline warm --gap raw      # a raw cold start between jobs, as latency.py pairs them
     python -m benchmarks.timeline kill --iters 25
 
 Nothing in execpool is changed. For this process only, the supervisor's
