@@ -235,6 +235,9 @@ def test_killed_spares_and_templates_are_replaced():
         template.kill()
         assert all_dead([template.pid])
         # Parked spares are the worker's children and outlive their template.
+        # A new template comes with a warm job to a worker idle for
+        # SPARE_QUIET_S (a time is what the rule is about).
+        time.sleep(2 * SPARE_QUIET_S)
         assert pool.run(probe).exit_code == 0
         assert wait_for(lambda: len(_templates(pool)) == 1 and _templates(pool)[0].pid != template.pid)
         assert wait_for(lambda: len(_parked_spares(pool)) == WARM_SPARES)
