@@ -27,6 +27,8 @@ from typing import Iterable, Optional, Sequence
 
 import psutil
 
+from execpool.spawn import SPARE_NAME, TEMPLATE_NAME
+
 MiB = 1 << 20
 KiB = 1 << 10
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -304,6 +306,30 @@ MARKER_VAR = "EXECPOOL_JOB"
 
 _PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+#: A setsid + double-fork daemon that lets go of stdout, then "ok".
+DAEMON_PYTHON = """\
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        fd = os.open(os.devnull, os.O_RDWR)
+        for n in (0, 1, 2):
+            os.dup2(fd, n)
+        time.sleep(1000)
+    os._exit(0)
+os.wait()
+print("ok")
+"""
+
+
+def is_pool_helper(proc: psutil.Process) -> bool:
+    """A worker's warm template or parked spare (execpool/spawn.py), not a tool."""
+    try:
+        return proc.name() in (TEMPLATE_NAME, SPARE_NAME)
+    except psutil.Error:
+        return False
 
 
 def descendants(pid: int | None = None) -> list[psutil.Process]:

@@ -74,7 +74,6 @@ import psutil
 
 from benchmarks import _common as C
 from execpool import TOOL_OUTPUT_STREAM_MAX_CHARS, ExecPool, PythonJob, Result, ShellJob
-from execpool.spawn import SPARE_NAME, TEMPLATE_NAME
 from execpool import channel
 from execpool.drain import STREAM_CAP_NOTICE
 
@@ -230,11 +229,8 @@ class Chaos:
         return r, _expect(r, f"warm {i}\ne\n")
 
     def daemon_python(self, i: int, warm: bool = False):
-        code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-                "        fd = os.open(os.devnull, os.O_RDWR)\n        for n in (0, 1, 2):\n"
-                "            os.dup2(fd, n)\n        time.sleep(1000)\n    os._exit(0)\nos.wait()\nprint('ok')\n")
         kind = "warm_daemon" if warm else "daemon_python"
-        r = self.pool.run(PythonJob(code, timeout=JOB_TIMEOUT_S, env=self.env(kind), warm=warm))
+        r = self.pool.run(PythonJob(C.DAEMON_PYTHON, timeout=JOB_TIMEOUT_S, env=self.env(kind), warm=warm))
         return r, _expect(r, "ok\n")
 
     def warm_daemon(self, i: int):
@@ -320,7 +316,7 @@ def counts(pool: ExecPool, run_id: str) -> dict:
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 zombies += 1
-            elif proc.name() in (TEMPLATE_NAME, SPARE_NAME):
+            elif C.is_pool_helper(proc):
                 helpers += 1  # a worker's warm template and parked spares
             else:
                 others += 1

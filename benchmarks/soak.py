@@ -45,9 +45,9 @@ Before the run (after a warm-up of ~50 jobs) and after it (after
 ``gc.collect()`` and a settle of up to ``--settle`` seconds, polling until the
 counts stabilise) it records this process's thread count, open fds, RSS, the
 pool's worker count, and its descendants other than the workers, sorted into
-tool processes (carrying ``EXECPOOL_JOB``), the pool's own helpers (forks of a
-worker without a job marker, e.g. pre-forked tool processes), other processes,
-and zombies; and every live process on the system carrying ``EXECPOOL_JOB``
+tool processes (carrying a job's ``EXECPOOL_JOB``), the pool's own helpers
+(the workers' warm templates and parked spares), other processes, and
+zombies; and every live process on the system carrying ``EXECPOOL_JOB``
 (those of this run are told apart by an extra variable every job of this run
 gets; others, e.g. a concurrent test run, are reported but not blamed on this
 run). Every process below this one just before ``pool.close()`` must be dead
@@ -333,28 +333,13 @@ def daemon_shell(s: Soak, i: int) -> Optional[str]:
     return _expect(s.pool.run(ShellJob(cmd, timeout=JOB_TIMEOUT_S, env=s.env("daemon_shell"))), output="ok\n")
 
 
-_DAEMON_PY = """\
-import os, time
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        fd = os.open(os.devnull, os.O_RDWR)
-        for n in (0, 1, 2):
-            os.dup2(fd, n)
-        time.sleep(1000)
-    os._exit(0)
-os.wait()
-print("ok")
-"""
-
-
 def daemon_python(s: Soak, i: int) -> Optional[str]:
-    return _expect(s.pool.run(PythonJob(_DAEMON_PY, timeout=JOB_TIMEOUT_S, env=s.env("daemon_python"))),
+    return _expect(s.pool.run(PythonJob(C.DAEMON_PYTHON, timeout=JOB_TIMEOUT_S, env=s.env("daemon_python"))),
                    output="ok\n")
 
 
 def warm_daemon(s: Soak, i: int) -> Optional[str]:
-    return _expect(s.pool.run(PythonJob(_DAEMON_PY, timeout=JOB_TIMEOUT_S, env=s.env("warm_daemon"), warm=True)),
+    return _expect(s.pool.run(PythonJob(C.DAEMON_PYTHON, timeout=JOB_TIMEOUT_S, env=s.env("warm_daemon"), warm=True)),
                    output="ok\n")
 
 
@@ -491,18 +476,6 @@ def marked_processes(run_id: str) -> dict:
     return {"ours": ours, "others": others}
 
 
-def _is_pool_helper(proc: psutil.Process, env: Optional[dict]) -> bool:
-    """A process of the pool's own below a worker (e.g. a pre-forked tool
-    process waiting for its job): a fork of the worker, so the worker's
-    command line and no job marker."""
-    if _has_job(env):
-        return False
-    try:
-        return "execpool.worker" in proc.cmdline()
-    except psutil.Error:
-        return False
-
-
 def snapshot(pool: ExecPool, run_id: str) -> dict:
     workers = set(pool.worker_pids)
     zombies = tools = helpers = others = 0
@@ -515,7 +488,7 @@ def snapshot(pool: ExecPool, run_id: str) -> dict:
         env = C.environ_of(proc)
         if _has_job(env):
             tools += 1
-        elif _is_pool_helper(proc, env):
+        elif C.is_pool_helper(proc):
             helpers += 1
         else:
             others += 1

@@ -177,9 +177,7 @@ def _become_tool(cwd: str, limits: Limits, stdin_fd: int, out_fd: int, no_networ
         os.dup2(stdin_fd, 0)
         os.dup2(out_fd, 1)
         os.dup2(out_fd, 2)
-        # The worker's pipes, selector and channel are not the tool's.
-        os.closerange(3, ready_w)
-        os.closerange(ready_w + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        _close_all_but(ready_w)  # the worker's pipes, selector and channel are not the tool's
         then(ready_w)
     except BaseException as exc:  # noqa: BLE001 - report, never return into the loop
         try:

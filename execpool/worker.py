@@ -169,7 +169,6 @@ class Worker:
         # is out (the supervisor removes whatever is left with jobs_dir).
         self.trash = os.path.join(jobs_dir, ".trash")
         os.mkdir(self.trash, 0o700)
-        self.trashed: list[str] = []
         self.pid = os.getpid()
         self.shell = shutil.which("bash") or "/bin/sh"
         self.sel = selectors.DefaultSelector()
@@ -496,24 +495,26 @@ class Worker:
                 job.error = f"the job went over its memory limit ({job.start.limits.memory} bytes) and was killed"
             if job.start.keep_background or not job.group.remove():
                 self.stale_groups.append(job.group)  # removed once its last process is reaped
+        trashed = None
         if job.tmpdir is not None:
-            self._discard(job.tmpdir)  # the script in it too
+            trashed = self._discard(job.tmpdir)  # the script in it too
         elif job.script is not None:
             _unlink(job.script)
         self._send(channel.Finished(job.start.job_id, self._result(job)))
-        while self.trashed:
-            _remove(self.trashed.pop())
+        if trashed is not None:
+            _remove(trashed)
         self._sweep_strays()  # after the Result: the tree it belongs to is dead already
 
-    def _discard(self, path: str) -> None:
-        """Take a private directory off its path now; delete it later."""
+    def _discard(self, path: str) -> Optional[str]:
+        """Take a private directory off its path now; return where it went,
+        for the caller to delete once the Result is out (None: gone already)."""
         trashed = os.path.join(self.trash, os.path.basename(path))
         try:
             os.rename(path, trashed)
         except OSError:
             _remove(path)
-        else:
-            self.trashed.append(trashed)
+            return None
+        return trashed
 
     def _sweep_strays(self) -> None:
         """Strays that cleared their environment cannot be attributed to a
