@@ -27,7 +27,7 @@ from typing import Iterable, Optional, Sequence
 
 import psutil
 
-from execpool.spawn import SPARE_NAME, TEMPLATE_NAME
+from execpool.template import SPARE_NAME, TEMPLATE_NAME
 
 MiB = 1 << 20
 KiB = 1 << 10
@@ -325,7 +325,7 @@ print("ok")
 
 
 def is_pool_helper(proc: psutil.Process) -> bool:
-    """A worker's warm template or parked spare (execpool/spawn.py), not a tool."""
+    """A worker's warm template or parked spare (execpool/template.py), not a tool."""
     try:
         return proc.name() in (TEMPLATE_NAME, SPARE_NAME)
     except psutil.Error:

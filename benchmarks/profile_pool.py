@@ -7,6 +7,7 @@ Run from the repository root::
     python -m benchmarks.profile_pool flood --mb 200
     python -m benchmarks.profile_pool kill --rounds 20
     python -m benchmarks.profile_pool bash --iters 300
+    python -m benchmarks.profile_pool warm --iters 300
 
 Nothing in execpool is changed: the supervisor's ``subprocess.Popen`` is
 wrapped, for this process only, so that a worker's command line
@@ -19,7 +20,8 @@ for ``python -m pstats``.
 
 Scenarios: ``concurrency`` (N concurrent ``sleep`` streams on asyncio),
 ``flood`` (one stream of MB megabytes), ``kill`` (close() of a 51-process
-tree, repeated), ``bash`` (``echo hi`` round trips).
+tree, repeated), ``bash`` (``echo hi`` round trips), ``warm`` (warm
+``print('hi')`` round trips, through the workers' spares).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _common as C
-from execpool import ExecPool, ShellJob
+from execpool import ExecPool, PythonJob, ShellJob
 import execpool.supervisor as supervisor
 
 
@@ -122,8 +124,17 @@ def scenario_bash(pool: ExecPool, args) -> str:
     return f"{args.iters} x echo hi: median {C.ms(C.median(times))} ms"
 
 
+def scenario_warm(pool: ExecPool, args) -> str:
+    times = []
+    for _ in range(args.iters):
+        t0 = time.perf_counter()
+        pool.run(PythonJob("print('hi')", warm=True))
+        times.append(time.perf_counter() - t0)
+    return f"{args.iters} x warm print('hi'): median {C.ms(C.median(times))} ms"
+
+
 SCENARIOS = {"concurrency": scenario_concurrency, "flood": scenario_flood, "kill": scenario_kill,
-             "bash": scenario_bash}
+             "bash": scenario_bash, "warm": scenario_warm}
 
 
 def _top(path_or_profile, limit: int, sort: str) -> str:

@@ -1,19 +1,35 @@
 """The few Linux calls Python's os module lacks (3.10/3.11), in one place:
 prctl for the parent-death signal, child subreaper and dumpable flags and
-the process name, and unshare for a job's network namespace. Each raises OSError on failure."""
+the process name, unshare for a job's network namespace, close_range, and a
+fork whose child is its parent's sibling. Each raises OSError on failure."""
 
 from __future__ import annotations
 
 import ctypes
 import os
+import platform
+import signal
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_NAME = 15
 PR_SET_CHILD_SUBREAPER = 36
 CLONE_NEWNET = 0x40000000
+CLONE_PARENT = 0x00008000
+
+#: System call numbers that glibc's headers do not reach through ctypes.
+_SYSCALLS = {
+    "x86_64": {"clone": 56, "close_range": 436},
+    "aarch64": {"clone": 220, "close_range": 436},
+}.get(platform.machine(), {})
 
 _libc = ctypes.CDLL(None, use_errno=True)
+# The same library, called with the GIL held: a fork must not let another
+# thread run between PyOS_BeforeFork and the system call.
+_libc_gil = ctypes.PyDLL(None, use_errno=True)
+_clone = _libc_gil.syscall
+_clone.restype = ctypes.c_long
+_clone.argtypes = (ctypes.c_long, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
 
 
 def _check(result: int, call: str) -> None:
@@ -33,3 +49,45 @@ def set_name(name: str) -> None:
 
 def unshare_network() -> None:
     _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+
+
+def close_range(low: int, high: int = 0xFFFFFFFF) -> None:
+    """Close every descriptor from ``low`` to ``high``, whatever its number:
+    the open-files limit says nothing about descriptors opened before it was
+    lowered, so no loop up to it can be trusted to find them all."""
+    number = _SYSCALLS.get("close_range")
+    if number is not None and _libc.syscall(ctypes.c_long(number), ctypes.c_uint(low), ctypes.c_uint(high),
+                                            ctypes.c_uint(0)) == 0:
+        return
+    for name in os.listdir("/proc/self/fd"):
+        if low <= int(name) <= high:
+            try:
+                os.close(int(name))
+            except OSError:
+                pass  # the listing's own descriptor, already gone
+
+
+_before_fork = ctypes.pythonapi.PyOS_BeforeFork
+_after_fork_child = ctypes.pythonapi.PyOS_AfterFork_Child
+_after_fork_parent = ctypes.pythonapi.PyOS_AfterFork_Parent
+
+
+def fork_sibling() -> int:
+    """``os.fork()``, except that the child's parent is the caller's parent
+    (clone with CLONE_PARENT): the worker's warm template makes spares this
+    way, so each spare is the worker's own child -- reaped by it, killed by
+    its death -- without a middle process. Only for a single-threaded caller.
+    """
+    number = _SYSCALLS.get("clone")
+    if number is None:
+        raise OSError(f"fork_sibling: no clone system call number known for {platform.machine()}")
+    _before_fork()
+    pid = _clone(number, CLONE_PARENT | signal.SIGCHLD, 0, 0, 0, 0)
+    if pid == 0:
+        _after_fork_child()
+        return 0
+    errno = ctypes.get_errno()
+    _after_fork_parent()
+    if pid < 0:
+        raise OSError(errno, f"clone(CLONE_PARENT): {os.strerror(errno)}")
+    return pid

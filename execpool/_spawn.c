@@ -7,10 +7,11 @@
  * cannot set rlimits or the parent-death signal in the child, and applying
  * them after exec leaves a window in which the tool (or a child it forks)
  * runs unlimited. So this does what glibc's posix_spawn does, plus those two:
- * new session, PR_SET_PDEATHSIG, rlimits, working directory, stdin/stdout/
- * stderr, then execve. Only async-signal-safe calls run in the child; every
- * allocation happens in the parent before vfork; the child reports a
- * failure through memory it shares with the parent until exec.
+ * new session, PR_SET_PDEATHSIG, working directory, stdin/stdout/stderr,
+ * every other descriptor closed, rlimits, then execve. Only
+ * async-signal-safe calls run in the child; every allocation happens in the
+ * parent before vfork; the child reports a failure through memory it shares
+ * with the parent until exec.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -21,8 +22,13 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#ifndef SYS_close_range
+#define SYS_close_range 436 /* the same number on every architecture */
+#endif
 
 static const int limit_resources[] = {RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE};
 #define N_LIMITS 4
@@ -30,7 +36,7 @@ static const int limit_resources[] = {RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMI
 
 static const char *const step_names[] = {
     "setsid", "prctl(PR_SET_PDEATHSIG)", "setrlimit", "chdir", "dup2", "execve", "unshare(CLONE_NEWNET)",
-    "joining the job's cgroup",
+    "joining the job's cgroup", "close_range",
 };
 
 static void free_vector(char **vector) {
@@ -122,6 +128,27 @@ static void child(char **argv, char **envp, const char *cwd, const long long *li
         goto fail;
     if (getppid() != parent)
         _exit(137); /* the worker died before the death signal was armed */
+    step = 3;
+    if (chdir(cwd) < 0)
+        goto fail;
+    step = 4;
+    if (dup2(stdin_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(out_fd, 2) < 0)
+        goto fail;
+    /* Nothing but 0, 1 and 2 reaches a tool, whatever the worker holds and
+     * whether or not it is close-on-exec (a descriptor received over a
+     * socket is not, unless asked). Before the rlimits: a lowered open-files
+     * limit hides nothing from close_range, but a loop up to it would miss
+     * what lies above. */
+    step = 8;
+    if (syscall(SYS_close_range, 3U, ~0U, 0U) < 0) {
+        if (errno != ENOSYS)
+            goto fail;
+        struct rlimit open_files;
+        if (getrlimit(RLIMIT_NOFILE, &open_files) < 0)
+            goto fail;
+        for (rlim_t fd = 3; fd < open_files.rlim_cur; fd++)
+            close((int)fd);
+    }
     step = 2;
     for (int i = 0; i < N_LIMITS; i++) {
         if (limits[i] < 0)
@@ -136,12 +163,6 @@ static void child(char **argv, char **envp, const char *cwd, const long long *li
         if (setrlimit(limit_resources[i], &wanted) < 0)
             goto fail;
     }
-    step = 3;
-    if (chdir(cwd) < 0)
-        goto fail;
-    step = 4;
-    if (dup2(stdin_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(out_fd, 2) < 0)
-        goto fail;
     /* The worker's handlers must not run here (they would touch the
      * parent's memory), and what the worker ignores -- SIGPIPE, SIGXFSZ,
      * as Python does -- the tool must not inherit ignored. */

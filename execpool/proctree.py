@@ -60,6 +60,15 @@ def marker_matches(value: Optional[str], marker: str) -> bool:
     return value == marker or value.startswith(marker + "/")
 
 
+def marker_of(pid: int) -> Optional[str]:
+    """The job marker in a process's environment; None when it has none or
+    is gone (a zombie's environment cannot be read)."""
+    try:
+        return psutil.Process(pid).environ().get(JOB_MARKER_ENV)
+    except psutil.Error:
+        return None
+
+
 def _group_killable(pgid: Optional[int]) -> bool:
     """Never the caller's own group (a child started without a new session
     shares it), and nowhere without process groups."""

@@ -1,9 +1,9 @@
 """Warm Python: a job's file run in a fork of the worker, as ``python -u FILE``
 would run it, without an interpreter start-up.
 
-Runs only in the forked child (a parked spare, or a fresh fork of the
-worker), after it was given its session, death signal, rlimits, working
-directory and stdin/stdout/stderr (execpool/spawn.py). What is reset here is what a cold interpreter would
+Runs only in a spare, a clone of the worker's template (execpool/template.py),
+after it was given its session, death signal, working directory, stdin/
+stdout/stderr and rlimits (execpool/spawn.py). What is reset here is what a cold interpreter would
 have differently from the worker: the environment, ``sys.argv``,
 ``sys.path[0]``, fresh unbuffered std streams, a new ``__main__``, signal
 dispositions and exit handlers. What a cold run does at the end is done
@@ -12,9 +12,10 @@ frame cut off, ``SystemExit`` codes, waiting for non-daemon threads, atexit
 handlers, flushing.
 
 What can still differ from a cold run (the README lists it for users):
-modules the worker had imported (or preloaded) are already in
-``sys.modules`` -- that is the speed-up -- with their state as of the fork;
-``sys.flags`` and ``sys.orig_argv`` are the worker's; a ``sitecustomize`` is
+modules the template had imported (execpool's own, and the pool's
+``preload``) are already in ``sys.modules`` -- that is the speed-up -- with
+their state as of its start; ``sys.flags`` and ``sys.orig_argv`` are the
+template's; a ``sitecustomize`` is
 re-imported only when the job's ``PYTHONPATH`` provides one.
 """
 
@@ -44,8 +45,8 @@ _EXIT_FLUSH_FAILED = 120
 def run(path: str, env: dict, worker_path: list, ready_fd: int) -> NoReturn:
     """Become the job's interpreter, close ``ready_fd`` (telling the worker
     the job started), run ``path`` as ``__main__`` and exit with its status."""
-    # The worker is not dumpable (its channel must stay out of tools' reach);
-    # a cold tool is, after its exec.
+    # The template and its spares are not dumpable (a parked spare must stay
+    # out of tools' reach); a cold tool is, after its exec.
     _linux.prctl(_linux.PR_SET_DUMPABLE, 1)
     _reset_handlers()
     _stamp_marker(env.get(JOB_MARKER_ENV, ""))
@@ -72,7 +73,7 @@ def rehearse() -> None:
     """Run the steps of :func:`run` that leave no trace, on harmless input,
     in a warm spare waiting for its job (execpool/spawn.py).
 
-    A spare is a fork of the worker: every page it writes for the first time
+    A spare is a clone of the template: every page it writes for the first time
     is copied then, a page fault that costs microseconds in a VM, and a warm
     start writes a few hundred pages (reference counts of the objects it
     touches). Taking those faults while the spare waits halves its start."""

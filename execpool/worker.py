@@ -15,13 +15,17 @@ One ``selectors`` loop waits on everything the worker owns:
   tool leaders and, because the worker is a child subreaper, any daemon that
   escaped its group and was re-parented here -- so no zombie stays,
 - one non-blocking stdout pipe per running tool,
-- the warm template's socket, where the spares the worker asked for arrive
-  (execpool/spawn.py: how tools are started),
+- the warm template's socket, where the spares the worker asked for arrive,
+  the parked spares' sockets (readable only when a spare died) and each
+  warm job's ready pipe (execpool/template.py; execpool/spawn.py: how
+  tools are started),
 - and a timer heap for deadlines, used as the select timeout.
 
-There are no threads, so forking a tool from here is safe and cheap (the
-worker's memory is small), and killing is immediate: a Cancel is handled the
-moment it is read. Output is read with ``os.read`` and decoded incrementally
+There are no threads, so starting a tool from here is safe and cheap, and
+killing is immediate: a Cancel is handled the moment it is read. The worker
+holds every running job's code, environment and stdin, so no job's code
+ever runs in a copy of its memory: a cold tool execs straight after its
+vfork, and a warm job runs in a spare of a template that never held a job. Output is read with ``os.read`` and decoded incrementally
 (UTF-8 with replacement, universal newlines), forwarded live only up to the
 stream's cap plus one character (the producer-side cap: a flood never fills
 any pipe or queue beyond it), and kept only as far as the Result needs.
@@ -31,15 +35,15 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import gc
 import heapq
-import importlib
+import importlib.util
 import io
 import os
 import selectors
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections import deque
 from multiprocessing.connection import Connection
@@ -47,9 +51,10 @@ from typing import Optional
 
 from . import _linux, channel
 from .cgroups import Cgroups, JobGroup
-from .proctree import JOB_MARKER_ENV, child_pids, count_tree, is_zombie, kill_tree
+from .proctree import JOB_MARKER_ENV, child_pids, count_tree, is_zombie, kill_tree, marker_of
 from .result import Result
-from .spawn import WarmSpare, WarmTemplate, start_tool
+from .spawn import DEVNULL, start_tool
+from .template import MAX_CGROUP_FDS, REHEARSE_WHEN_IDLE_S, TAKEN, SpareSupply, WarmSpare, encode_job
 
 
 
@@ -66,10 +71,6 @@ MAX_ERROR_LINE_CHARS = 4096
 #: processes this often and kills the job once it is over: a fork storm is
 #: stopped, though it may pass the cap for up to one interval.
 PROCESS_COUNT_INTERVAL_S = 0.02
-
-#: A warm job that starts after the worker ran nothing for this long has the
-#: worker make spares for the next ones.
-SPARE_QUIET_S = 0.01
 
 #: A killed leader that is not reaped by then (stuck in the kernel) no longer
 #: holds up its Result.
@@ -136,6 +137,9 @@ class _Job:
         self.tmpdir: Optional[str] = None
         self.script: Optional[str] = None
         self.group: Optional[JobGroup] = None
+        # A warm job's hand-over: the spare's ready pipe, what it said there.
+        self.ready_fd: Optional[int] = None
+        self.report = b""
 
 
 def _stdin_file(text: str) -> int:
@@ -177,14 +181,14 @@ class Worker:
         self.jobs_by_fd: dict[int, _Job] = {}
         self.timers: list[tuple[float, int, str]] = []
         self.kept_pgids: set[int] = set()
+        self.kept_markers: set[str] = set()
         self.cgroup_tier: Optional[Cgroups] = None
         self.cgroups_detected = False
         self.stale_groups: list[JobGroup] = []
-        self.template: Optional[WarmTemplate] = None
-        self.warm_spares = warm_spares
-        self.spares: dict[int, WarmSpare] = {}
-        self.spares_asked = 0
-        self.idle_since = -SPARE_QUIET_S  # when the last running job ended
+        self.spares = SpareSupply(self.sel, spawn_method, preload, warm_spares, self._serve_warm)
+        # Warm jobs waiting for a spare, oldest first.
+        self.warm_waiting: deque[_Job] = deque()
+        self.idle_since: Optional[float] = time.monotonic()  # None while a job runs
         self.stopping = False
 
     # -- the loop --------------------------------------------------------
@@ -207,38 +211,6 @@ class Worker:
             self._fire_timers()
         self._shutdown()
 
-    def _ask_for_spares(self) -> None:
-        """After each warm start, so the next warm jobs find spares parked
-        (execpool/spawn.py); the template is forked at the first."""
-        if self.stopping or not self.warm_spares:
-            return
-        if self.template is None:
-            try:
-                self.template = WarmTemplate()
-            except OSError:
-                return  # out of processes or memory: warm jobs fork as they come
-            self.sel.register(self.template.sock, selectors.EVENT_READ, self._on_template)
-        while len(self.spares) + self.spares_asked < self.warm_spares:
-            self.template.ask()
-            self.spares_asked += 1
-
-    def _on_template(self, _fd: int) -> None:
-        spare = self.template.receive()
-        if spare is None:
-            self._drop_template()
-        else:
-            self.spares_asked -= 1
-            self.spares[spare.pid] = spare
-            self._sweep_strays()  # the one a Result skipped while the spare was on its way
-
-    def _drop_template(self) -> None:
-        """It died (or shutdown): the next warm start makes a new one."""
-        self.sel.unregister(self.template.sock)
-        self.template.close()
-        self.template = None
-        self.spares_asked = 0
-        self._sweep_strays()
-
     def _cgroups(self) -> Optional[Cgroups]:
         """The cgroup tier, detected the first time a job needs it; None
         where the machine (or the pool) gives execpool none."""
@@ -248,18 +220,17 @@ class Worker:
         return self.cgroup_tier
 
     def _preload(self) -> tuple:
-        """Import what warm jobs should find already loaded; report failures
-        instead of dying, so the pool can say which module is at fault."""
+        """Find what warm jobs should find already loaded -- the template
+        imports it (execpool/template.py), the worker imports none of the
+        caller's code -- and report what cannot be found, so the pool can say
+        which module is at fault."""
         errors = []
         for name in self.preload:
             try:
-                importlib.import_module(name)
+                if importlib.util.find_spec(name) is None:
+                    errors.append(f"{name}: ModuleNotFoundError: No module named {name!r}")
             except BaseException as exc:  # noqa: BLE001 - any failure is the caller's to see
                 errors.append(f"{name}: {type(exc).__name__}: {exc}")
-        gc.collect()
-        # Every object alive now lives as long as the worker: keep the
-        # collector from touching them, so forked tools copy fewer pages.
-        gc.freeze()
         return tuple(errors)
 
     def _next_timeout(self) -> Optional[float]:
@@ -270,12 +241,16 @@ class Worker:
     def _fire_timers(self) -> None:
         """One heap holds every deadline: a job's timeout ("timeout"), the
         grace a killed job's leader has to be reaped before its Result goes
-        out anyway ("reap"), and the next count of a job whose process cap
-        the worker keeps itself ("count"). Entries of jobs that ended
-        otherwise are stale; skip them."""
+        out anyway ("reap"), the next count of a job whose process cap the
+        worker keeps itself ("count"), and the moment an idle worker has its
+        parked spares rehearse ("rehearse", job id 0). Entries of jobs that
+        ended otherwise are stale; skip them."""
         now = time.monotonic()
         while self.timers and self.timers[0][0] <= now:
             _, job_id, kind = heapq.heappop(self.timers)
+            if kind == "rehearse":
+                self._rehearse_if_idle()
+                continue
             job = self.jobs.get(job_id)
             if job is None:
                 continue
@@ -341,14 +316,12 @@ class Worker:
                 return
             job = self.by_leader.pop(pid, None)
             if job is None:
-                if self.template is not None and pid == self.template.pid:
-                    self._drop_template()
-                elif pid in self.spares:
-                    self.spares.pop(pid).close()  # killed while parked: make another
-                    self._ask_for_spares()
-                if self.stale_groups:
+                if not self.spares.exited(pid) and self.stale_groups:
                     self.stale_groups = [group for group in self.stale_groups if not group.remove()]
                 continue  # an orphan re-parented to us, already killed or done
+            if job.start.warm and not self._read_ready(job) and job.end_reason is None:
+                self._requeue(job)  # its spare died parked, before it took the job
+                continue
             job.exit_code = os.waitstatus_to_exitcode(status)
             job.reaped = True
             if job.eof or job.end_reason:
@@ -389,68 +362,186 @@ class Worker:
     def _start(self, start: channel.Start) -> None:
         job = _Job(start, f"{self.token}/{start.job_id}")
         self.jobs[start.job_id] = job
+        self.idle_since = None
         try:
-            self._spawn(job)
+            argv, env, cwd = self._prepare(job)
+            if start.warm:
+                self.warm_waiting.append(job)
+            else:
+                self._spawn(job, argv, env, cwd)
         except Exception as exc:  # noqa: BLE001 - any spawn failure is the job's Result
-            job.error = f"cannot start the tool: {exc}"
-            job.reaped = True
-            self._finish(job)
+            self._fail_start(job, exc)
             return
-        self._send(channel.Spawned(start.job_id, job.pid, job.pid))
-        if start.warm and len(self.jobs) == 1 and job.started - self.idle_since >= SPARE_QUIET_S:
-            # Spares only for a worker that had nothing to do: a spare saves
-            # latency but costs more CPU than a fork from the worker (a second
-            # fork), which a busy worker -- a batch -- is short of.
-            self._ask_for_spares()
         if start.timeout is not None:
             heapq.heappush(self.timers, (job.started + start.timeout, start.job_id, "timeout"))
         if start.limits.processes is not None and job.group is None:
             heapq.heappush(self.timers, (time.monotonic(), start.job_id, "count"))
+        if start.warm:
+            self._serve_warm()
 
-    def _spawn(self, job: _Job) -> None:
+    def _fail_start(self, job: _Job, exc: BaseException) -> None:
+        job.error = f"cannot start the tool: {exc}"
+        job.reaped = True
+        self._finish(job)
+
+    def _prepare(self, job: _Job) -> tuple[list, dict, str]:
+        """What every way of starting a tool needs: its directory (a fresh one
+        with a name no job can guess), its script, its environment, its cgroup."""
         start = job.start
-        cwd = start.cwd
-        if cwd is None:
-            cwd = job.tmpdir = os.path.join(self.jobs_dir, str(start.job_id))
-            os.mkdir(cwd, 0o700)
+        if start.cwd is None:
+            job.tmpdir = tempfile.mkdtemp(dir=self.jobs_dir)
+        cwd = self._cwd(job)
         if start.argv_kind == "python":
-            job.script = os.path.join(cwd, f".execpool-{self.token}-{start.job_id}.py")
-            with open(job.script, "w", encoding="utf-8") as f:
+            fd, job.script = tempfile.mkstemp(prefix=".execpool-", suffix=".py", dir=cwd)
+            with open(fd, "w", encoding="utf-8") as f:
                 f.write(start.source)
             argv = [start.python, "-u", job.script]
         else:
             argv = [self.shell, "-c", start.source]
-        env = dict(start.env)
-        env[JOB_MARKER_ENV] = job.marker
-        method = "warm" if start.warm else self.spawn_method
-        join_fds = []
         if start.limits.needs_cgroup:
             tier = self._cgroups()
             if tier is not None and tier.offers(start.limits.processes, start.limits.memory):
                 job.group = tier.create(start.job_id, start.limits.processes, start.limits.memory)
-                join_fds = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in job.group.procs_files()]
             elif start.limits.memory is not None:
                 raise OSError("Limits(memory=...) needs a cgroup memory controller, and execpool cannot "
                               "use one here")
             # else: the worker counts the job's processes itself (see _fire_timers)
-        spare = None
-        if start.warm and self.spares:
-            spare = self.spares.pop(next(iter(self.spares)))  # the oldest: rehearsed by now
-        stdin_fd = _stdin_file(start.stdin) if start.stdin is not None else -1
+        return argv, self._env(job), cwd
+
+    def _spawn(self, job: _Job, argv: list, env: dict, cwd: str) -> None:
+        start = job.start
+        with self._job_fds(job) as (stdin_fd, join_fds):
+            pid, out_r = start_tool(argv, env, cwd, start.limits, self.spawn_method, stdin_fd, not start.network,
+                                    join_fds)
+        self._running(job, pid, out_r)
+
+    @contextlib.contextmanager
+    def _job_fds(self, job: _Job):
+        """The job's stdin and cgroup.procs files, open for as long as its
+        start needs them."""
+        fds = []
         try:
-            pid, out_r = start_tool(argv, env, cwd, start.limits, method, stdin_fd, not start.network, join_fds,
-                                    spare)
+            stdin_fd = DEVNULL
+            if job.start.stdin is not None:
+                stdin_fd = _stdin_file(job.start.stdin)
+                fds.append(stdin_fd)
+            join_fds = [] if job.group is None else [os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                                                     for path in job.group.procs_files()]
+            fds.extend(join_fds)
+            yield stdin_fd, join_fds
         finally:
-            for fd in [*join_fds, stdin_fd]:
-                if fd >= 0:
-                    os.close(fd)
-            if spare is not None:
-                spare.close()
+            for fd in fds:
+                os.close(fd)
+
+    def _running(self, job: _Job, pid: int, out_r: int) -> None:
         os.set_blocking(out_r, False)
         job.pid, job.fd = pid, out_r
         self.by_leader[pid] = job
         self.jobs_by_fd[out_r] = job
         self.sel.register(out_r, selectors.EVENT_READ, self._on_output)
+        self._send(channel.Spawned(job.start.job_id, pid, pid))
+
+    # -- warm jobs: handed to spares -------------------------------------
+
+    def _serve_warm(self) -> None:
+        """Hand waiting warm jobs to parked spares, then ask for as many
+        spares as are still missing (execpool/template.py)."""
+        while self.warm_waiting and not self.stopping:
+            spare = self.spares.pop()
+            if spare is None:
+                break
+            job = self.warm_waiting.popleft()
+            try:
+                handed = self._hand_over(job, spare)
+            except Exception as exc:  # noqa: BLE001 - the job's start failure, as for a cold job
+                self._fail_start(job, exc)
+                continue
+            if not handed:
+                self.warm_waiting.appendleft(job)  # the spare was gone; the next one takes it
+        if self.stopping:
+            return
+        self.spares.want(len(self.warm_waiting))
+        if self.spares.broken is not None:
+            while self.warm_waiting:
+                self._fail_start(self.warm_waiting.popleft(), OSError(self.spares.broken))
+        self._rehearse_if_idle()
+
+    def _rehearse_if_idle(self) -> None:
+        """Parked spares rehearse only once the worker has had nothing to
+        do for a while (execpool/template.py)."""
+        if self.idle_since is not None and time.monotonic() - self.idle_since >= REHEARSE_WHEN_IDLE_S:
+            self.spares.rehearse()
+
+    def _hand_over(self, job: _Job, spare: WarmSpare) -> bool:
+        start = job.start
+        description = os.memfd_create("execpool-job", os.MFD_CLOEXEC)
+        out_r, out_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        try:
+            os.write(description, encode_job(job.script, self._env(job), self._cwd(job), start.limits,
+                                             not start.network))
+            os.lseek(description, 0, os.SEEK_SET)
+            with self._job_fds(job) as (stdin_fd, join_fds):
+                handed = spare.hand(description, stdin_fd, out_w, ready_w, join_fds[:MAX_CGROUP_FDS])
+        except BaseException:
+            os.close(out_r)
+            os.close(ready_r)
+            raise
+        finally:
+            for fd in (description, out_w, ready_w):
+                os.close(fd)
+            spare.close()
+        if not handed:
+            os.close(out_r)
+            os.close(ready_r)
+            return False
+        os.set_blocking(ready_r, False)
+        job.ready_fd = ready_r
+        self.sel.register(ready_r, selectors.EVENT_READ, lambda _fd, job=job: self._read_ready(job))
+        self._running(job, spare.pid, out_r)
+        return True
+
+    def _env(self, job: _Job) -> dict:
+        env = dict(job.start.env)
+        env[JOB_MARKER_ENV] = job.marker
+        return env
+
+    def _cwd(self, job: _Job) -> str:
+        return job.tmpdir if job.start.cwd is None else job.start.cwd
+
+    def _read_ready(self, job: _Job) -> bool:
+        """Read what the spare said on the ready pipe so far (closing it at
+        EOF, when the job's code started or the spare died); return whether
+        the spare took the job."""
+        while job.ready_fd is not None:
+            try:
+                data = os.read(job.ready_fd, 4096)
+            except BlockingIOError:
+                break
+            if not data:
+                self._close_ready(job)
+                break
+            job.report += data
+        failure = job.report[len(TAKEN):]
+        if failure and job.error is None:
+            job.error = f"cannot start the tool: {failure.decode('utf-8', 'replace')}"
+        return job.report.startswith(TAKEN)
+
+    def _close_ready(self, job: _Job) -> None:
+        if job.ready_fd is not None:
+            self.sel.unregister(job.ready_fd)
+            os.close(job.ready_fd)
+            job.ready_fd = None
+
+    def _requeue(self, job: _Job) -> None:
+        """A spare killed after the hand-over but before it said it took the
+        job ran none of it: the job waits for the next spare."""
+        self._close_ready(job)
+        self._close_output(job)
+        job.pid = None
+        job.report = b""
+        self.warm_waiting.appendleft(job)
+        self._serve_warm()
 
     def _close_output(self, job: _Job) -> None:
         if job.fd is not None:
@@ -462,6 +553,11 @@ class Worker:
     def _end(self, job: _Job, reason: str) -> None:
         """Timeout or cancel: the one kill path, then wait for the reap."""
         job.end_reason = reason
+        if job.pid is None:  # a warm job still waiting for a spare
+            self.warm_waiting.remove(job)
+            job.reaped = True
+            self._finish(job)
+            return
         job.killed_at = time.monotonic()
         heapq.heappush(self.timers, (job.killed_at + REAP_GRACE_S, job.start.job_id, "reap"))
         self._kill(job)
@@ -476,7 +572,7 @@ class Worker:
     def _not_strays(self) -> set:
         """The worker's children that belong to no finished job: the leaders
         of running jobs, the warm template and the parked spares."""
-        return {*self.by_leader, *self.spares, *(() if self.template is None else (self.template.pid,))}
+        return {*self.by_leader, *self.spares.pids()}
 
     def _finish(self, job: _Job) -> None:
         if job.start.job_id not in self.jobs:
@@ -484,10 +580,15 @@ class Worker:
         del self.jobs[job.start.job_id]
         if not self.jobs:
             self.idle_since = time.monotonic()
+            heapq.heappush(self.timers, (self.idle_since + REHEARSE_WHEN_IDLE_S, 0, "rehearse"))
         self._close_output(job)
+        if job.ready_fd is not None:
+            self._read_ready(job)
+            self._close_ready(job)
         if job.end_reason is None and job.pid is not None:
             if job.start.keep_background:
                 self.kept_pgids.add(job.pid)
+                self.kept_markers.add(job.marker)
             else:
                 self._kill(job)
         if job.group is not None:
@@ -502,6 +603,8 @@ class Worker:
             _unlink(job.script)
         self._send(channel.Finished(job.start.job_id, self._result(job)))
         if trashed is not None:
+            if job.script is not None:  # most often all it holds: one rmdir then does
+                _unlink(os.path.join(trashed, os.path.basename(job.script)))
             _remove(trashed)
         self._sweep_strays()  # after the Result: the tree it belongs to is dead already
 
@@ -518,15 +621,27 @@ class Worker:
 
     def _sweep_strays(self) -> None:
         """Strays that cleared their environment cannot be attributed to a
-        job; once no job is left they cannot belong to a live one. Not while
-        a spare is on its way, which is a child of the worker before the
-        worker knows its pid."""
-        if self.jobs or self.kept_pgids or self.spares_asked:
+        job; once no job is left they cannot belong to a live one. Spared:
+        the template and its spares (also one on its way, a child of the
+        worker before the worker knows its pid), and what ``keep_background``
+        jobs left, by group or marker."""
+        if self.jobs:
             return
         keep = self._not_strays()
         for pid in child_pids(self.pid):
-            if pid not in keep and not is_zombie(pid):
-                kill_tree(leader=pid)
+            if pid in keep or is_zombie(pid) or self.spares.made(pid) or self._kept(pid):
+                continue
+            kill_tree(leader=pid)
+
+    def _kept(self, pid: int) -> bool:
+        if not self.kept_pgids:
+            return False
+        try:
+            if os.getpgid(pid) in self.kept_pgids:
+                return True
+        except OSError:
+            return False
+        return (marker_of(pid) or "").strip() in self.kept_markers
 
     def _result(self, job: _Job) -> Result:
         capture = job.capture
@@ -547,16 +662,13 @@ class Worker:
         running gets its (cancelled) Result."""
         pgids = self.kept_pgids | {job.pid for job in self.jobs.values() if job.pid is not None}
         kill_tree(pgids, leader=self.pid, marker=self.token, scope=self.pid)
+        self.warm_waiting.clear()
         for job in list(self.jobs.values()):
             if job.end_reason is None:
                 job.end_reason = "cancel"
             job.reaped = True
             self._finish(job)
-        if self.template is not None:
-            self._drop_template()
-        for spare in self.spares.values():
-            spare.close()
-        self.spares.clear()
+        self.spares.close()
         self._reap()
         if self.cgroup_tier is not None:
             self.cgroup_tier.close()

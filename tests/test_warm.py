@@ -13,9 +13,8 @@ import pytest
 
 import hostile
 from execpool import ExecPool, Limits, PythonJob, ShellJob
-from execpool.spawn import SPARE_NAME, TEMPLATE_NAME
+from execpool.template import SPARE_NAME, TEMPLATE_NAME
 from execpool.supervisor import DEFAULT_WARM_SPARES as WARM_SPARES
-from execpool.worker import SPARE_QUIET_S
 from helpers import all_dead, pids_in, wait_for
 
 CORPUS = {
@@ -46,8 +45,8 @@ CORPUS = {
 
 
 def normalized(result) -> tuple:
-    """Both runs name their file after their own job id; nothing else may differ."""
-    return re.sub(r"\.execpool-\w+-\d+\.py", "JOB.py", result.output), result.exit_code
+    """Each run's file has a name of its own; nothing else may differ."""
+    return re.sub(r"\.execpool-\w+\.py", "JOB.py", result.output), result.exit_code
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +110,9 @@ def test_a_spare_joins_its_jobs_cgroup(spare_pool):
 
 def test_warm_spares_option():
     with ExecPool(workers=1, warm_spares=0) as pool:
-        assert pool.run(PythonJob("print('forked')", warm=True)).text == "forked\n"
-        assert _templates(pool) == [] and _parked_spares(pool) == []
+        # None parked: each warm job waits for a spare made for it.
+        assert pool.run(PythonJob("print('made for me')", warm=True)).text == "made for me\n"
+        assert len(_templates(pool)) == 1 and _parked_spares(pool) == []
     for bad, error in ((-1, ValueError), (65, ValueError), (True, TypeError), (1.5, TypeError)):
         with pytest.raises(error):
             ExecPool(workers=1, warm_spares=bad)
@@ -213,8 +213,10 @@ def test_a_warm_job_takes_a_spare_parked_by_the_ones_before():
         assert wait_for(lambda: len(_parked_spares(pool)) == WARM_SPARES)
         spares = {spare.pid for spare in _parked_spares(pool)}
         for spare in spares:
-            # Of the worker's descriptors only stdio, /dev/null and its socket are left.
-            assert len(os.listdir(f"/proc/{spare}/fd")) == 5
+            # Nothing of the worker's or the template's channel: /dev/null and its own socket.
+            targets = [os.readlink(f"/proc/{spare}/fd/{fd}") for fd in os.listdir(f"/proc/{spare}/fd")]
+            assert sorted(set(targets) - {os.devnull}) == [t for t in targets if t.startswith("socket:")]
+            assert len([t for t in targets if t.startswith("socket:")]) == 1
         # A job ending with no job left does not take the template or a spare for a stray.
         assert pool.run(ShellJob("true")).exit_code == 0
         result = pool.run(PythonJob("import os, sys\nprint(os.getpid())\nsys.exit(3)", warm=True))
@@ -234,10 +236,8 @@ def test_killed_spares_and_templates_are_replaced():
         template = _templates(pool)[0]
         template.kill()
         assert all_dead([template.pid])
-        # Parked spares are the worker's children and outlive their template.
-        # A new template comes with a warm job to a worker idle for
-        # SPARE_QUIET_S (a time is what the rule is about).
-        time.sleep(2 * SPARE_QUIET_S)
+        # Parked spares are the worker's children and outlive their template;
+        # the next warm job has the worker start a new one.
         assert pool.run(probe).exit_code == 0
         assert wait_for(lambda: len(_templates(pool)) == 1 and _templates(pool)[0].pid != template.pid)
         assert wait_for(lambda: len(_parked_spares(pool)) == WARM_SPARES)
@@ -253,15 +253,14 @@ def test_pool_close_takes_the_template_and_spares_down():
     assert all_dead(pids)
 
 
-def test_a_busy_worker_forks_warm_jobs_itself_and_makes_no_spares():
-    with ExecPool(workers=1) as pool:
+def test_a_busy_worker_hands_warm_jobs_to_spares_too():
+    with ExecPool(workers=1, warm_spares=0) as pool:
         stream = pool.stream(ShellJob("echo up; sleep 30", timeout=None))
         assert next(stream)["text"] == "up\n"
-        assert pool.run(PythonJob("print('hi')", warm=True)).output == "hi\n"
-        assert _templates(pool) == [] and _parked_spares(pool) == []
+        worker = pool.worker_pids[0]
+        # No spare parked (warm_spares=0): one is made for the job, a clone of
+        # the template in the template's session until it takes the job.
+        probe = "import os\nprint(os.getppid(), os.getsid(0) == os.getpid())"
+        assert pool.run(PythonJob(probe, warm=True)).output == f"{worker} True\n"
+        assert len(_templates(pool)) == 1 and _parked_spares(pool) == []
         stream.close()
-        # Idle for SPARE_QUIET_S (a time is what the rule is about): the next
-        # warm job has the worker make its template and spares.
-        time.sleep(2 * SPARE_QUIET_S)
-        pool.run(PythonJob("pass", warm=True))
-        assert len(_templates(pool)) == 1

@@ -1,0 +1,238 @@
+"""Jobs are tenants: a tool reaches nothing of another job or of the pool.
+
+Each test is an attack a hostile tool made on execpool (as root, the user
+these tests run as; the descriptor and memory checks hold for any user),
+written so that it failed before the fix it guards.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import secrets
+import shlex
+import signal
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+from helpers import alive, all_dead, pids_in, wait_for
+
+from execpool import ExecPool, Limits, PythonJob, ShellJob
+from execpool.template import SPARE_NAME
+
+#: A tool's view of its own descriptors, less the one the listing opens.
+LIST_FDS_PYTHON = """
+import os
+def still_open(fd):
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+print(sorted(fd for fd in map(int, os.listdir("/proc/self/fd")) if still_open(fd)))
+"""
+
+
+def _fds_of_every_kind(pool: ExecPool, **job) -> dict:
+    return {
+        # What the shell hands a program it execs is what the shell has.
+        "shell": pool.run(ShellJob(f"exec {sys.executable} -c {shlex.quote(LIST_FDS_PYTHON)}", **job)).output,
+        "cold": pool.run(PythonJob(LIST_FDS_PYTHON, **job)).output,
+        "warm": pool.run(PythonJob(LIST_FDS_PYTHON, warm=True, **job)).output,
+    }
+
+
+def test_no_descriptor_but_stdio_reaches_a_tool_after_spares_were_parked(pool):
+    # Once a warm job has run, the worker holds its parked spares' sockets;
+    # they once reached every later cold and shell tool, which could then
+    # hand a spare a job of its own making.
+    pool.run(PythonJob("pass", warm=True))
+    assert wait_for(lambda: _parked(pool))
+    for _ in range(2):
+        assert _fds_of_every_kind(pool) == {"shell": "[0, 1, 2]\n", "cold": "[0, 1, 2]\n",
+                                            "warm": "[0, 1, 2]\n"}
+
+
+@pytest.mark.parametrize("held, open_files", [(1100, None), (100, 64)])
+def test_no_descriptor_reaches_a_tool_above_its_open_files_limit(held, open_files):
+    # A worker's channel keeps the descriptor numbers the caller had free:
+    # a caller holding many descriptors gives its workers high ones, which a
+    # close up to the tool's (lowered) open-files limit did not reach.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < held + 64:
+        pytest.skip(f"needs an open-files hard limit above {held + 64}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, held + 64), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(held)]
+    try:
+        limits = Limits(open_files=open_files) if open_files else Limits()
+        for method in ("vfork", "fork"):
+            if method == "vfork" and not _has_vfork():
+                continue
+            with ExecPool(workers=1, spawn_method=method, limits=limits) as pool:
+                assert _fds_of_every_kind(pool) == {"shell": "[0, 1, 2]\n", "cold": "[0, 1, 2]\n",
+                                                    "warm": "[0, 1, 2]\n"}, method
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+#: Searches every readable page of its own memory, and every string object,
+#: for secrets of the shape below, and prints the ones it found.
+MEMORY_SCAN = r"""
+import gc, re
+pattern = re.compile(rb"TENANT-SECRET-" + rb"([0-9a-f]{32})")
+found = set()
+with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", 0) as mem:
+    for line in maps:
+        fields = line.split()
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        if "r" not in fields[1] or (len(fields) > 5 and fields[5] in ("[vvar]", "[vsyscall]", "[vvar_vclock]")):
+            continue
+        try:
+            mem.seek(start)
+            found.update(m.decode() for m in pattern.findall(mem.read(end - start)))
+        except (OSError, ValueError, OverflowError):
+            continue
+for obj in gc.get_objects():
+    for value in (obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()):
+        if isinstance(value, str):
+            found.update(pattern.findall(value.encode("utf-8", "replace")))
+print("FOUND", sorted(x if isinstance(x, str) else x.decode() for x in found))
+"""
+
+
+def _secret_job(warm: bool, command: str = "") -> tuple[PythonJob, set]:
+    """A job whose code, env, stdin and output each hold a secret of its own."""
+    code, env, stdin, output = (secrets.token_hex(16) for _ in range(4))
+    source = (f"# TENANT-SECRET-{code}\nimport sys\nsys.stdin.read()\n"
+              f"print('TENANT-SECRET-' + '{output[:16]}' + '{output[16:]}', flush=True)\n{command}")
+    job = PythonJob(source, warm=warm, env={"API_KEY": f"TENANT-SECRET-{env}"},
+                    stdin=f"TENANT-SECRET-{stdin}\n", timeout=60)
+    return job, {code, env, stdin, output}
+
+
+def test_a_warm_job_finds_nothing_of_other_jobs_in_its_memory():
+    # Warm jobs were forks of the worker, or of a template forked from it
+    # after it had run jobs: walking the heap found the Start messages and
+    # output buffers of jobs running beside them, and of finished ones.
+    with ExecPool(workers=1) as pool:
+        taken = set()
+        for warm in (True, False):  # jobs that finished before
+            job, values = _secret_job(warm)
+            assert pool.run(job).exit_code == 0
+            taken |= values
+        streams = []
+        for warm in (True, False):  # jobs running beside the scan
+            job, values = _secret_job(warm, "import time\ntime.sleep(60)")
+            stream = pool.stream(job)
+            assert "TENANT-SECRET-" in next(stream)["text"]
+            streams.append(stream)
+            taken |= values
+        try:
+            for _ in range(3):  # spares parked long before, and ones made now
+                scan = pool.run(PythonJob(MEMORY_SCAN, warm=True, timeout=60))
+                assert scan.exit_code == 0, scan.text
+                assert "FOUND" in scan.output
+                assert taken.isdisjoint(scan.output.split("FOUND", 1)[1].replace("'", " ").split()), scan.output
+        finally:
+            for stream in streams:
+                stream.close()
+
+
+def test_a_stopped_spare_costs_only_its_own_job():
+    # A tool can SIGSTOP the parked spares (they run as its user). The worker
+    # once waited for a stopped spare's answer with a blocking read: the
+    # next warm job stopped the whole worker, every other job with it.
+    with ExecPool(workers=1, warm_spares=2) as pool:
+        pool.run(PythonJob("pass", warm=True))
+        assert wait_for(lambda: len(_parked(pool)) == 2)
+        stopped = _parked(pool)
+        for spare in stopped:
+            spare.send_signal(signal.SIGSTOP)
+        rescue = threading.Timer(20.0, lambda: [_cont(p) for p in stopped])
+        rescue.start()
+        try:
+            beside = pool.stream(ShellJob("for i in 1 2 3 4 5 6 7 8; do echo tick; sleep 0.1; done"))
+            # Each stopped spare takes one job, which times out; nothing else waits.
+            runner = ThreadPoolExecutor(len(stopped))
+            victims = [runner.submit(pool.run, PythonJob("print('never')", warm=True, timeout=1)) for _ in stopped]
+            runner.shutdown(wait=False)
+            ticks = [event for event in beside if event["type"] == "tool_output"]
+            assert "".join(event["text"] for event in ticks).count("tick") == 8
+            assert all(victim.result(timeout=10).timed_out for victim in victims)
+            assert pool.run(PythonJob("print('next')", warm=True, timeout=30)).output == "next\n"
+            assert pool.run(ShellJob("echo shell")).output == "shell\n"
+        finally:
+            rescue.cancel()
+            for spare in stopped:
+                _cont(spare)
+
+
+def test_a_spare_killed_before_it_took_its_job_hands_the_job_on():
+    # The hand-over is a message the spare has not read yet: a spare killed
+    # then ran nothing of the job, which must run whole in another spare.
+    with ExecPool(workers=1, warm_spares=1) as pool:
+        pool.run(PythonJob("pass", warm=True))
+        assert wait_for(lambda: len(_parked(pool)) == 1)
+        first = _parked(pool)[0]
+        first.send_signal(signal.SIGSTOP)
+        runner = ThreadPoolExecutor(1)
+        job = runner.submit(pool.run, PythonJob("import os\nprint(os.getpid())", warm=True, timeout=30))
+        runner.shutdown(wait=False)
+        # Handed to the stopped spare (which _parked leaves out), the worker
+        # asked for the next one at once.
+        assert wait_for(lambda: len(_parked(pool)) == 1)
+        first.kill()
+        result = job.result(timeout=30)
+        assert result.exit_code == 0 and int(result.output) != first.pid, result.text
+
+
+def test_job_directories_are_unpredictable_and_squatting_costs_nothing():
+    # Private directories were named by job id: a tool that made the next
+    # ids' directories first had every later job fail with "File exists".
+    squat = ('up=$(dirname "$PWD"); for i in $(seq 1 300); do mkdir "$up/$i" "$up/$(basename "$PWD")$i"; done '
+             '2>/dev/null; basename "$PWD"')
+    with ExecPool(workers=1) as pool:
+        names = [pool.run(ShellJob(squat)).output.strip() for _ in range(3)]
+        assert not any(name.isdigit() for name in names) and len(set(names)) == 3
+        for kind in (ShellJob("echo fine"), PythonJob("print('fine')"), PythonJob("print('fine')", warm=True)):
+            assert pool.run(kind).text == "fine\n"
+
+
+#: A daemon that leaves its session and group and clears its environment:
+#: nothing marks it as the job's, so only the end-of-job sweep finds it.
+ANONYMOUS_DAEMON = "setsid bash -c 'env -i /bin/sleep 100 >/dev/null 2>&1 & echo \"PIDS $!\"'"
+
+
+def test_strays_are_swept_after_a_keep_background_job_ran():
+    # Once any keep_background job had run on a worker, strays that cleared
+    # their environment were never swept again until the pool closed.
+    with ExecPool(workers=1) as pool:
+        kept = pids_in(pool.run(ShellJob("sleep 100 >/dev/null 2>&1 & echo \"PIDS $!\"",
+                                         keep_background=True)).output)
+        stray = pids_in(pool.run(ShellJob(ANONYMOUS_DAEMON)).output)
+        assert stray and all_dead(stray), "the anonymous daemon outlived its job"
+        assert all(alive(pid) for pid in kept), "a kept background process was swept"
+    assert all_dead(kept)
+
+
+def _parked(pool: ExecPool) -> list:
+    return [child for pid in pool.worker_pids for child in psutil.Process(pid).children()
+            if child.name() == SPARE_NAME and child.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_STOPPED)]
+
+
+def _cont(proc: psutil.Process) -> None:
+    try:
+        proc.send_signal(signal.SIGCONT)
+    except psutil.Error:
+        pass
+
+
+def _has_vfork() -> bool:
+    from execpool.spawn import SPAWN_METHODS
+
+    return "vfork" in SPAWN_METHODS
