@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fcntl
+import itertools
 import json
 import math
 import os
@@ -54,8 +55,21 @@ DEFAULT_BATCH_MAX_OUTPUT_CHARS = 100_000
 #: keep pouring in.
 MAX_UNSYNCED_S = 0.25
 
-#: How many duplicate ids the error message names.
+#: How many duplicate ids the error message names, and how much of each.
 DUPLICATES_SHOWN = 3
+ID_SHOWN_CHARS = 80
+
+#: The longest input line read, in bytes without its newline. A longer one
+#: is read past in pieces and becomes an invalid record, so no single line
+#: costs more memory than this.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+
+#: The most digits an integer in an input line may have. Python converts
+#: this many whatever PYTHONINTMAXSTRDIGITS says (it cannot be set lower:
+#: ``sys.int_info.str_digits_check_threshold``), so an id that is read is
+#: always written and read back on resume; past its own limit Python refuses
+#: the whole line, and with no limit a line of digits takes quadratic time.
+MAX_INT_DIGITS = 640
 
 
 class _Parser(argparse.ArgumentParser):
@@ -215,11 +229,31 @@ def _line_key(number: int) -> str:
     return f"#L{number}"
 
 
-def _parse_line(number: int, raw: bytes) -> _Line:
-    """The line's JSON and id: all that the scan for duplicate ids needs."""
+def _shortened(key: str) -> str:
+    return key if len(key) <= ID_SHOWN_CHARS else key[:ID_SHOWN_CHARS] + "..."
+
+
+class _HugeInt(ValueError):
+    """An integer past MAX_INT_DIGITS, raised from inside ``json.loads``."""
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise _HugeInt(f"an integer of {digits} digits (a line's integers may have at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _parse_line(number: int, raw: Optional[bytes]) -> _Line:
+    """The line's JSON and id: all that the scan for duplicate ids needs.
+    ``raw`` is None for a line over MAX_LINE_BYTES."""
     no_id = _line_key(number)
+    if raw is None:
+        return _Line(number, no_id, None, None, f"line is longer than {MAX_LINE_BYTES >> 20} MiB")
     try:
-        obj = json.loads(raw)
+        obj = json.loads(raw, parse_int=_bounded_int)
+    except _HugeInt as exc:
+        return _Line(number, no_id, None, None, str(exc))
     except UnicodeDecodeError as exc:
         return _Line(number, no_id, None, None, f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})")
     except json.JSONDecodeError as exc:
@@ -276,11 +310,6 @@ def _make_job(line: _Line, defaults: _JobDefaults) -> tuple[Optional[Any], Optio
     if cwd is not None:
         if not isinstance(cwd, str):
             return None, f'"cwd" must be a string, not {_json_type(cwd)}'
-        # Relative to where the command runs (workers run in /), and checked
-        # here so one missing directory is one invalid record, not a failed batch.
-        cwd = os.path.abspath(cwd)
-        if not os.path.isdir(cwd):
-            return None, f"cwd {cwd!r} is not an existing directory"
         kwargs["cwd"] = cwd
     if kind == "python" and defaults.warm:
         kwargs["warm"] = True
@@ -288,6 +317,11 @@ def _make_job(line: _Line, defaults: _JobDefaults) -> tuple[Optional[Any], Optio
         job = (PythonJob if kind == "python" else ShellJob)(source, **kwargs)
     except (TypeError, ValueError) as exc:
         return None, str(exc)
+    # The job made cwd absolute, relative to where the command runs (workers
+    # run in /); checked here so one missing directory is one invalid record,
+    # not a failed batch.
+    if job.cwd is not None and not os.path.isdir(job.cwd):
+        return None, f"cwd {job.cwd!r} is not an existing directory"
     return job, None
 
 
@@ -316,11 +350,20 @@ def invalid_record(line: _Line, reason: str) -> dict:
             "duration_s": 0.0, "line": line.number, "error": reason}
 
 
-def _input_lines(f) -> Iterator[tuple[int, bytes]]:
-    """Numbered non-blank lines; numbers count every line, as editors do."""
-    for number, raw in enumerate(f, 1):
-        if raw.strip():
-            yield number, raw
+def _input_lines(f) -> Iterator[tuple[int, Optional[bytes]]]:
+    """Numbered non-blank lines; numbers count every line, as editors do.
+    A line over MAX_LINE_BYTES comes as None, never held whole."""
+    for number in itertools.count(1):
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        if len(raw) <= MAX_LINE_BYTES or raw.endswith(b"\n"):
+            if raw.strip():
+                yield number, raw
+            continue
+        while raw and not raw.endswith(b"\n"):
+            raw = f.readline(MAX_LINE_BYTES)
+        yield number, None
 
 
 # -- execpool batch: the output file ---------------------------------------------------
@@ -598,7 +641,7 @@ class _Batch:
                     first[key] = number
                 if len(first) == len(wanted):
                     break
-        shown = ", ".join(f"{key} on lines {first[key]} and {number}" for key, number in duplicates)
+        shown = ", ".join(f"{_shortened(key)} on lines {first[key]} and {number}" for key, number in duplicates)
         more = f" and {total - len(duplicates)} more" if total > len(duplicates) else ""
         return (f"{self.input} has duplicate ids: {shown}{more}; ids must be unique, because resume skips "
                 "the ids already in the output")

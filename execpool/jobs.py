@@ -30,15 +30,24 @@ MAX_LIMIT = 2**63 - 1
 MAX_PROCESSES = 4 * 1024 * 1024
 
 
+def _shown(value: object) -> str:
+    """``repr(value)`` for an error message, but an int past 64 bits by its
+    size: Python refuses to print one of thousands of digits (raising a
+    ValueError that names no field), and nobody would read it anyway."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"<{'a negative' if value < 0 else 'an'} integer of {value.bit_length()} bits>"
+    return repr(value)
+
+
 def _check_positive_int(name: str, value: object, maximum: Optional[int] = MAX_LIMIT) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int or None, not {type(value).__name__}")
     if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value}")
+        raise ValueError(f"{name} must be positive, got {_shown(value)}")
     if maximum is not None and value > maximum:
-        raise ValueError(f"{name}={value} is more than the kernel can apply (at most {maximum}); "
+        raise ValueError(f"{name}={_shown(value)} is more than the kernel can apply (at most {maximum}); "
                          "pass None for no limit")
 
 
@@ -52,9 +61,9 @@ def check_interval(name: str, value: object) -> float:
     except OverflowError:
         seconds = math.inf
     if math.isnan(seconds) or seconds <= 0 or math.isinf(seconds):
-        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {_shown(value)}")
     if seconds > MAX_TIMEOUT_S:
-        raise ValueError(f"{name}={value!r} is over {MAX_TIMEOUT_S:.0f} s")
+        raise ValueError(f"{name}={_shown(value)} is over {MAX_TIMEOUT_S:.0f} s")
     return seconds
 
 
@@ -131,6 +140,10 @@ class _Job:
         if self.cwd is not None:
             cwd = os.fspath(self.cwd)
             _check_text("cwd", cwd)
+            if not cwd:
+                # abspath("") would quietly be the caller's own directory.
+                raise ValueError("cwd must not be empty (None runs the job in a fresh private directory, "
+                                 "\".\" in the caller's own)")
             # Relative to the caller, who wrote it; the worker runs from "/".
             object.__setattr__(self, "cwd", os.path.abspath(cwd))
         if self.env is not None:

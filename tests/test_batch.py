@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import itertools
 import json
 import os
@@ -327,6 +328,96 @@ def test_invalid_lines_become_invalid_records_with_the_reason(tmp_path):
     assert len(records(default_output_path(src))) == 17
 
 
+def test_huge_numbers_odd_ids_and_deep_nesting_are_invalid_records_and_resume(tmp_path):
+    """No line can stop the batch, and what it writes reads back on resume
+    whatever the interpreter's int-to-text limit (PYTHONINTMAXSTRDIGITS)."""
+    huge = "9" * 5000
+    id_640 = int("7" * 640)  # the most digits an id may have: every Python converts that many
+    src = write_jsonl(tmp_path / "in.jsonl", [
+        f'{{"id": {huge}, "shell": "true"}}',
+        f'{{"id": "big-timeout", "shell": "true", "timeout": {huge}}}',
+        f'{{"id": "big-env", "shell": "true", "env": {{"A": [1, -{huge}]}}}}',
+        f'{{"id": "nan", "shell": "true", "timeout": NaN}}',
+        '{"id": Infinity, "shell": "true"}',
+        {"id": 1.5, "shell": "true"},
+        {"id": {"a": [1]}, "shell": "true"},
+        '{"id": "deep", "shell": "true", "env": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        "[" * 100_000,
+        {"id": id_640, "shell": "echo 640 digits"},
+        {"id": "L" * 1_000_000, "shell": "echo long id"},
+    ])
+    done = batch(src, "--no-progress", "--workers", "1")
+    assert done.returncode == 0, done.stderr
+    recs = {r["line"]: r for r in records(default_output_path(src))}
+    assert sorted(recs) == list(range(1, 12)), "one record per line"
+    expected = {
+        1: (None, "integer of 5000 digits"), 2: (None, "integer of 5000 digits"),
+        3: (None, "integer of 5000 digits"), 4: ("nan", "timeout must be a positive, finite number"),
+        5: (None, "not number"), 6: (None, "not number"), 7: (None, "not object"),
+        8: (None, "nested too deeply"), 9: (None, "nested too deeply"),
+    }
+    for line, (ident, fragment) in expected.items():
+        assert (recs[line]["id"], recs[line]["status"]) == (ident, "invalid"), recs[line]
+        assert fragment in recs[line]["error"], recs[line]
+    assert (recs[10]["id"], recs[10]["output"]) == (id_640, "640 digits\n")
+    assert (recs[11]["id"], recs[11]["output"]) == ("L" * 1_000_000, "long id\n")
+    # The same records where Python would convert any int, and the strictest
+    # limit Python allows still reads every record back.
+    unlimited = tmp_path / "unlimited.jsonl"
+    done = batch(src, "--no-progress", "--workers", "1", "-o", str(unlimited),
+                 env=dict(os.environ, PYTHONINTMAXSTRDIGITS="0"))
+    assert done.returncode == 0, done.stderr
+    same = lambda r: (r["line"], r["id"], r["status"], r["output"], r["error"])  # noqa: E731
+    assert sorted(map(same, records(unlimited)), key=lambda t: t[0]) == [same(recs[n]) for n in sorted(recs)]
+    strict = dict(os.environ, PYTHONINTMAXSTRDIGITS="640")
+    again = batch(src, "--no-progress", env=strict)
+    assert again.returncode == 0 and "nothing to run" in again.stderr, again.stderr
+    assert len(records(default_output_path(src))) == 11
+
+
+def test_an_overlong_line_is_an_invalid_record_read_past_in_bounded_memory(tmp_path):
+    src = tmp_path / "in.jsonl"
+    with open(src, "w") as f:
+        f.write('{"id": "before", "shell": "echo before"}\n')
+        # In pieces: a child's peak RSS counts its parent's at the fork.
+        f.write('{"id": "huge", "shell": "#')
+        for _ in range(100):
+            f.write("x" * 1_000_000)
+        f.write('"}\n')
+        f.write('{"id": "after", "shell": "echo after"}\n')
+    out = tmp_path / "out.jsonl"
+    probe = ("import resource, sys\nfrom execpool.cli import main\ncode = main(sys.argv[1:])\n"
+             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\nsys.exit(code)")
+    command = [sys.executable, "-c", probe, "batch", str(src), "-o", str(out), "--workers", "1", "--no-progress"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    peak_mb = int(done.stdout.split()[-1]) / 1024
+    assert peak_mb < 100, f"peak RSS {peak_mb:.0f} MB for one 100 MB line"
+    recs = {r["line"]: r for r in records(out)}
+    assert (recs[1]["id"], recs[1]["output"]) == ("before", "before\n")
+    assert (recs[2]["id"], recs[2]["status"]) == (None, "invalid")
+    assert recs[2]["error"].startswith("line is longer than "), recs[2]["error"]
+    assert (recs[3]["id"], recs[3]["output"]) == ("after", "after\n")
+    again = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "nothing to run" in again.stderr, again.stderr
+
+
+def test_a_line_of_exactly_the_longest_length_is_read(tmp_path, monkeypatch):
+    from execpool import cli
+    monkeypatch.setattr(cli, "MAX_LINE_BYTES", 10)
+    lines = io.BytesIO(b"0123456789\n01234567890\n\n0123456789")
+    assert list(cli._input_lines(lines)) == [(1, b"0123456789\n"), (2, None), (4, b"0123456789")]
+
+
+def test_empty_cwd_is_an_invalid_record_not_the_callers_directory(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": "here", "shell": "pwd", "cwd": ""}])
+    done = batch(src, "--no-progress", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    [rec] = records(default_output_path(src))
+    assert rec["status"] == "invalid" and rec["output"] == "", rec
+    assert rec["error"].startswith("cwd must not be empty"), rec["error"]
+
+
 def test_duplicate_ids_are_refused_before_anything_runs(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [
         {"id": "a", "shell": f"touch {tmp_path}/ran"}, {"id": "b", "shell": "true"},
@@ -338,6 +429,14 @@ def test_duplicate_ids_are_refused_before_anything_runs(tmp_path):
     assert '"a" on lines 1 and 3' in done.stderr and "unique" in done.stderr
     assert not os.path.exists(default_output_path(src)), "refused up front: no output file"
     assert not (tmp_path / "ran").exists()
+
+
+def test_a_long_duplicate_id_is_shown_shortened(tmp_path):
+    long_id = "d" * 100_000
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": long_id, "shell": "true"}] * 2)
+    done = batch(src)
+    assert done.returncode == 2 and "on lines 1 and 2" in done.stderr
+    assert len(done.stderr) < 500, done.stderr[:500]
 
 
 def test_resume_runs_only_the_lines_without_a_record(tmp_path):

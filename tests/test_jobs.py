@@ -80,6 +80,28 @@ def test_missing_cwd_is_a_value_error(pool, tmp_path):
         pool.run(ShellJob("true", cwd=str(tmp_path / "missing")))
 
 
+def test_empty_cwd_is_a_value_error_naming_it():
+    """os.path.abspath("") is the caller's own directory: an empty cwd would
+    silently run the job there instead of where the caller meant."""
+    for kind in (PythonJob, ShellJob):
+        with pytest.raises(ValueError, match="^cwd must not be empty"):
+            kind("pwd", cwd="")
+
+
+def test_huge_integers_are_refused_by_field_name():
+    # Python refuses to print an int of more than 4300 digits, so an error
+    # message that repeats the value would become an error about printing it.
+    for huge in (10**5000, -10**5000):
+        with pytest.raises(ValueError, match="^timeout .*integer of 16610 bits"):
+            PythonJob("1", timeout=huge)
+        with pytest.raises(ValueError, match="^memory.*integer of 16610 bits"):
+            Limits(memory=huge)
+        with pytest.raises(ValueError, match="^max_output_chars .*integer of 16610 bits"):
+            ShellJob("true", max_output_chars=-abs(huge))
+    with pytest.raises(ValueError, match=r"^timeout=<an integer of 101 bits> is over"):
+        PythonJob("1", timeout=2**100)
+
+
 def test_timeout_none_waits_for_a_background_grandchild(pool):
     result = pool.run(ShellJob("(sleep 0.3; echo late) & echo early", timeout=None))
     assert result.output == "early\nlate\n" and result.exit_code == 0
