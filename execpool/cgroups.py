@@ -1,30 +1,50 @@
-"""The optional cgroup tier: a cap on a job's processes that holds for root
-(RLIMIT_NPROC does not), a cap on its memory, and a kill that reaches every
-process of the job whatever it did to its session, group or environment.
+"""The optional cgroup tiers: a group per worker, so that nothing a job
+started outlives its worker or the pool, and a group per job, for a cap on
+its processes that holds for root (RLIMIT_NPROC does not), a cap on its
+memory, and a kill that reaches every process of the job whatever it did to
+its session, group or environment.
 
-Runs in the worker (creating, joining, killing, removing) and in the
-supervisor (removing what a crashed worker left). Detected at first use,
-never required: where no usable ``pids`` controller exists the worker keeps
-a job's process cap by counting (execpool/worker.py), and a job that asks
-for ``Limits(memory=...)`` without a ``memory`` controller gets a clear
-``Execution error``. It creates and removes only its own groups: one
-``execpool-<worker token>`` directory per controller, below the cgroup the
-worker itself is in, and one ``job-<id>`` directory per job inside it.
+- :class:`WorkerGroup` -- made by the supervisor for each worker it starts,
+  killed and removed by the supervisor when that worker exits and by the
+  pool's lifeline (execpool/lifeline.py) when the pool's owner died. cgroup
+  v2 only (it needs ``cgroup.kill``, Linux 5.14) and no controller at all:
+  any writable v2 hierarchy will do, also one with no controllers enabled.
+  ``execpool-<worker token>`` below the owner's own v2 group, with the worker
+  in its leaf ``worker``.
+- :class:`Cgroups` -- the per-job tier, in the worker (creating, joining,
+  killing, removing) and in the supervisor (removing what a crashed worker
+  left). Detected at first use, never required: where no usable ``pids``
+  controller exists the worker keeps a job's process cap by counting
+  (execpool/worker.py), and a job that asks for ``Limits(memory=...)``
+  without a ``memory`` controller gets a clear ``Execution error``. One
+  ``execpool-<worker token>`` directory per controller (on v2, for a worker
+  in its WorkerGroup, that group) and one ``job-<id>`` directory per job
+  inside it. cgroup v2 is used where the worker's group delegates the
+  controllers; v1 otherwise, with the ``pids`` and ``memory`` hierarchies.
 
-cgroup v2 is used where the worker's own group delegates the controllers
-(``pids``/``memory`` in its ``cgroup.subtree_control``); v1 otherwise, with
-the ``pids`` and ``memory`` hierarchies.
+Both tiers create and remove only their own groups; where neither can be
+made, killing falls back to process groups and job markers
+(execpool/proctree.py).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Iterable, Optional
 
 #: Rounds of "kill every pid listed" before giving up on a v1 group; a group
 #: under a pids cap cannot outgrow a round by more than the cap.
 _KILL_ROUNDS = 16
+
+#: The leaf a worker's own process sits in, inside its WorkerGroup: a v2
+#: group with processes of its own cannot hand controllers to child groups,
+#: so the worker lives in a leaf and its jobs' groups are the leaf's siblings.
+WORKER_LEAF = "worker"
+
+#: How often a WorkerGroup being destroyed is looked at until it is empty.
+_EMPTY_POLL_S = 0.002
 
 
 def _own_groups() -> dict:
@@ -134,24 +154,25 @@ class Cgroups:
     @classmethod
     def detect(cls, token: str) -> Optional["Cgroups"]:
         """The tier if this process may create groups with the pids and/or
-        memory controllers here, else None."""
+        memory controllers here, else None. A worker in the leaf of its
+        WorkerGroup has that group hold its jobs' groups too."""
         try:
             groups, mounts = _own_groups(), _mounts()
         except OSError:
             return None
         if "" in mounts and "" in groups:
             own = mounts[""] + groups[""]
-            try:
-                with open(os.path.join(own, "cgroup.subtree_control")) as f:
-                    delegated = set(f.read().split())
-            except OSError:
-                delegated = set()
-            usable = delegated & {"pids", "memory"}
-            if usable:
+            if own.endswith(f"/execpool-{token}/{WORKER_LEAF}"):
+                # The worker sits in the leaf of its WorkerGroup: the jobs'
+                # groups go beside the leaf, with what the group is offered.
+                base = os.path.dirname(own)
+                usable = _read_set(os.path.join(base, "cgroup.controllers")) & {"pids", "memory"}
+                if usable and _enable(base, usable):
+                    return cls({name: base for name in usable}, 2)
+            else:
+                usable = _read_set(os.path.join(own, "cgroup.subtree_control")) & {"pids", "memory"}
                 base = os.path.join(own, f"execpool-{token}")
-                if _try_mkdir(base):
-                    _write(os.path.join(base, "cgroup.subtree_control"),
-                           " ".join(f"+{name}" for name in sorted(usable)))
+                if usable and _try_mkdir(base) and _enable(base, usable):
                     return cls({name: base for name in usable}, 2)
         bases = {}
         for name in ("pids", "memory"):
@@ -198,6 +219,22 @@ class Cgroups:
         remove_tree(self.bases.values())
 
 
+def _read_set(path: str) -> set:
+    try:
+        with open(path) as f:
+            return set(f.read().split())
+    except OSError:
+        return set()
+
+
+def _enable(group: str, controllers: set) -> bool:
+    try:
+        _write(os.path.join(group, "cgroup.subtree_control"), " ".join(f"+{name}" for name in sorted(controllers)))
+        return True
+    except OSError:
+        return False
+
+
 def _try_mkdir(path: str) -> bool:
     try:
         os.mkdir(path)
@@ -238,3 +275,90 @@ def worker_bases(token: str) -> list:
         if name in groups:
             candidates.append(os.path.join(point + groups[name], f"execpool-{token}"))
     return [path for path in candidates if os.path.isdir(path)]
+
+
+class WorkerGroup:
+    """One worker's cgroup v2 group: ``cgroup.kill`` on it ends the worker
+    and everything its jobs started -- also a daemon that left its session,
+    cleared its environment and was re-parented to init -- which is what
+    lets the pool promise that nothing outlives a worker, ``close()`` or the
+    pool's owner.
+
+    The supervisor creates it before starting the worker and moves the
+    worker in right after ``Popen`` returns, before any job is sent (a
+    worker forks nothing before its first job), so every process of every
+    job is born inside. Where no v2 hierarchy is writable below the owner's
+    own group (a non-root user without a delegated subtree; a kernel without
+    ``cgroup.kill``) :meth:`create` returns None and the pool falls back to
+    process groups and job markers, which a process that left its session
+    and cleared its environment escapes.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @classmethod
+    def create(cls, token: str) -> Optional["WorkerGroup"]:
+        """The group for the worker with this token, or None where none can be made."""
+        try:
+            groups, mounts = _own_groups(), _mounts()
+        except OSError:
+            return None
+        if "" not in mounts or "" not in groups:
+            return None
+        group = cls(os.path.join(mounts[""] + groups[""], f"execpool-{token}"))
+        try:
+            os.mkdir(group.path)
+        except OSError:
+            return None
+        try:
+            os.mkdir(os.path.join(group.path, WORKER_LEAF))
+        except OSError:
+            group.remove()
+            return None
+        if not os.path.exists(os.path.join(group.path, "cgroup.kill")):
+            group.remove()
+            return None
+        return group
+
+    def add(self, pid: int) -> bool:
+        """Move a process into the worker's leaf."""
+        try:
+            _write(os.path.join(self.path, WORKER_LEAF, "cgroup.procs"), str(pid))
+            return True
+        except OSError:
+            return False
+
+    def populated(self) -> bool:
+        """Whether a live process is left anywhere in the group (zombies do
+        not count: they no longer hold a group)."""
+        try:
+            with open(os.path.join(self.path, "cgroup.events")) as f:
+                return "populated 1" in f.read()
+        except OSError:
+            return False
+
+    def destroy(self, timeout: float) -> bool:
+        """SIGKILL everything in the group, wait (at most ``timeout``) until
+        it is empty, and remove it; False if something outlasted that."""
+        try:
+            _write(os.path.join(self.path, "cgroup.kill"), "1")
+        except FileNotFoundError:
+            return True  # destroyed already
+        except OSError:
+            pass
+        deadline = time.monotonic() + timeout
+        while self.populated() and time.monotonic() < deadline:
+            time.sleep(_EMPTY_POLL_S)
+        return self.remove()
+
+    def remove(self) -> bool:
+        """rmdir the group and the groups inside it, deepest first."""
+        for directory, _subdirs, _files in os.walk(self.path, topdown=False):
+            try:
+                os.rmdir(directory)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return False
+        return True

@@ -21,24 +21,38 @@ multiprocessing's spawn (it re-imports the caller's ``__main__``).
 
 What it owns: the worker processes, one pipe pair each, and ONE dispatcher
 thread that routes every worker's messages to per-job sinks, however many jobs
-run: the caller's thread count does not grow with concurrency. The pool
-records every process group a worker reports, so when a worker dies (even by
-SIGKILL) the supervisor kills those groups and every process carrying that
-worker's marker, fails only that worker's jobs (``Result.error``), and starts
-a replacement. Workers are recycled after ``max_jobs_per_worker`` jobs. When
-the caller's process dies, the workers see EOF on their control pipe and kill
-everything they own.
+run: the caller's thread count does not grow with concurrency. That thread is
+what every job depends on, so nothing a worker sends can stop it: it reads
+without blocking, whole frames only, and a worker whose message is not what
+the channel allows (execpool/channel.py checks every field) or cannot be
+handled is treated as dead. The pool records every process group a worker
+reports, so when a worker dies (even by SIGKILL) the supervisor kills those
+groups and every process carrying that worker's marker, fails only that
+worker's jobs (``Result.error``), and starts a replacement. Workers are
+recycled after ``max_jobs_per_worker`` jobs.
+
+Where a cgroup v2 hierarchy is writable each worker also runs in a group of
+its own (execpool/cgroups.py, ``WorkerGroup``), killed whole when the worker
+exits for any reason -- before its directory is removed -- so that nothing
+its jobs started outlives it, not even a daemon that left its session and
+cleared its environment; elsewhere this falls back to process groups and
+markers. When the caller's process dies, the workers see EOF on their
+control pipe and kill everything they own, and the pool's lifeline
+(execpool/lifeline.py, one small process per pool) continues and kills the
+workers that cannot (a tool can SIGSTOP its worker), kills their groups and
+removes their directories.
 
 Two more things run here, each bounded whatever the concurrency: while jobs
-with timeouts run, the dispatcher doubles as a watchdog (a worker a tool has
-SIGSTOPped enforces no timeout; see ``_watchdog``), and while jobs with a
-``cancel_event`` run, one ``execpool-cancel-watcher`` thread turns those
-events into Cancels within milliseconds.
+run, the dispatcher doubles as a watchdog (a worker a tool has SIGSTOPped
+runs nothing, enforces no timeout and sees no EOF; see ``_watchdog``), and
+while jobs with a ``cancel_event`` run, one ``execpool-cancel-watcher``
+thread turns those events into Cancels within milliseconds.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import secrets
 import shutil
@@ -51,7 +65,7 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Callable, Iterable, Iterator, Optional
 
-from . import _linux, cgroups, channel, drain
+from . import _linux, cgroups, channel, drain, lifeline
 from .jobs import Limits, PythonJob, ShellJob
 from .proctree import JOB_MARKER_ENV, kill_tree
 from .result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, describe_exit
@@ -84,12 +98,16 @@ except ImportError:
 #: Characters reserved for a job marker (a 12-character token, "/", a job id).
 _MARKER_ROOM = 48
 
-#: While jobs with timeouts run, how often the dispatcher checks that they
-#: end on time, and how late a job may be before its worker is continued
-#: (SIGCONT) or killed.
+#: While jobs run, how often the dispatcher looks for a stopped worker (and
+#: continues it) and for jobs past their timeout, and how late a job may be
+#: before its worker is killed.
 WATCHDOG_PERIOD_S = 0.25
-WATCHDOG_GRACE_S = 1.0
 WATCHDOG_KILL_S = 10.0
+
+#: How long an exited worker's group may take to empty after cgroup.kill
+#: (a dying process leaves it within milliseconds; one stuck in the kernel
+#: may take longer, and then the group stays until the lifeline's turn).
+GROUP_EMPTY_TIMEOUT_S = 2.0
 
 #: How often the pool looks at the cancel_events of running jobs.
 CANCEL_WATCH_INTERVAL_S = 0.002
@@ -99,10 +117,12 @@ CANCEL_WATCH_INTERVAL_S = 0.002
 #: with, and the worker is treated as dead.
 _MAX_MESSAGE_BYTES = 1 << 30
 
-#: Messages the dispatcher takes from one worker before it looks at the others.
-_DISPATCH_BATCH = 64
+#: Bytes the dispatcher reads from one worker before it looks at the others.
+_DISPATCH_BUDGET = 256 * 1024
 
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+logger = logging.getLogger("execpool")
 
 
 class PoolClosedError(ValueError, RuntimeError):
@@ -114,18 +134,23 @@ class _Worker:
     """The supervisor's record of one worker process."""
 
     def __init__(self, proc: subprocess.Popen, send: Connection, recv: Connection, token: str,
-                 jobs_dir: str) -> None:
+                 jobs_dir: str, group: Optional[cgroups.WorkerGroup]) -> None:
         self.proc = proc
         self.send_conn = send
         self.recv = recv
+        self.frames = channel.FrameReader(recv.fileno(), _MAX_MESSAGE_BYTES)
         self.token = token
         self.jobs_dir = jobs_dir
+        self.group = group
         self.send_lock = threading.Lock()
         self.jobs: dict[int, _JobHandle] = {}
         self.pgids: dict[int, int] = {}
         self.started = 0
         self.ready = threading.Event()
         self.retiring = False
+        # Why the supervisor killed it, when it broke the channel protocol.
+        self.fault: Optional[str] = None
+        self.stopped_seen = False
 
     def send(self, msg: channel.ToWorker) -> bool:
         try:
@@ -244,10 +269,13 @@ class ExecPool:
     makes the calling process non-dumpable, so tools running as the same user
     cannot read its environment (its secrets) through ``/proc``.
     ``cgroups=False`` keeps execpool from creating cgroups even where it could:
-    process caps are then kept by the worker counting, and memory caps refused.
-    ``warm_spares`` is how many pre-forked, rehearsed processes a worker keeps
-    parked for its next warm jobs once it has been idle (about 2 MB each; 0
-    forks every warm job from the worker, see execpool/spawn.py).
+    process caps are then kept by the worker counting, memory caps refused,
+    and workers get no group of their own (so a daemon that leaves its
+    session and clears its environment can outlive its worker).
+    ``warm_spares`` is how many spares -- clones of the worker's warm
+    template, about 2 MB each -- a worker keeps parked for its next warm jobs
+    once it had one (0: each warm job waits for a spare made for it; see
+    execpool/template.py).
     """
 
     def __init__(
@@ -321,8 +349,10 @@ class ExecPool:
         self._startup_failures = 0
         self._wake_r, self._wake_w = os.pipe()
         self._watcher = _CancelWatcher()
-        self._timed_jobs = 0
+        self._running_jobs = 0
         self._next_watchdog = 0.0
+        # Before any worker, so that it is in none of their groups and knows them all.
+        self._lifeline = lifeline.Lifeline(self._process_env())
         with self._lock:
             for _ in range(workers):
                 self._workers.append(self._spawn_worker())
@@ -405,6 +435,9 @@ class ExecPool:
         self._wake()
         self._dispatcher.join(timeout)
         self._watcher.close()
+        # Last: whatever the dispatcher has not cleaned up by now, the
+        # lifeline does before it exits.
+        self._lifeline.close(timeout)
         os.close(self._wake_r)
         os.close(self._wake_w)
 
@@ -488,7 +521,9 @@ class ExecPool:
             deadline = None if job.timeout is None else time.monotonic() + job.timeout
             handle = _JobHandle(job_id, worker, sink, deadline)
             worker.jobs[job_id] = handle
-            self._timed_jobs += deadline is not None
+            if not self._running_jobs:
+                self._wake()  # the dispatcher sleeps without a timeout while no job runs
+            self._running_jobs += 1
             worker.started += 1
             if worker.started >= self.max_jobs_per_worker:
                 worker.retiring = True
@@ -504,19 +539,27 @@ class ExecPool:
 
     # -- workers -------------------------------------------------------------
 
-    def _spawn_worker(self) -> _Worker:
-        """Called with the lock held."""
-        to_worker_r, to_worker_w = os.pipe()
-        from_worker_r, from_worker_w = os.pipe()
-        token = secrets.token_hex(6)
+    def _process_env(self) -> dict:
+        """The whole environment of a worker or the lifeline: enough to run
+        Python and find this package, none of the caller's secrets."""
         env = {k: v for k, v in self._base_env.items() if k in ("PATH", "LANG", "LC_ALL", "LC_CTYPE")}
         env["PYTHONPATH"] = _PACKAGE_PARENT
+        return env
+
+    def _spawn_worker(self) -> _Worker:
+        """Called with the lock held."""
+        token = secrets.token_hex(6)
+        env = self._process_env()
         # Blank room in the worker's environment block, which a warm job
         # overwrites with its own marker (execpool/warm.py).
         env[JOB_MARKER_ENV] = " " * _MARKER_ROOM
         # The worker makes each job's private directory in here; whatever a
-        # dead worker left behind goes with it (see _on_worker_exit).
+        # dead worker left behind goes with it (see _release).
         jobs_dir = tempfile.mkdtemp(prefix=f"execpool-{token}-")
+        group = cgroups.WorkerGroup.create(token) if self.cgroups else None
+        self._lifeline.worker(token, None if group is None else group.path, jobs_dir)
+        to_worker_r, to_worker_w = os.pipe()
+        from_worker_r, from_worker_w = os.pipe()
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "execpool.worker", str(to_worker_r), str(from_worker_w), token,
@@ -526,14 +569,27 @@ class ExecPool:
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             )
         except BaseException:
+            os.close(to_worker_w)
+            os.close(from_worker_r)
+            if group is not None:
+                group.remove()
             shutil.rmtree(jobs_dir, ignore_errors=True)
+            self._lifeline.gone(token)
             raise
         finally:
             os.close(to_worker_r)
             os.close(from_worker_w)
+        # Now, before it is sent any job: the worker forks nothing until its
+        # first one, so every process of every job is born in the group.
+        if group is not None and not group.add(proc.pid):
+            logger.warning("execpool: cannot move worker %d into its cgroup %s; it runs without one",
+                           proc.pid, group.path)
+            group.remove()
+            group = None
+        self._lifeline.started(token, proc.pid)
         self._wake()
         return _Worker(proc, Connection(to_worker_w, readable=False),
-                       Connection(from_worker_r, writable=False), token, jobs_dir)
+                       Connection(from_worker_r, writable=False), token, jobs_dir, group)
 
     def _wake(self) -> None:
         try:
@@ -548,7 +604,7 @@ class ExecPool:
                 by_conn = {w.recv: w for w in self._workers}
                 if self._closed and not by_conn:
                     return
-                watching = self._timed_jobs > 0
+                watching = self._running_jobs > 0
             ready_list = wait([self._wake_r, *by_conn], WATCHDOG_PERIOD_S if watching else None)
             if watching and time.monotonic() >= self._next_watchdog:
                 self._next_watchdog = time.monotonic() + WATCHDOG_PERIOD_S
@@ -556,55 +612,89 @@ class ExecPool:
             for ready in ready_list:
                 if ready == self._wake_r:
                     os.read(self._wake_r, 4096)
-                    continue
-                worker = by_conn[ready]
-                try:
-                    # A bounded batch, so one flooding worker cannot starve the others.
-                    for _ in range(_DISPATCH_BATCH):
-                        self._route(worker, channel.recv(ready, _MAX_MESSAGE_BYTES))
-                        if not ready.poll():
-                            break
-                except (EOFError, OSError):
-                    self._on_worker_exit(worker)
+                else:
+                    self._serve(by_conn[ready])
+
+    def _serve(self, worker: _Worker) -> None:
+        """Route what one worker sent (a bounded amount, so one flooding
+        worker cannot starve the others). Whatever goes wrong doing so is
+        that worker's fault -- it is killed and replaced -- never the
+        dispatcher's, which every other job depends on."""
+        try:
+            for frame in worker.frames.frames(_DISPATCH_BUDGET):
+                self._route(worker, channel.decode(frame, channel.FROM_WORKER))
+        except EOFError:
+            self._on_worker_exit(worker)
+        except Exception as exc:  # noqa: BLE001 - a broken or forged channel, or a bug handling it
+            self._condemn(worker, exc)
+
+    def _condemn(self, worker: _Worker, exc: Exception) -> None:
+        if isinstance(exc, channel.ChannelError):
+            worker.fault = str(exc)
+            logger.warning("execpool: killing worker %d, which broke the channel protocol: %s", worker.proc.pid,
+                           worker.fault)
+        else:
+            worker.fault = f"handling its message failed: {exc!r}"
+            logger.error("execpool: killing worker %d: handling its message failed", worker.proc.pid, exc_info=exc)
+        worker.proc.kill()
+        self._on_worker_exit(worker)
 
     def _watchdog(self) -> None:
-        """Timeouts are the worker's to enforce, so a worker that cannot run
-        enforces none -- and a tool runs as the worker's user and can SIGSTOP
-        it. A job overdue by WATCHDOG_GRACE_S gets its worker continued; one
-        overdue by WATCHDOG_KILL_S gets its worker killed (its jobs fail with
-        an Execution error and a fresh worker takes over)."""
+        """A worker enforces its jobs' timeouts, answers Cancels and sees its
+        owner's end only while it runs -- and a tool runs as the worker's
+        user and can SIGSTOP it. While any job runs, a busy worker found
+        stopped is continued (its tool may stop it again, for at most a
+        period each time), and one with a job overdue by WATCHDOG_KILL_S --
+        stopped, wedged or looping -- is killed: its jobs fail with an
+        Execution error and a fresh worker takes over. Reads one
+        ``/proc/PID/stat`` per busy worker per period, none while idle."""
         now = time.monotonic()
         with self._lock:
-            overdue = [(w, max(now - h.deadline for h in w.jobs.values() if h.deadline is not None))
-                       for w in self._workers if any(h.deadline is not None for h in w.jobs.values())]
-        for worker, late in overdue:
+            busy = [(w, max((now - h.deadline for h in w.jobs.values() if h.deadline is not None), default=0.0))
+                    for w in self._workers if w.jobs]
+        for worker, late in busy:
             if late > WATCHDOG_KILL_S:
                 worker.proc.kill()
-            elif late > WATCHDOG_GRACE_S:
-                try:
-                    os.kill(worker.proc.pid, signal.SIGCONT)
-                except OSError:
-                    pass
+            elif _stopped(worker.proc.pid):
+                if not worker.stopped_seen:
+                    worker.stopped_seen = True
+                    logger.warning("execpool: worker %d was stopped (by one of its tools?); continuing it",
+                                   worker.proc.pid)
+                worker.proc.send_signal(signal.SIGCONT)
 
     def _route(self, worker: _Worker, msg: channel.FromWorker) -> None:
+        """Hand one message to its job; ChannelError for one that this worker
+        had no business sending, which the fields' types alone do not show."""
         if isinstance(msg, channel.Output):
             handle = worker.jobs.get(msg.job_id)
-            if handle is not None:
-                _deliver(handle, msg)
+            if handle is None:
+                raise channel.ChannelError(f"output for job {msg.job_id}, which it does not run")
+            _deliver(handle, msg)
         elif isinstance(msg, channel.Finished):
             with self._lock:
                 handle = worker.jobs.pop(msg.job_id, None)
-                worker.pgids.pop(msg.job_id, None)
-                self._timed_jobs -= handle is not None and handle.deadline is not None
+                if handle is not None:
+                    worker.pgids.pop(msg.job_id, None)
+                    self._running_jobs -= 1
                 retire = worker.retiring and not worker.jobs
-            if handle is not None:
-                self._watcher.forget(msg.job_id)
-                _deliver(handle, msg)
+            if handle is None:
+                raise channel.ChannelError(f"a result for job {msg.job_id}, which it does not run")
+            self._watcher.forget(msg.job_id)
+            _deliver(handle, msg)
             if retire:
                 worker.send(channel.Shutdown())
         elif isinstance(msg, channel.Spawned):
+            if msg.job_id not in worker.jobs:
+                raise channel.ChannelError(f"a tool for job {msg.job_id}, which it does not run")
+            # The group is killed when the worker dies: it must be a tool's
+            # own (a tool leads a session of its own), never someone else's.
+            if msg.pid <= 1 or msg.pgid != msg.pid or _parent(msg.pid) not in (worker.proc.pid, None):
+                raise channel.ChannelError(f"process group {msg.pgid} for job {msg.job_id}, "
+                                           f"which is not its tool's")
             worker.pgids[msg.job_id] = msg.pgid
         elif isinstance(msg, channel.Ready):
+            if msg.pid != worker.proc.pid:
+                raise channel.ChannelError(f"a Ready naming process {msg.pid}")
             self._preload_errors = self._preload_errors or msg.preload_errors
             worker.ready.set()
             self._startup_failures = 0
@@ -614,7 +704,7 @@ class ExecPool:
             if worker in self._workers:
                 self._workers.remove(worker)
             lost, worker.jobs = worker.jobs, {}
-            self._timed_jobs -= sum(h.deadline is not None for h in lost.values())
+            self._running_jobs -= len(lost)
             replace = not self._closed and not worker.retiring
             if replace and not worker.ready.is_set():
                 self._startup_failures += 1
@@ -634,11 +724,11 @@ class ExecPool:
         except subprocess.TimeoutExpired:
             worker.proc.kill()
             code = worker.proc.wait()
-        if lost or worker.pgids:
-            kill_tree(worker.pgids.values(), marker=worker.token)
-        cgroups.remove_tree(cgroups.worker_bases(worker.token))
-        shutil.rmtree(worker.jobs_dir, ignore_errors=True)
-        cause = "the pool was closed" if self._closed else "it died unexpectedly"
+        self._release(worker, bool(lost))
+        if worker.fault is not None:
+            cause = f"it broke the channel protocol ({worker.fault}) and was killed"
+        else:
+            cause = "the pool was closed" if self._closed else "it died unexpectedly"
         for job_id, handle in lost.items():
             self._watcher.forget(job_id)
             error = (f"worker process {worker.proc.pid} running this job exited with "
@@ -646,3 +736,44 @@ class ExecPool:
             _deliver(handle, channel.Finished(job_id, Result(error=error)))
         worker.send_conn.close()
         worker.recv.close()
+
+    def _release(self, worker: _Worker, had_jobs: bool) -> None:
+        """Whatever an exited worker's jobs left, gone before their directory
+        is: its cgroup killed whole (daemons that left their session and
+        cleared their environment too), the process groups it reported and
+        its marker swept, its per-job groups removed. The lifeline is told
+        the worker is gone only once its group is: until then it is the
+        lifeline's to kill, should this process die."""
+        destroyed = worker.group is None or worker.group.destroy(GROUP_EMPTY_TIMEOUT_S)
+        if not destroyed:
+            logger.warning("execpool: the cgroup %s of worker %d is not empty %s s after cgroup.kill",
+                           worker.group.path, worker.proc.pid, GROUP_EMPTY_TIMEOUT_S)
+        if had_jobs or worker.pgids:
+            kill_tree(worker.pgids.values(), marker=worker.token)
+        cgroups.remove_tree(cgroups.worker_bases(worker.token))
+        shutil.rmtree(worker.jobs_dir, ignore_errors=True)
+        if destroyed:
+            self._lifeline.gone(worker.token)
+
+
+def _stat_fields(pid: int) -> list:
+    """``/proc/PID/stat`` from the state on (the name before it may hold
+    anything, blanks and parentheses too); [] once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb", buffering=0) as f:
+            return f.read().rpartition(b")")[2].split()
+    except OSError:
+        return []
+
+
+def _stopped(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] == b"T"
+
+
+def _parent(pid: int) -> Optional[int]:
+    """The parent of a live process; None once it has ended (a tool may
+    have ended, even been reaped, before its Spawned is read; one being
+    reaped shows state X and parent 0)."""
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields and fields[0] not in (b"Z", b"X", b"x") else None

@@ -284,7 +284,7 @@ class Worker:
             try:
                 if not self.conn_in.poll():
                     return
-                msg = channel.recv(self.conn_in)
+                msg = channel.recv(self.conn_in, accept=channel.TO_WORKER)
             except (EOFError, OSError):
                 self.stopping = True
                 return

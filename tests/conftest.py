@@ -1,6 +1,7 @@
 import os
 import sys
 
+import psutil
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -14,3 +15,17 @@ def pool(request):
     """Every test that takes ``pool`` runs once per way a worker can start tools."""
     with ExecPool(workers=2, spawn_method=request.param) as p:
         yield p
+
+
+@pytest.fixture
+def doomed():
+    """Processes a test started that must not outlive it, also when it fails:
+    psutil handles (see helpers.remember), made while the pid was surely
+    still theirs, killed at the end."""
+    procs: list[psutil.Process] = []
+    yield procs
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass

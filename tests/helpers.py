@@ -31,9 +31,28 @@ def alive(pid: int) -> bool:
         return False
 
 
+def state(pid: int) -> str:
+    """The one-letter state ``/proc/PID/stat`` gives (``T``: stopped), or
+    "gone"."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0].decode()
+    except OSError:
+        return "gone"
+
+
 def all_dead(pids: Iterable[int], timeout: float = 2.0) -> bool:
     pids = list(pids)
     return wait_for(lambda: not any(alive(p) for p in pids), timeout)
+
+
+def remember(doomed: list, pids: Iterable[int]) -> None:
+    """Put processes on a test's ``doomed`` list (tests/conftest.py)."""
+    for pid in pids:
+        try:
+            doomed.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
 
 
 def pids_in(output: str) -> list[int]:

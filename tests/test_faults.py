@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import hostile
-from execpool import ExecPool, ShellJob
+from execpool import ExecPool, ShellJob, supervisor
 from helpers import all_dead, marked_processes, open_fds, pids_in, wait_for
 
 
@@ -150,9 +150,11 @@ def test_worker_crash_kills_escaped_daemons_by_marker():
         assert wait_for(lambda: not marked_processes(token), timeout=1.0)
 
 
-def test_cancel_and_output_in_the_same_select_batch_do_not_crash_the_worker():
+def test_cancel_and_output_in_the_same_select_batch_do_not_crash_the_worker(monkeypatch):
     """Regression: a Cancel read before its job's pending output event closed
-    the fd, and the stale event then crashed the worker with KeyError."""
+    the fd, and the stale event then crashed the worker with KeyError. The
+    watchdog, which continues a stopped worker, is kept out of the way."""
+    monkeypatch.setattr(supervisor, "_stopped", lambda pid: False)
     with ExecPool(workers=1) as pool:
         worker = pool.worker_pids[0]
         stream = pool.stream(ShellJob("echo ready; sleep 0.2; echo x; sleep 30"), poll_interval_s=0.01)

@@ -1,0 +1,224 @@
+"""The dispatcher against its own workers: one thread routes every worker's
+messages, so nothing one worker sends or fails to do may stop the others.
+
+- A worker that writes garbage into its channel -- ill-typed fields,
+  unknown job ids, a Result of the wrong shape, half a message -- is treated
+  as dead: killed, its jobs ended with an ``Execution error``, replaced,
+  while a job on another worker runs on to its normal end.
+- A worker its tool has SIGSTOPped is continued, whatever the timeouts of
+  the jobs in flight, so a later job's timeout still holds.
+
+The forgeries are written the way a tool that got hold of the pipe would
+write them: straight into the worker's end, found through ``/proc`` (which
+needs the permission to look at another process's descriptors -- root, here).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import signal
+import struct
+import time
+from typing import Callable
+
+import psutil
+import pytest
+
+from execpool import ExecPool, Limits, Result, ShellJob, channel
+from helpers import alive, pids_in, remember, state, wait_for
+
+#: How long a job that must end may take to end, here.
+DEADLINE_S = 10.0
+
+
+class Running:
+    """A job submitted to the pool's low-level entry point, read with
+    deadlines: a dead dispatcher makes a test fail, never hang."""
+
+    def __init__(self, pool: ExecPool, job: ShellJob) -> None:
+        self._messages: queue.SimpleQueue = queue.SimpleQueue()
+        self.handle = pool._submit(job, self._messages.put, 1 << 20)
+        self.output = ""
+        self.result = None
+
+    def _next(self, deadline: float) -> None:
+        try:
+            msg = self._messages.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"no word from the job within its deadline; output so far {self.output!r}") from None
+        if isinstance(msg, channel.Finished):
+            self.result = msg.result
+        else:
+            assert isinstance(msg.text, str), f"the job got a non-text output: {msg.text!r}"
+            self.output += msg.text
+
+    def wait_output(self, text: str, timeout: float = DEADLINE_S) -> str:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            assert self.result is None, f"the job ended before writing {text!r}: {self.result}"
+            self._next(deadline)
+        return self.output
+
+    def wait_result(self, timeout: float = DEADLINE_S) -> Result:
+        deadline = time.monotonic() + timeout
+        while self.result is None:
+            self._next(deadline)
+        return self.result
+
+
+def frame(payload: bytes) -> bytes:
+    """``multiprocessing.connection``'s framing: a signed 32-bit length first."""
+    return struct.pack("!i", len(payload)) + payload
+
+
+def forge(worker, data: bytes) -> None:
+    """Write ``data`` into the pipe from ``worker`` to the supervisor, through
+    the worker's own descriptor, as a tool that got hold of it would."""
+    inode = os.fstat(worker.recv.fileno()).st_ino
+    pid = worker.proc.pid
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            if os.stat(path).st_ino == inode and os.readlink(path).startswith("pipe:"):
+                break
+        except OSError:
+            continue
+    else:
+        raise AssertionError(f"the pipe to the supervisor is not among worker {pid}'s descriptors")
+    try:
+        out = os.open(path, os.O_WRONLY)
+    except PermissionError:
+        pytest.skip("no permission to open another process's descriptors here (not root)")
+    try:
+        os.write(out, data)
+    finally:
+        os.close(out)
+
+
+def _start() -> channel.Start:
+    return channel.Start(job_id=1, argv_kind="shell", source="true", cwd=None, env={}, timeout=None,
+                         limits=Limits(), live_cap=None, max_output_chars=100, keep_background=False,
+                         python="/bin/false", stdin=None, warm=False, network=True)
+
+
+def _missing_field(job_id: int) -> object:
+    msg = channel.Output.__new__(channel.Output)
+    object.__setattr__(msg, "job_id", job_id)
+    return msg
+
+
+#: What a worker might send instead of an honest message; each takes the id
+#: of the job running on it and the pid of another worker's tool.
+FORGERIES: dict[str, Callable[[int, int], bytes]] = {
+    "Finished naming an unhashable job id": lambda job, other: pickle.dumps(channel.Finished([job], Result())),
+    "Spawned naming an unhashable job id": lambda job, other: pickle.dumps(channel.Spawned({}, 1, 1)),
+    "Finished whose Result has ill-typed fields": lambda job, other: pickle.dumps(
+        channel.Finished(job, Result(output=5, exit_code="0", error_lines=[b"x"]))),
+    "Output carrying bytes": lambda job, other: pickle.dumps(channel.Output(job, b"bytes")),
+    "Output naming a bool for a job id": lambda job, other: pickle.dumps(channel.Output(True, "x")),
+    "Output for a job this worker does not run": lambda job, other: pickle.dumps(channel.Output(job + 1000, "x")),
+    "Finished for a job this worker does not run": lambda job, other: pickle.dumps(
+        channel.Finished(job + 1000, Result())),
+    "Spawned naming another worker's process group": lambda job, other: pickle.dumps(
+        channel.Spawned(job, other, other)),
+    "Spawned whose group is not its leader's": lambda job, other: pickle.dumps(channel.Spawned(job, 12345, other)),
+    "a Start, which only the supervisor sends": lambda job, other: pickle.dumps(_start()),
+    "Ready naming another process": lambda job, other: pickle.dumps(channel.Ready(1)),
+    "a Result that is no message": lambda job, other: pickle.dumps(Result()),
+    "a message missing a field": lambda job, other: pickle.dumps(_missing_field(job)),
+    "a pickle naming a class outside the channel": lambda job, other: pickle.dumps(os.getpid),
+    "not a pickle": lambda job, other: b"\x80\x05 garbage",
+}
+
+#: The job on the worker that goes rogue; it never ends by itself.
+VICTIM = 'echo "PIDS $$"; exec sleep 100'
+#: The job on the other worker, which must end normally meanwhile.
+BYSTANDER = 'echo "PIDS $$"; sleep 1; echo done'
+
+
+def _two_jobs(pool: ExecPool, doomed: list) -> tuple:
+    """One job per worker (dispatch goes to the least loaded); returns them
+    with the victim's worker record and the bystander's leader pid."""
+    victim = Running(pool, ShellJob(VICTIM, timeout=None))
+    bystander = Running(pool, ShellJob(BYSTANDER, timeout=30))
+    remember(doomed, pids_in(victim.wait_output("PIDS")) + pids_in(bystander.wait_output("PIDS")))
+    worker = victim.handle.worker
+    assert worker is not bystander.handle.worker, "each job went to a worker of its own"
+    return victim, bystander, worker, pids_in(bystander.output)[0]
+
+
+def _assert_rogue_worker_was_replaced(pool: ExecPool, worker, victim: Running, bystander: Running) -> None:
+    result = victim.wait_result()
+    assert result.text.startswith("Execution error: "), result
+    assert "channel" in result.error, result.error
+    assert wait_for(lambda: not any(alive(pid) for pid in pids_in(victim.output)), 2.0)
+    assert wait_for(lambda: worker.proc.poll() is not None, 2.0), "the rogue worker still runs"
+    assert bystander.wait_result().text.endswith("done\n"), bystander.result
+    assert wait_for(lambda: len(pool.worker_pids) == 2 and worker.proc.pid not in pool.worker_pids, DEADLINE_S)
+    again = Running(pool, ShellJob("echo again", timeout=30)).wait_result()
+    assert again.text == "again\n", again
+
+
+@pytest.mark.parametrize("forgery", FORGERIES)
+def test_a_worker_that_sends_garbage_is_treated_as_dead(forgery, doomed):
+    with ExecPool(workers=2) as pool:
+        victim, bystander, worker, other = _two_jobs(pool, doomed)
+        forge(worker, frame(FORGERIES[forgery](victim.handle.job_id, other)))
+        _assert_rogue_worker_was_replaced(pool, worker, victim, bystander)
+
+
+def test_half_a_message_holds_up_no_other_worker(doomed):
+    """A frame whose length promises more than ever comes: the dispatcher
+    must not sit in a read for the rest while other workers wait."""
+    with ExecPool(workers=2) as pool:
+        victim, bystander, worker, _ = _two_jobs(pool, doomed)
+        forge(worker, struct.pack("!i", 20) + b"0123456789")
+        assert bystander.wait_result().text.endswith("done\n"), bystander.result
+        again = Running(pool, ShellJob("echo again", timeout=30)).wait_result()
+        assert again.text == "again\n", again
+        # The worker's own next message completes the frame into garbage.
+        victim.handle.cancel()
+        result = victim.wait_result()
+        assert result.error is not None and "channel" in result.error, result
+        assert wait_for(lambda: len(pool.worker_pids) == 2 and worker.proc.pid not in pool.worker_pids, DEADLINE_S)
+
+
+def test_an_exception_while_routing_kills_that_worker_not_the_dispatcher(doomed, monkeypatch):
+    """Whatever validation misses: a failure handling one worker's message
+    costs that worker, never the one thread every job depends on."""
+    with ExecPool(workers=2) as pool:
+        victim, bystander, worker, _ = _two_jobs(pool, doomed)
+        route = pool._route
+
+        def faulty(source, msg):
+            if source is worker and isinstance(msg, channel.Output):
+                raise RuntimeError("a bug in routing")
+            return route(source, msg)
+
+        monkeypatch.setattr(pool, "_route", faulty)
+        forge(worker, frame(pickle.dumps(channel.Output(victim.handle.job_id, "forged"))))
+        _assert_rogue_worker_was_replaced(pool, worker, victim, bystander)
+
+
+#: Keeps its worker stopped: stops it again 50 ms after anyone continues it.
+STOPPER = 'echo "PIDS $$"; while :; do kill -STOP $PPID; sleep 0.05; done'
+
+
+def test_a_stopped_worker_does_not_stall_a_later_timed_job(doomed):
+    """Only untimed jobs in flight used to mean no watchdog at all: the
+    dispatcher slept until a message came, and a stopped worker sends none."""
+    with ExecPool(workers=1) as pool:
+        worker = pool.worker_pids[0]
+        try:
+            stopper = Running(pool, ShellJob(STOPPER, timeout=None))
+            remember(doomed, pids_in(stopper.wait_output("PIDS")))
+            assert wait_for(lambda: state(worker) == "T", DEADLINE_S), "the tool never stopped its worker"
+            started = time.monotonic()
+            timed = Running(pool, ShellJob("sleep 30", timeout=2)).wait_result(timeout=8.0)
+            took = time.monotonic() - started
+            assert timed.timed_out or timed.error is not None, timed
+            assert took < 6.0, f"a 2 s timeout took {took:.1f} s"
+        finally:
+            os.kill(worker, signal.SIGCONT)
