@@ -137,7 +137,7 @@ def _parser() -> argparse.ArgumentParser:
     batch.add_argument("--warm", action="store_true",
                        help="run Python jobs in a fork of a worker instead of a new interpreter")
     batch.add_argument("--preload", metavar="MODULES", default="",
-                       help="comma-separated modules every worker imports first (speeds up --warm jobs)")
+                       help="comma-separated modules every worker's warm template imports (speeds up --warm jobs)")
     batch.add_argument("--max-output-chars", type=_positive_int, default=DEFAULT_BATCH_MAX_OUTPUT_CHARS,
                        metavar="N", help="output kept per record; output_chars has the full length "
                                          f"(default {DEFAULT_BATCH_MAX_OUTPUT_CHARS})")

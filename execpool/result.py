@@ -17,6 +17,12 @@ NO_COMMAND_TEXT = "No command provided."
 ERROR_PREFIX = "Execution error: "
 
 
+#: Lines that name a missing file: a Result keeps them past its output head
+#: (``error_lines``), because the model-facing missing-path hint is computed
+#: from them (execpool/capture.py, execpool/tools.py).
+ERROR_LINE_MARKERS = ("FileNotFoundError", "No such file or directory")
+
+
 def timeout_text(timeout: object) -> str:
     return f"Execution timed out after {timeout} seconds."
 

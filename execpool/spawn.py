@@ -63,6 +63,18 @@ def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str, std
     return pid, out_r
 
 
+def memfd_holding(name: str, data: bytes) -> int:
+    """An anonymous file holding ``data``, rewound: a tool's stdin, which it
+    reads at its own pace while the worker never blocks writing it, or a warm
+    job's description for its spare."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 def _apply_limits(rlimits: tuple) -> None:
     for which, value in zip(_RLIMITS, rlimits):
         if value < 0:

@@ -51,6 +51,7 @@ thread turns those events into Cancels within milliseconds.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import logging
 import os
@@ -88,12 +89,9 @@ DEFAULT_MAX_OUTPUT_CHARS = 1_000_000
 #: interpreter or the package is broken: stop respawning and say so.
 MAX_STARTUP_FAILURES = 3
 
-try:
-    from . import _spawn  # noqa: F401 - only whether it was built matters here
-
-    _DEFAULT_SPAWN_METHOD = "vfork"
-except ImportError:
-    _DEFAULT_SPAWN_METHOD = "fork"
+#: Whether the C extension was built, asked without loading it here: it is
+#: the workers' to load, not the caller's.
+_DEFAULT_SPAWN_METHOD = "vfork" if importlib.util.find_spec("execpool._spawn") is not None else "fork"
 
 #: Characters reserved for a job marker (a 12-character token, "/", a job id).
 _MARKER_ROOM = 48
@@ -263,8 +261,9 @@ class ExecPool:
     small C extension ``execpool._spawn`` (the default where it was built) or
     ``"fork"``, pure Python and a few milliseconds slower per tool; both set
     the session, rlimits and parent-death signal before the tool's first
-    instruction. ``preload`` names modules every worker imports at start, so
-    warm jobs (``PythonJob(warm=True)``) that import them start fast. The
+    instruction. ``preload`` names modules every worker's warm template
+    imports, so warm jobs (``PythonJob(warm=True)``) that import them start
+    fast. The
     constructor returns once every worker is ready. ``non_dumpable=True``
     makes the calling process non-dumpable, so tools running as the same user
     cannot read its environment (its secrets) through ``/proc``.

@@ -28,9 +28,8 @@ import threading
 from typing import Any, Callable, Generator, Mapping, Optional, Union
 
 from .jobs import PythonJob, ShellJob
-from .result import ERROR_PREFIX, Result
+from .result import ERROR_LINE_MARKERS, ERROR_PREFIX, Result
 from .supervisor import ExecPool
-from .worker import ERROR_LINE_MARKERS
 
 
 def env_int(name: str, default: int) -> int:

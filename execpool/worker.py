@@ -33,11 +33,9 @@ any pipe or queue beyond it), and kept only as far as the Result needs.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import heapq
 import importlib.util
-import io
 import os
 import selectors
 import shutil
@@ -52,20 +50,15 @@ from typing import Optional
 from . import _linux, channel
 from .cgroups import Cgroups, JobGroup
 from .proctree import JOB_MARKER_ENV, child_pids, count_tree, is_zombie, kill_tree, marker_of
+from .capture import Capture
 from .result import Result
-from .spawn import DEVNULL, start_tool
+from .spawn import DEVNULL, memfd_holding, start_tool
 from .template import MAX_CGROUP_FDS, REHEARSE_WHEN_IDLE_S, TAKEN, SpareSupply, WarmSpare, encode_job
 
 
 
 #: One read per wake-up; 64 KiB is a full default pipe buffer.
 READ_SIZE = 1 << 16
-
-#: Lines that name a missing file are kept past the output head, because the
-#: model-facing missing-path hint is computed from them.
-ERROR_LINE_MARKERS = ("FileNotFoundError", "No such file or directory")
-MAX_ERROR_LINES = 32
-MAX_ERROR_LINE_CHARS = 4096
 
 #: Where no cgroup keeps a job's process cap, the worker counts the job's
 #: processes this often and kills the job once it is over: a fork storm is
@@ -75,44 +68,6 @@ PROCESS_COUNT_INTERVAL_S = 0.02
 #: A killed leader that is not reaped by then (stuck in the kernel) no longer
 #: holds up its Result.
 REAP_GRACE_S = 1.0
-
-class _Capture:
-    """The bounded part of a tool's output that its Result needs: a head of at
-    most ``max_chars``, the total length, and the lines naming missing files."""
-
-    def __init__(self, max_chars: int) -> None:
-        self.head: list[str] = []
-        self.kept = 0
-        self.total = 0
-        self.max_chars = max_chars
-        self.partial = ""
-        self.error_lines: deque[str] = deque(maxlen=MAX_ERROR_LINES)
-
-    def feed(self, text: str) -> None:
-        self.total += len(text)
-        room = self.max_chars - self.kept
-        if room > 0:
-            piece = text[:room]
-            self.head.append(piece)
-            self.kept += len(piece)
-        joined = self.partial + text
-        if any(marker in joined for marker in ERROR_LINE_MARKERS):
-            lines = joined.split("\n")
-            joined = lines.pop()
-            self.error_lines.extend(
-                line[-MAX_ERROR_LINE_CHARS:]
-                for line in lines
-                if any(marker in line for marker in ERROR_LINE_MARKERS)
-            )
-        else:
-            joined = joined[joined.rfind("\n") + 1 :]
-        self.partial = joined[-MAX_ERROR_LINE_CHARS:]
-
-    def finish(self) -> None:
-        if any(marker in self.partial for marker in ERROR_LINE_MARKERS):
-            self.error_lines.append(self.partial)
-        self.partial = ""
-
 
 class _Job:
     """One running tool, as the worker sees it."""
@@ -128,10 +83,7 @@ class _Job:
         self.end_reason: Optional[str] = None  # "timeout" | "cancel" | "limit"
         self.killed_at = 0.0
         self.error: Optional[str] = None
-        self.capture = _Capture(start.max_output_chars)
-        self.decoder = io.IncrementalNewlineDecoder(
-            codecs.getincrementaldecoder("utf-8")("replace"), translate=True
-        )
+        self.capture = Capture(start.max_output_chars)
         self.live_sent = 0
         self.started = time.monotonic()
         self.tmpdir: Optional[str] = None
@@ -140,18 +92,6 @@ class _Job:
         # A warm job's hand-over: the spare's ready pipe, what it said there.
         self.ready_fd: Optional[int] = None
         self.report = b""
-
-
-def _stdin_file(text: str) -> int:
-    """An anonymous file holding a job's stdin, rewound, so the tool reads it
-    at its own pace and the worker never blocks writing it."""
-    fd = os.memfd_create("execpool-stdin", os.MFD_CLOEXEC)
-    data = text.encode("utf-8")
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
 
 
 class Worker:
@@ -338,21 +278,18 @@ class Worker:
         except OSError:
             data = b""
         if data:
-            self._consume(job, job.decoder.decode(data))
+            self._consume(job, job.capture.feed(data))
             return
-        self._consume(job, job.decoder.decode(b"", final=True))
-        job.capture.finish()
+        self._consume(job, job.capture.finish())
         self._close_output(job)
         job.eof = True
         if job.reaped:
             self._finish(job)
 
     def _consume(self, job: _Job, text: str) -> None:
-        if not text:
-            return
-        job.capture.feed(text)
+        """Forward live output only up to the stream's cap plus one character."""
         cap = job.start.live_cap
-        if cap is not None and job.live_sent <= cap:
+        if text and cap is not None and job.live_sent <= cap:
             piece = text[: cap + 1 - job.live_sent]
             job.live_sent += len(piece)
             self._send(channel.Output(job.start.job_id, piece))
@@ -423,7 +360,7 @@ class Worker:
         try:
             stdin_fd = DEVNULL
             if job.start.stdin is not None:
-                stdin_fd = _stdin_file(job.start.stdin)
+                stdin_fd = memfd_holding("execpool-stdin", job.start.stdin.encode("utf-8"))
                 fds.append(stdin_fd)
             join_fds = [] if job.group is None else [os.open(path, os.O_WRONLY | os.O_CLOEXEC)
                                                      for path in job.group.procs_files()]
@@ -474,13 +411,11 @@ class Worker:
 
     def _hand_over(self, job: _Job, spare: WarmSpare) -> bool:
         start = job.start
-        description = os.memfd_create("execpool-job", os.MFD_CLOEXEC)
+        description = memfd_holding("execpool-job", encode_job(job.script, self._env(job), self._cwd(job),
+                                                                start.limits, not start.network))
         out_r, out_w = os.pipe()
         ready_r, ready_w = os.pipe()
         try:
-            os.write(description, encode_job(job.script, self._env(job), self._cwd(job), start.limits,
-                                             not start.network))
-            os.lseek(description, 0, os.SEEK_SET)
             with self._job_fds(job) as (stdin_fd, join_fds):
                 handed = spare.hand(description, stdin_fd, out_w, ready_w, join_fds[:MAX_CGROUP_FDS])
         except BaseException:
@@ -646,7 +581,7 @@ class Worker:
     def _result(self, job: _Job) -> Result:
         capture = job.capture
         return Result(
-            output="".join(capture.head),
+            output=capture.output,
             exit_code=None if job.end_reason or job.error else job.exit_code,
             timed_out=job.end_reason == "timeout",
             cancelled=job.end_reason == "cancel",
