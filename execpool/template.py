@@ -256,8 +256,9 @@ class WarmSpare:
 
 
 #: A template that dies this many times in a row before it made a single
-#: spare cannot start (a broken interpreter or preload): warm jobs waiting
-#: for a spare then fail instead of waiting for ever.
+#: spare cannot start (a broken interpreter or preload -- or a tool keeps
+#: killing it): the warm jobs waiting for a spare then fail instead of
+#: waiting for ever, and the next warm job tries again.
 MAX_TEMPLATE_FAILURES = 3
 
 
@@ -278,25 +279,23 @@ class SpareSupply:
         self.parked: dict[int, WarmSpare] = {}  # by socket fd, oldest first
         self.asked = 0
         self.failures = 0
-        self.broken: Optional[str] = None
 
-    def want(self, waiting: int) -> None:
+    def want(self, waiting: int) -> Optional[str]:
         """Ask for enough spares to serve ``waiting`` jobs and keep the
-        target parked. Sets ``broken`` when no template can be had."""
-        if self.broken is not None:
-            return
+        target parked; return why no template can be had, if none can (once:
+        the next call tries afresh)."""
         if self.template is None:
             if self.failures >= MAX_TEMPLATE_FAILURES:
-                self.broken = f"the warm template exited {self.failures} times before it made a spare"
-                return
+                self.failures = 0
+                return f"the warm template exited {MAX_TEMPLATE_FAILURES} times before it made a spare"
             try:
                 self.template = WarmTemplate(self.spawn_method, self.preload)
             except OSError as exc:
-                self.broken = f"cannot start the warm template: {exc}"
-                return
+                return f"cannot start the warm template: {exc}"
             self.sel.register(self.template.sock, selectors.EVENT_READ, self._on_template)
         while len(self.parked) + self.asked < waiting + self.target and self.template.ask():
             self.asked += 1
+        return None
 
     def pop(self) -> Optional[WarmSpare]:
         """The oldest parked spare (rehearsed by now), or None."""

@@ -397,10 +397,10 @@ class Worker:
                 self.warm_waiting.appendleft(job)  # the spare was gone; the next one takes it
         if self.stopping:
             return
-        self.spares.want(len(self.warm_waiting))
-        if self.spares.broken is not None:
+        failure = self.spares.want(len(self.warm_waiting))
+        if failure is not None:
             while self.warm_waiting:
-                self._fail_start(self.warm_waiting.popleft(), OSError(self.spares.broken))
+                self._fail_start(self.warm_waiting.popleft(), OSError(failure))
         self._rehearse_if_idle()
 
     def _rehearse_if_idle(self) -> None:

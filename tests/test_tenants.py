@@ -21,7 +21,7 @@ import pytest
 from helpers import alive, all_dead, pids_in, wait_for
 
 from execpool import ExecPool, Limits, PythonJob, ShellJob
-from execpool.template import SPARE_NAME
+from execpool.template import SPARE_NAME, TEMPLATE_NAME
 
 #: A tool's view of its own descriptors, less the one the listing opens.
 LIST_FDS_PYTHON = """
@@ -189,6 +189,34 @@ def test_a_spare_killed_before_it_took_its_job_hands_the_job_on():
         first.kill()
         result = job.result(timeout=30)
         assert result.exit_code == 0 and int(result.output) != first.pid, result.text
+
+
+def test_a_template_killed_as_it_starts_fails_the_waiting_warm_jobs_not_the_worker():
+    # A tool can kill the template as often as it likes. Warm jobs waiting
+    # for a spare must not wait for ever, and warm jobs later must work.
+    with ExecPool(workers=1, warm_spares=0) as pool:
+        worker = psutil.Process(pool.worker_pids[0])
+        stop = threading.Event()
+
+        def killer():
+            while not stop.is_set():
+                for child in worker.children():
+                    try:
+                        if child.name() == TEMPLATE_NAME or "execpool.template" in child.cmdline():
+                            child.kill()
+                    except psutil.Error:
+                        pass
+                stop.wait(0.002)
+
+        thread = threading.Thread(target=killer)
+        thread.start()
+        try:
+            result = pool.run(PythonJob("print('never')", warm=True, timeout=60))
+        finally:
+            stop.set()
+            thread.join()
+        assert result.error is not None and "warm template" in result.error, result.text
+        assert pool.run(PythonJob("print('again')", warm=True)).text == "again\n"
 
 
 def test_job_directories_are_unpredictable_and_squatting_costs_nothing():
