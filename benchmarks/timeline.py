@@ -74,8 +74,10 @@ def _worker_main(out_path: str, worker_argv: list[str]) -> None:
 
     W = worker.Worker
     wrap(W, "_start", before=lambda self, start: stamp(start.job_id, "w_start_recv"))
-    wrap(W, "_spawn", before=lambda self, job: stamp(job.start.job_id, "w_spawn_in"),
-         after=lambda self, job: stamp(job.start.job_id, "w_spawn_out"))
+    # A cold tool is spawned, a warm job handed over to a spare: either is the start.
+    for attr in ("_spawn", "_hand_over"):
+        wrap(W, attr, before=lambda self, job, *_: stamp(job.start.job_id, "w_spawn_in"),
+             after=lambda self, job, *_: stamp(job.start.job_id, "w_spawn_out"))
     wrap(W, "_finish", before=lambda self, job: stamp(job.start.job_id, "w_finish_in")
          if job.start.job_id in self.jobs else None)
 

@@ -25,10 +25,11 @@ There are no threads, so starting a tool from here is safe and cheap, and
 killing is immediate: a Cancel is handled the moment it is read. The worker
 holds every running job's code, environment and stdin, so no job's code
 ever runs in a copy of its memory: a cold tool execs straight after its
-vfork, and a warm job runs in a spare of a template that never held a job. Output is read with ``os.read`` and decoded incrementally
-(UTF-8 with replacement, universal newlines), forwarded live only up to the
-stream's cap plus one character (the producer-side cap: a flood never fills
-any pipe or queue beyond it), and kept only as far as the Result needs.
+vfork, and a warm job runs in a spare of a template that never held a job.
+Output is read with ``os.read``, kept only as far as the Result needs
+(execpool/capture.py), and forwarded live only up to the stream's cap plus
+one character (the producer-side cap: a flood never fills any pipe or queue
+beyond it).
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ from multiprocessing.connection import Connection
 from typing import Optional
 
 from . import _linux, channel
+from .capture import Capture
 from .cgroups import Cgroups, JobGroup
 from .proctree import JOB_MARKER_ENV, child_pids, count_tree, is_zombie, kill_tree, marker_of
-from .capture import Capture
 from .result import Result
 from .spawn import DEVNULL, memfd_holding, start_tool
 from .template import MAX_CGROUP_FDS, REHEARSE_WHEN_IDLE_S, TAKEN, SpareSupply, WarmSpare, encode_job
