@@ -29,6 +29,7 @@ import functools
 import io
 import os
 import pickle
+import socket
 import struct
 import typing
 from dataclasses import dataclass
@@ -201,6 +202,19 @@ def decode(data: bytes, accept: tuple = MESSAGES) -> Union[ToWorker, FromWorker]
     if fault is not None:
         raise ChannelError(f"a malformed {type(msg).__name__}: {fault}")
     return msg
+
+
+def pipe() -> tuple[int, int]:
+    """``os.pipe()``, but made of a socket pair: the read end and the write
+    end of a one-way byte stream. A pipe can be opened again by any process
+    of the same user through ``/proc/<pid>/fd`` of a dumpable process -- the
+    caller's, usually -- so a tool could read the next job's Start or write
+    a forged message; a socket cannot be opened that way by anyone. Every
+    channel between the pool's processes is one of these."""
+    reader, writer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    reader.shutdown(socket.SHUT_WR)
+    writer.shutdown(socket.SHUT_RD)
+    return reader.detach(), writer.detach()
 
 
 def send(conn: Connection, msg: Union[ToWorker, FromWorker]) -> None:

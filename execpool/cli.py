@@ -55,6 +55,12 @@ DEFAULT_BATCH_MAX_OUTPUT_CHARS = 100_000
 #: keep pouring in.
 MAX_UNSYNCED_S = 0.25
 
+#: The command's own process is made non-dumpable: it holds OUT, its stdin
+#: and stdout, and a tool running as the same user could otherwise open any
+#: of them again through /proc/<pid>/fd and write a forged record. Nothing
+#: is lost: nobody wants a core dump of this process.
+NON_DUMPABLE = True
+
 #: How many duplicate ids the error message names, and how much of each.
 DUPLICATES_SHOWN = 3
 ID_SHOWN_CHARS = 80
@@ -178,7 +184,7 @@ def _run(args: argparse.Namespace) -> int:
         job = PythonJob(args.python, timeout=args.timeout, cwd=args.cwd)
     else:
         job = ShellJob(args.shell, timeout=args.timeout, cwd=args.cwd)
-    with ExecPool(workers=1) as pool:
+    with ExecPool(workers=1, non_dumpable=NON_DUMPABLE) as pool:
         stream = pool.stream(job, tool_name="cli")
         try:
             while True:
@@ -650,7 +656,8 @@ class _Batch:
         args = self.args
         workers = args.workers or os.cpu_count() or 2
         max_in_flight = args.max_in_flight or 2 * workers
-        pool_kwargs: dict = {"workers": workers, "max_output_chars": args.max_output_chars}
+        pool_kwargs: dict = {"workers": workers, "max_output_chars": args.max_output_chars,
+                             "non_dumpable": NON_DUMPABLE}
         if preload:
             pool_kwargs["preload"] = preload
         started = time.monotonic()

@@ -55,8 +55,8 @@ import threading
 import time
 from typing import Optional
 
-from . import _linux, cgroups
-from .proctree import kill_tree
+from . import _linux, cgroups, channel
+from .proctree import is_stopped, kill_tree, stat_fields
 
 logger = logging.getLogger("execpool")
 
@@ -76,11 +76,8 @@ _READ_SIZE = 4096
 def starttime(pid: int) -> Optional[int]:
     """When the process started, in clock ticks since boot (field 22 of
     ``/proc/PID/stat``): with the pid, what names one process for good."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rpartition(b")")[2].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+    fields = stat_fields(pid)
+    return int(fields[19]) if len(fields) > 19 else None
 
 
 def _hex(path: Optional[str]) -> str:
@@ -213,10 +210,18 @@ class Lifeline:
     not take now goes with the next line."""
 
     def __init__(self, env: dict) -> None:
-        read_end, self._fd = os.pipe()
+        self._env = env
+        self._lock = threading.Lock()
+        # What the lifeline was told and still holds, by worker token: what
+        # a new one is told should a tool kill this one.
+        self._told: dict[str, list[str]] = {}
+        self._start()
+
+    def _start(self) -> None:
+        read_end, self._fd = channel.pipe()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "execpool.lifeline", str(read_end)], pass_fds=(read_end,), env=env,
+                [sys.executable, "-m", "execpool.lifeline", str(read_end)], pass_fds=(read_end,), env=self._env,
                 cwd="/", start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             )
         except BaseException:
@@ -225,39 +230,58 @@ class Lifeline:
         finally:
             os.close(read_end)
         os.set_blocking(self._fd, False)
-        self._lock = threading.Lock()
-        self._unsent = b""
+        self._unsent = b"".join(line.encode("ascii") + b"\n" for lines in self._told.values() for line in lines)
+
+    def watch(self) -> None:
+        """Called by the supervisor's watchdog while jobs run: a tool can
+        stop or kill the lifeline (it runs as the tool's user). A stopped
+        one is continued; a dead one is replaced and told what it knew."""
+        with self._lock:
+            if self._fd is None:
+                return
+            if self.proc.poll() is None:
+                if is_stopped(self.proc.pid):
+                    self.proc.send_signal(signal.SIGCONT)
+                return
+            logger.warning("execpool: the pool's lifeline (pid %d) died (%s); starting another",
+                           self.proc.pid, self.proc.returncode)
+            os.close(self._fd)
+            self._start()
+            self._flush()
 
     def worker(self, token: str, cgroup: Optional[str], jobs_dir: str) -> None:
         """Before the worker starts: what to remove should the owner die."""
-        self._tell(f"dirs {token} {_hex(cgroup)} {_hex(jobs_dir)}")
+        self._tell(token, f"dirs {token} {_hex(cgroup)} {_hex(jobs_dir)}")
 
     def started(self, token: str, pid: int) -> None:
         """Right after ``Popen``, while the pid is surely the worker's (not
         yet reaped, so not recycled)."""
         start = starttime(pid)
         if start is not None:
-            self._tell(f"pid {token} {pid} {start}")
+            self._tell(token, f"pid {token} {pid} {start}")
 
     def gone(self, token: str) -> None:
         """The owner cleaned up after this worker itself."""
-        self._tell(f"gone {token}")
+        self._tell(token, f"gone {token}")
 
-    def _tell(self, line: str) -> None:
+    def _tell(self, token: str, line: str) -> None:
         with self._lock:
+            if line.startswith("gone "):
+                self._told.pop(token, None)
+            else:
+                self._told.setdefault(token, []).append(line)
             if self._fd is None:
                 return
             self._unsent += line.encode("ascii") + b"\n"
-            try:
-                while self._unsent:
-                    self._unsent = self._unsent[os.write(self._fd, self._unsent):]
-            except BlockingIOError:
-                pass
-            except OSError as exc:
-                logger.warning("execpool: the pool's lifeline (pid %d) is gone (%s): should this process die, "
-                               "its workers' directories and stopped workers stay behind", self.proc.pid, exc)
-                os.close(self._fd)
-                self._fd = None
+            self._flush()
+
+    def _flush(self) -> None:
+        """With the lock held."""
+        try:
+            while self._unsent:
+                self._unsent = self._unsent[os.write(self._fd, self._unsent):]
+        except OSError:
+            pass  # full (a stopped lifeline) or gone (a killed one): watch() deals with either
 
     def close(self, timeout: float) -> None:
         """The EOF the lifeline waits for; then reap it (it exits at once when

@@ -155,13 +155,27 @@ def _subtree_pids(pid: int) -> list[int]:
     return pids
 
 
-def is_zombie(pid: int) -> bool:
-    """Dead and waiting to be reaped (or gone): nothing to kill."""
+def stat_fields(pid: int) -> list:
+    """``/proc/PID/stat`` from the state on (the name before it may hold
+    anything, blanks and parentheses too); [] once the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb", buffering=0) as f:
-            return f.read().rpartition(b")")[2].split()[0] == b"Z"
-    except (OSError, IndexError):
-        return True
+            return f.read().rpartition(b")")[2].split()
+    except OSError:
+        return []
+
+
+def is_zombie(pid: int) -> bool:
+    """Dead and waiting to be reaped (or gone): nothing to kill."""
+    fields = stat_fields(pid)
+    return not fields or fields[0] == b"Z"
+
+
+def is_stopped(pid: int) -> bool:
+    """Stopped by a signal: a tool running as the same user can do that to
+    any of execpool's processes."""
+    fields = stat_fields(pid)
+    return bool(fields) and fields[0] == b"T"
 
 
 def child_pids(pid: int) -> list[int]:

@@ -68,7 +68,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 from . import _linux, cgroups, channel, drain, lifeline
 from .jobs import Limits, PythonJob, ShellJob
-from .proctree import JOB_MARKER_ENV, kill_tree
+from .proctree import JOB_MARKER_ENV, is_stopped, kill_tree, stat_fields
 from .result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, describe_exit
 
 #: Variables a tool may see from the caller's environment. Everything else --
@@ -346,7 +346,8 @@ class ExecPool:
         self._closed = False
         self._broken: Optional[str] = None
         self._startup_failures = 0
-        self._wake_r, self._wake_w = os.pipe()
+        self._wake_r, self._wake_w = channel.pipe()
+        os.set_blocking(self._wake_w, False)  # a full wake pipe is awake enough
         self._watcher = _CancelWatcher()
         self._running_jobs = 0
         self._next_watchdog = 0.0
@@ -557,8 +558,8 @@ class ExecPool:
         jobs_dir = tempfile.mkdtemp(prefix=f"execpool-{token}-")
         group = cgroups.WorkerGroup.create(token) if self.cgroups else None
         self._lifeline.worker(token, None if group is None else group.path, jobs_dir)
-        to_worker_r, to_worker_w = os.pipe()
-        from_worker_r, from_worker_w = os.pipe()
+        to_worker_r, to_worker_w = channel.pipe()
+        from_worker_r, from_worker_w = channel.pipe()
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "execpool.worker", str(to_worker_r), str(from_worker_w), token,
@@ -645,8 +646,10 @@ class ExecPool:
         stopped is continued (its tool may stop it again, for at most a
         period each time), and one with a job overdue by WATCHDOG_KILL_S --
         stopped, wedged or looping -- is killed: its jobs fail with an
-        Execution error and a fresh worker takes over. Reads one
-        ``/proc/PID/stat`` per busy worker per period, none while idle."""
+        Execution error and a fresh worker takes over. The lifeline, which
+        tools can stop or kill too, is continued or replaced. Reads one
+        ``/proc/PID/stat`` per busy worker (and the lifeline's) per period,
+        none while idle."""
         now = time.monotonic()
         with self._lock:
             busy = [(w, max((now - h.deadline for h in w.jobs.values() if h.deadline is not None), default=0.0))
@@ -654,12 +657,13 @@ class ExecPool:
         for worker, late in busy:
             if late > WATCHDOG_KILL_S:
                 worker.proc.kill()
-            elif _stopped(worker.proc.pid):
+            elif is_stopped(worker.proc.pid):
                 if not worker.stopped_seen:
                     worker.stopped_seen = True
                     logger.warning("execpool: worker %d was stopped (by one of its tools?); continuing it",
                                    worker.proc.pid)
                 worker.proc.send_signal(signal.SIGCONT)
+        self._lifeline.watch()
 
     def _route(self, worker: _Worker, msg: channel.FromWorker) -> None:
         """Hand one message to its job; ChannelError for one that this worker
@@ -755,24 +759,9 @@ class ExecPool:
             self._lifeline.gone(worker.token)
 
 
-def _stat_fields(pid: int) -> list:
-    """``/proc/PID/stat`` from the state on (the name before it may hold
-    anything, blanks and parentheses too); [] once the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb", buffering=0) as f:
-            return f.read().rpartition(b")")[2].split()
-    except OSError:
-        return []
-
-
-def _stopped(pid: int) -> bool:
-    fields = _stat_fields(pid)
-    return bool(fields) and fields[0] == b"T"
-
-
 def _parent(pid: int) -> Optional[int]:
     """The parent of a live process; None once it has ended (a tool may
     have ended, even been reaped, before its Spawned is read; one being
     reaped shows state X and parent 0)."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return int(fields[1]) if fields and fields[0] not in (b"Z", b"X", b"x") else None

@@ -172,6 +172,15 @@ def _park(channel: socket.socket, worker_pid: int, name: str) -> NoReturn:
 # -- the worker's handles -------------------------------------------------------
 
 
+def _continue(pid: int) -> None:
+    """A tool can SIGSTOP the template and parked spares (they run as its
+    user): each is continued whenever it is about to be needed, so one
+    stopped while idle costs nothing. (A child of the worker's, so its pid
+    cannot be someone else's before the worker reaps it.)"""
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGCONT)
+
+
 class WarmTemplate:
     """The worker's side of its template: the worker watches ``sock``, where
     each spare it asked for arrives. Starting one costs an interpreter
@@ -196,6 +205,7 @@ class WarmTemplate:
     def ask(self) -> bool:
         """For one more spare; it arrives through :meth:`receive`. False when
         the request could not be sent (a template that is stopped or gone)."""
+        _continue(self.pid)
         try:
             self.sock.send(b"s")
         except OSError:
@@ -244,6 +254,7 @@ class WarmSpare:
         """Give the spare its job; False when the spare is gone (the job then
         needs another). The descriptors stay the caller's to close."""
         fds = array.array("i", [description, stdin_fd, out_fd, ready_w, *join_fds])
+        _continue(self.pid)
         try:
             self.sock.sendmsg([_JOB], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
         except OSError:

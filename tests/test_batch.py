@@ -145,7 +145,9 @@ def test_an_exception_in_the_consumer_cancels_in_flight_jobs(pool, tmp_path):
 
     def consume():
         for result in map_jobs(pool._submit, jobs, 4):
-            wait_for(lambda: len(list(tmp_path.iterdir())) == 3, 5.0)
+            # Written, not only created: the shell makes the file before echo fills it.
+            wait_for(lambda: all(path.read_text().endswith("\n") for path in tmp_path.iterdir())
+                     and len(list(tmp_path.iterdir())) == 3, 5.0)
             raise RuntimeError("harness bug " + result.output)
 
     with pytest.raises(RuntimeError, match="harness bug go"):

@@ -154,7 +154,7 @@ def test_cancel_and_output_in_the_same_select_batch_do_not_crash_the_worker(monk
     """Regression: a Cancel read before its job's pending output event closed
     the fd, and the stale event then crashed the worker with KeyError. The
     watchdog, which continues a stopped worker, is kept out of the way."""
-    monkeypatch.setattr(supervisor, "_stopped", lambda pid: False)
+    monkeypatch.setattr(supervisor, "is_stopped", lambda pid: False)
     with ExecPool(workers=1) as pool:
         worker = pool.worker_pids[0]
         stream = pool.stream(ShellJob("echo ready; sleep 0.2; echo x; sleep 30"), poll_interval_s=0.01)

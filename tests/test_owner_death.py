@@ -254,20 +254,74 @@ def test_sigkill_of_the_owner_leaves_no_worker_tool_daemon_or_directory(cgroups,
             _assert_escaped(daemon, workers[1])
         assert sorted(os.listdir(tmpdir)) == sorted(os.path.basename(d) for _, _, d in report["workers"])
 
-        owner.kill()
-        owner.wait()
-        survivors = lambda: [p for p in workers + report["tools"] + helpers if alive(p)]  # noqa: E731
-        assert wait_for(lambda: not survivors(), 5.0), survivors()
-        assert wait_for(lambda: not os.listdir(tmpdir), 5.0), os.listdir(tmpdir)
+        _kill_and_expect_nothing_left(owner, workers + report["tools"] + helpers, tmpdir)
         assert wait_for(lambda: not [g for t in tokens for g in groups_of(t)], 5.0)
     finally:
-        owner.kill()
-        owner.wait()
-        for proc in doomed:
-            try:
-                proc.send_signal(signal.SIGCONT)
-            except psutil.Error:
-                pass
+        _let_go(owner, doomed)
         for token in tokens:
             for path in groups_of(token):
                 destroy_group(path)
+
+
+#: Kills the pool's lifeline (a child of the worker's parent, the owner).
+KILLS_THE_LIFELINE = ('owner=$(ps -o ppid= -p $PPID | tr -d " "); pkill -KILL -P "$owner" -f execpool.lifeline; '
+                      'echo "PIDS $$"; sleep 100')
+
+
+def _lifelines(owner: int) -> list:
+    found = []
+    for child in psutil.Process(owner).children():
+        try:
+            if "execpool.lifeline" in child.cmdline():
+                found.append(child.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_lifeline_a_tool_killed_is_replaced_before_the_owner_dies(tmp_path, doomed):
+    """A tool can kill the lifeline (it runs as the tool's user), then keep
+    its worker stopped: the owner's death would then leave both behind. The
+    watchdog replaces a dead lifeline while jobs run."""
+    tmpdir = tmp_path / "owner-tmp"
+    tmpdir.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmpdir)}
+    with open(tmp_path / "owner.err", "wb") as err:
+        owner = subprocess.Popen(
+            [sys.executable, "-c", OWNER, "no-cgroups", KILLS_THE_LIFELINE, 'echo "PIDS $$"; sleep 0.3; ' + STOPPER],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, cwd=REPO, env=env, text=True)
+    try:
+        line = owner.stdout.readline()
+        assert line, (tmp_path / "owner.err").read_text()[-2000:]
+        report = json.loads(line)
+        workers = [pid for pid, _, _ in report["workers"]]
+        remember(doomed, workers + report["tools"] + [p.pid for p in psutil.Process(owner.pid).children()])
+        assert wait_for(lambda: "T" in {state(w) for w in workers}, 5.0), "the tool never stopped its worker"
+        # The first lifeline died before the report; one lives now.
+        assert wait_for(lambda: len(_lifelines(owner.pid)) == 1, 5.0), "no lifeline came back"
+        remember(doomed, _lifelines(owner.pid))
+        _kill_and_expect_nothing_left(owner, [proc.pid for proc in doomed], tmpdir)
+    finally:
+        _let_go(owner, doomed)
+
+
+def _kill_and_expect_nothing_left(owner: subprocess.Popen, pids: list, tmpdir) -> None:
+    """SIGKILL the owner; then none of ``pids`` may live on, nor anything in
+    its temporary directory."""
+    owner.kill()
+    owner.wait()
+    survivors = lambda: [pid for pid in pids if alive(pid)]  # noqa: E731
+    assert wait_for(lambda: not survivors(), 5.0), survivors()
+    assert wait_for(lambda: not os.listdir(tmpdir), 5.0), os.listdir(tmpdir)
+
+
+def _let_go(owner: subprocess.Popen, doomed: list) -> None:
+    """Whatever a test ends with: the owner dead, and nothing it started
+    left stopped (the doomed fixture kills it all)."""
+    owner.kill()
+    owner.wait()
+    for proc in doomed:
+        try:
+            proc.send_signal(signal.SIGCONT)
+        except psutil.Error:
+            pass

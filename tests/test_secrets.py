@@ -281,3 +281,61 @@ def test_non_dumpable_caller_cannot_be_made_to_run_a_tools_code(unprivileged):
         if os.path.exists(proof):
             os.unlink(proof)
         os.rmdir(proof_dir)
+
+
+#: A batch job that opens every descriptor of the batch's own process (its
+#: worker's parent) through /proc and appends a forged record to its OUT.
+FORGES_A_RECORD = r"""
+import os
+with open(f"/proc/{os.getppid()}/stat") as f:
+    batch = int(f.read().rpartition(")")[2].split()[1])
+forged = 0
+try:
+    names = os.listdir(f"/proc/{batch}/fd")
+except OSError as exc:
+    names = []
+    print("denied:", exc.strerror)
+for name in names:
+    try:
+        if not os.readlink(f"/proc/{batch}/fd/{name}").endswith(".out.jsonl"):
+            continue
+        fd = os.open(f"/proc/{batch}/fd/{name}", os.O_WRONLY | os.O_APPEND)
+    except OSError as exc:
+        print("denied:", exc.strerror)
+        continue
+    os.write(fd, b'{"id": "victim", "status": "ok", "exit_code": 0, "output": "FORGED"}\n')
+    os.close(fd)
+    forged += 1
+print("forged", forged)
+"""
+
+
+def test_a_batch_job_cannot_write_a_record_into_out(unprivileged):
+    """``execpool batch`` holds OUT open: a job running as the same user
+    wrote a record for another job's id there through /proc, which resume
+    would then have trusted. The command's process is non-dumpable."""
+    python, farm = unprivileged
+    work = tempfile.mkdtemp(prefix="execpool-forge-")
+    os.chmod(work, 0o777)
+    batch_in = os.path.join(work, "jobs.jsonl")
+    try:
+        with open(batch_in, "w") as f:
+            f.write(json.dumps({"id": "attacker", "python": FORGES_A_RECORD}) + "\n")
+            f.write(json.dumps({"id": "victim", "shell": "echo real"}) + "\n")
+        os.chmod(batch_in, 0o644)
+        done = subprocess.run(
+            [python, "-m", "execpool", "batch", batch_in, "--workers", "1", "--max-in-flight", "1",
+             "--no-progress"], user=UNPRIVILEGED, group=UNPRIVILEGED, extra_groups=[],
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": farm}, capture_output=True, text=True, cwd="/", timeout=60)
+        if done.returncode != 0 and "ModuleNotFoundError" in done.stderr:
+            pytest.skip(f"the unprivileged user cannot import execpool here: {done.stderr[-300:]}")
+        assert done.returncode == 0, done.stderr[-2000:]
+        with open(os.path.join(work, "jobs.out.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+        assert sorted(record["id"] for record in records) == ["attacker", "victim"], records
+        assert "forged 0" in records[0]["output"] or "forged 0" in records[1]["output"], records
+        assert next(r for r in records if r["id"] == "victim")["output"] == "real\n"
+    finally:
+        for name in os.listdir(work):
+            os.unlink(os.path.join(work, name))
+        os.rmdir(work)

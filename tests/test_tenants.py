@@ -7,6 +7,8 @@ written so that it failed before the fix it guards.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import resource
 import secrets
@@ -18,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
-from helpers import alive, all_dead, pids_in, wait_for
+from helpers import alive, all_dead, pids_in, state, wait_for
 
 from execpool import ExecPool, Limits, PythonJob, ShellJob
 from execpool.template import SPARE_NAME, TEMPLATE_NAME
@@ -78,6 +80,42 @@ def test_no_descriptor_reaches_a_tool_above_its_open_files_limit(held, open_file
         for fd in filler:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+#: Opens every descriptor of the process that owns the pool (its worker's
+#: parent) through /proc, as a tool after the pool's channels would, and
+#: prints the numbers of those it could open.
+OPEN_THE_OWNERS_DESCRIPTORS = r"""
+import os
+with open(f"/proc/{os.getppid()}/stat") as f:
+    owner = int(f.read().rpartition(")")[2].split()[1])
+opened = set()
+for name in os.listdir(f"/proc/{owner}/fd"):
+    for flags in (os.O_RDONLY, os.O_WRONLY):
+        try:
+            os.close(os.open(f"/proc/{owner}/fd/{name}", flags | os.O_NONBLOCK | os.O_NOCTTY))
+            opened.add(int(name))
+        except OSError:
+            pass
+print(sorted(opened))
+"""
+
+
+def test_no_tool_can_open_the_pools_channels_through_proc():
+    # The channels were pipes, which any process of the same user can open
+    # again through /proc/<owner>/fd of a dumpable owner (the default): a
+    # tool read the next job's Start there -- its code, env and stdin -- and
+    # rewrote it. Sockets cannot be opened that way.
+    with ExecPool(workers=2) as pool:
+        pool.run(PythonJob("pass", warm=True))
+        channels = {pool._wake_r, pool._wake_w, pool._lifeline._fd}
+        for worker in pool._workers:
+            channels |= {worker.send_conn.fileno(), worker.recv.fileno()}
+        for job in (ShellJob(f"exec {sys.executable} -c {shlex.quote(OPEN_THE_OWNERS_DESCRIPTORS)}"),
+                    PythonJob(OPEN_THE_OWNERS_DESCRIPTORS), PythonJob(OPEN_THE_OWNERS_DESCRIPTORS, warm=True)):
+            opened = set(json.loads(pool.run(job).output))
+            assert opened, "the probe opened nothing of its owner's: it proves nothing here"
+            assert not opened & channels, f"a tool opened the pool's channels {sorted(opened & channels)}"
 
 
 #: Searches every readable page of its own memory, and every string object,
@@ -143,50 +181,50 @@ def test_a_warm_job_finds_nothing_of_other_jobs_in_its_memory():
                 stream.close()
 
 
-def test_a_stopped_spare_costs_only_its_own_job():
-    # A tool can SIGSTOP the parked spares (they run as its user). The worker
-    # once waited for a stopped spare's answer with a blocking read: the
-    # next warm job stopped the whole worker, every other job with it.
+def test_stopped_spares_and_template_cost_nobody_anything():
+    # A tool can SIGSTOP the parked spares and the template (they run as its
+    # user). The worker once waited for a stopped spare's answer with a
+    # blocking read, stalling every job on it; later it handed jobs to the
+    # stopped spares, which then waited for ever (timeout=None) or timed out.
     with ExecPool(workers=1, warm_spares=2) as pool:
         pool.run(PythonJob("pass", warm=True))
         assert wait_for(lambda: len(_parked(pool)) == 2)
-        stopped = _parked(pool)
-        for spare in stopped:
-            spare.send_signal(signal.SIGSTOP)
+        stopped = _parked(pool) + _helpers(pool, TEMPLATE_NAME)
+        for proc in stopped:
+            proc.send_signal(signal.SIGSTOP)
         rescue = threading.Timer(20.0, lambda: [_cont(p) for p in stopped])
         rescue.start()
         try:
             beside = pool.stream(ShellJob("for i in 1 2 3 4 5 6 7 8; do echo tick; sleep 0.1; done"))
-            # Each stopped spare takes one job, which times out; nothing else waits.
-            runner = ThreadPoolExecutor(len(stopped))
-            victims = [runner.submit(pool.run, PythonJob("print('never')", warm=True, timeout=1)) for _ in stopped]
+            # More warm jobs than spares were parked: the template makes the rest.
+            runner = ThreadPoolExecutor(4)
+            warm = [runner.submit(pool.run, PythonJob(f"print({i})", warm=True, timeout=None)) for i in range(4)]
             runner.shutdown(wait=False)
             ticks = [event for event in beside if event["type"] == "tool_output"]
             assert "".join(event["text"] for event in ticks).count("tick") == 8
-            assert all(victim.result(timeout=10).timed_out for victim in victims)
-            assert pool.run(PythonJob("print('next')", warm=True, timeout=30)).output == "next\n"
-            assert pool.run(ShellJob("echo shell")).output == "shell\n"
+            assert [job.result(timeout=15).output for job in warm] == [f"{i}\n" for i in range(4)]
         finally:
             rescue.cancel()
-            for spare in stopped:
-                _cont(spare)
+            for proc in stopped:
+                _cont(proc)
 
 
 def test_a_spare_killed_before_it_took_its_job_hands_the_job_on():
     # The hand-over is a message the spare has not read yet: a spare killed
-    # then ran nothing of the job, which must run whole in another spare.
+    # then ran nothing of the job, which must run whole in another spare. A
+    # frozen cgroup holds the spare there (SIGCONT does not thaw it).
     with ExecPool(workers=1, warm_spares=1) as pool:
         pool.run(PythonJob("pass", warm=True))
         assert wait_for(lambda: len(_parked(pool)) == 1)
         first = _parked(pool)[0]
-        first.send_signal(signal.SIGSTOP)
-        runner = ThreadPoolExecutor(1)
-        job = runner.submit(pool.run, PythonJob("import os\nprint(os.getpid())", warm=True, timeout=30))
-        runner.shutdown(wait=False)
-        # Handed to the stopped spare (which _parked leaves out), the worker
-        # asked for the next one at once.
-        assert wait_for(lambda: len(_parked(pool)) == 1)
-        first.kill()
+        with _frozen(first.pid) as group:
+            runner = ThreadPoolExecutor(1)
+            job = runner.submit(pool.run, PythonJob("import os\nprint(os.getpid())", warm=True, timeout=30))
+            runner.shutdown(wait=False)
+            # Handed to the frozen spare, the worker asked for the next one at once.
+            assert wait_for(lambda: any(p.pid != first.pid for p in _parked(pool)))
+            first.kill()
+            assert wait_for(lambda: _read(os.path.join(group, "cgroup.procs")) == "")
         result = job.result(timeout=30)
         assert result.exit_code == 0 and int(result.output) != first.pid, result.text
 
@@ -248,9 +286,65 @@ def test_strays_are_swept_after_a_keep_background_job_ran():
     assert all_dead(kept)
 
 
+def _helpers(pool: ExecPool, name: str) -> list:
+    """The workers' children called ``name`` that can run: not stopped,
+    not frozen (a frozen one sits in a group of _frozen's), not dead."""
+    found = []
+    for pid in pool.worker_pids:
+        for child in psutil.Process(pid).children():
+            try:
+                if (child.name() == name and state(child.pid) in ("S", "R")
+                        and "execpool-test-freeze" not in _read(f"/proc/{child.pid}/cgroup")):
+                    found.append(child)
+            except (psutil.Error, OSError):
+                continue
+    return found
+
+
 def _parked(pool: ExecPool) -> list:
-    return [child for pid in pool.worker_pids for child in psutil.Process(pid).children()
-            if child.name() == SPARE_NAME and child.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_STOPPED)]
+    return _helpers(pool, SPARE_NAME)
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+@contextlib.contextmanager
+def _frozen(pid: int):
+    """``pid`` in a frozen cgroup v2 group of its own for the block (root,
+    with a writable v2 hierarchy; skipped elsewhere). Yields the group."""
+    own = _own_v2_group()
+    if own is None:
+        pytest.skip("no writable cgroup v2 hierarchy to freeze a process in")
+    group = os.path.join(own, f"execpool-test-freeze-{os.getpid()}")
+    os.mkdir(group)
+    try:
+        with open(os.path.join(group, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+        with open(os.path.join(group, "cgroup.freeze"), "w") as f:
+            f.write("1")
+        assert wait_for(lambda: "frozen 1" in _read(os.path.join(group, "cgroup.events")))
+        yield group
+    finally:
+        with open(os.path.join(group, "cgroup.freeze"), "w") as f:
+            f.write("0")
+        with open(os.path.join(group, "cgroup.kill"), "w") as f:
+            f.write("1")
+        assert wait_for(lambda: _read(os.path.join(group, "cgroup.procs")) == "", timeout=5)
+        os.rmdir(group)
+
+
+def _own_v2_group():
+    """This process's cgroup v2 directory, if it may write there."""
+    with open("/proc/self/mounts") as f:
+        mount = next((line.split()[1] for line in f if line.split()[2] == "cgroup2"), None)
+    own = next((line.rstrip("\n").split(":", 2)[2] for line in _read("/proc/self/cgroup").splitlines(keepends=True)
+                if line.startswith("0::")), None)
+    if mount is None or own is None:
+        return None
+    path = os.path.join(mount, own.lstrip("/"))
+    return path if os.access(path, os.W_OK) else None
 
 
 def _cont(proc: psutil.Process) -> None:
