@@ -325,9 +325,10 @@ print("ok")
 
 
 def is_pool_helper(proc: psutil.Process) -> bool:
-    """A worker's warm template or parked spare (execpool/template.py), not a tool."""
+    """A worker's warm template or parked spare (execpool/template.py), or the
+    pool's lifeline (execpool/lifeline.py): the pool's own, not a tool."""
     try:
-        return proc.name() in (TEMPLATE_NAME, SPARE_NAME)
+        return proc.name() in (TEMPLATE_NAME, SPARE_NAME) or "execpool.lifeline" in proc.cmdline()
     except psutil.Error:
         return False
 

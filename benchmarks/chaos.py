@@ -42,8 +42,9 @@ Checked at the end:
 - every Result correct for its kind, or the clear worker-killed error;
 - nothing leaked once the run settled (up to ``--settle`` s, default 3):
   this process's threads and fds back to their baseline (taken after a
-  warm-up), the pool back to its worker count, nothing below the workers
-  but their warm templates and parked spares, no zombie below this
+  warm-up), the pool back to its worker count, nothing below this process
+  but the workers, their warm templates and parked spares and the pool's
+  lifeline, no zombie below this
   process, no live process carrying this run's marker anywhere;
 - and after ``pool.close()``: no process below this one still running.
 
@@ -317,7 +318,7 @@ def counts(pool: ExecPool, run_id: str) -> dict:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 zombies += 1
             elif C.is_pool_helper(proc):
-                helpers += 1  # a worker's warm template and parked spares
+                helpers += 1  # a worker's warm template and parked spares, the lifeline
             else:
                 others += 1
         except psutil.Error:
@@ -328,7 +329,7 @@ def counts(pool: ExecPool, run_id: str) -> dict:
         "fds": len(os.listdir("/proc/self/fd")),
         "workers": len(workers),
         "processes_below_workers": others,
-        "warm_template_and_spares": helpers,
+        "pool_helpers": helpers,
         "zombies": zombies,
         "marked": len(marked(run_id)),
     }

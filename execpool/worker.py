@@ -16,9 +16,8 @@ One ``selectors`` loop waits on everything the worker owns:
   escaped its group and was re-parented here -- so no zombie stays,
 - one non-blocking stdout pipe per running tool,
 - the warm template's socket, where the spares the worker asked for arrive,
-  the parked spares' sockets (readable only when a spare died) and each
-  warm job's ready pipe (execpool/template.py; execpool/spawn.py: how
-  tools are started),
+  and the parked spares' sockets, readable only when a spare died
+  (execpool/template.py; execpool/spawn.py: how tools are started),
 - and a timer heap for deadlines, used as the select timeout.
 
 There are no threads, so starting a tool from here is safe and cheap, and
@@ -431,9 +430,10 @@ class Worker:
             os.close(out_r)
             os.close(ready_r)
             return False
+        # Not watched: what the spare says there (one byte, or that and a
+        # short failure) fits the pipe, and matters only once it has exited.
         os.set_blocking(ready_r, False)
         job.ready_fd = ready_r
-        self.sel.register(ready_r, selectors.EVENT_READ, lambda _fd, job=job: self._read_ready(job))
         self._running(job, spare.pid, out_r)
         return True
 
@@ -446,9 +446,9 @@ class Worker:
         return job.tmpdir if job.start.cwd is None else job.start.cwd
 
     def _read_ready(self, job: _Job) -> bool:
-        """Read what the spare said on the ready pipe so far (closing it at
-        EOF, when the job's code started or the spare died); return whether
-        the spare took the job."""
+        """Read what the spare said on the ready pipe (closing it at EOF,
+        once the job's code started or the spare died); return whether the
+        spare took the job."""
         while job.ready_fd is not None:
             try:
                 data = os.read(job.ready_fd, 4096)
@@ -465,7 +465,6 @@ class Worker:
 
     def _close_ready(self, job: _Job) -> None:
         if job.ready_fd is not None:
-            self.sel.unregister(job.ready_fd)
             os.close(job.ready_fd)
             job.ready_fd = None
 
