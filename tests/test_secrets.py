@@ -31,6 +31,7 @@ import pytest
 
 from execpool import ExecPool, PythonJob, ShellJob
 from execpool import tools as tool_layer
+from helpers import wait_for
 
 SECRET_VAR = "EXECPOOL_TEST_API_KEY"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -164,6 +165,8 @@ def test_network_false_cannot_reach_the_callers_loopback(pool, listener, kind):
     assert isolated.text == "refused\n"
     assert not accepted
     assert pool.run(job(True)).text == "connected\n"  # the control: the server is reachable
+    # The kernel completed the handshake; the server's thread may accept it a little later.
+    assert wait_for(lambda: len(accepted) == 1, 5.0)
     assert len(accepted) == 1
 
 
