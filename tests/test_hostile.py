@@ -484,7 +484,8 @@ def test_closed_stdout_without_timeout_runs_until_cancelled(pool):
     the job is cancelled."""
     stream = pool.stream(PythonJob(hostile.closes_stdout(100), timeout=None, env=env()),
                          heartbeat_interval_s=0.05)
-    first = next(stream)
+    # Under load a heartbeat (every 50 ms) can come before the tool has started.
+    first = next(event for event in stream if event["type"] == "tool_output")
     pids = pids_in(first["text"])
     events = []
     deadline = time.monotonic() + 1.0
