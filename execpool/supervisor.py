@@ -246,7 +246,7 @@ def _deliver(handle: _JobHandle, msg: object) -> None:
     try:
         handle.sink(msg)
     except Exception as exc:  # noqa: BLE001
-        print(f"execpool: dropped a message for job {handle.job_id}: {exc!r}", file=sys.stderr)
+        logger.error("execpool: dropped a message for job %d", handle.job_id, exc_info=exc)
 
 
 class ExecPool:
@@ -719,7 +719,7 @@ class ExecPool:
                 try:
                     self._workers.append(self._spawn_worker())
                 except OSError as exc:
-                    print(f"execpool: cannot start a replacement worker: {exc}", file=sys.stderr)
+                    logger.error("execpool: cannot start a replacement worker: %s", exc)
                     if not self._workers:
                         self._broken = f"execpool cannot start a worker: {exc}"
         try:
