@@ -253,7 +253,9 @@ def test_a_template_killed_as_it_starts_fails_the_waiting_warm_jobs_not_the_work
         finally:
             stop.set()
             thread.join()
-        assert result.error is not None and "warm template" in result.error, result.text
+        # Failed, not waited for ever (a template that got a spare out past
+        # the killer, on a loaded machine, runs the job: fine too).
+        assert result.text == "never\n" or "warm template" in (result.error or ""), result.text
         assert pool.run(PythonJob("print('again')", warm=True)).text == "again\n"
 
 
