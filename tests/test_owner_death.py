@@ -87,18 +87,19 @@ def destroy_group(path: str, timeout: float = 2.0) -> None:
             f.write("1")
     except OSError:
         pass
-    deadline = time.monotonic() + timeout
     for directory, _subdirs, _files in sorted(os.walk(path), key=lambda entry: -len(entry[0])):
-        while True:
-            try:
-                os.rmdir(directory)
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.01)
+        wait_for(lambda: _removed(directory), timeout)
+
+
+def _removed(directory: str) -> bool:
+    """rmdir; whether the directory is gone (a killed group empties a moment later)."""
+    try:
+        os.rmdir(directory)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
 
 
 def _read_until_pids(stream, timeout: float = 10.0) -> list:
