@@ -82,24 +82,7 @@ def groups_of(token: str) -> list:
 
 def destroy_group(path: str, timeout: float = 2.0) -> None:
     """Kill everything in a v2 group a failed test left and remove it."""
-    try:
-        with open(os.path.join(path, "cgroup.kill"), "w") as f:
-            f.write("1")
-    except OSError:
-        pass
-    for directory, _subdirs, _files in sorted(os.walk(path), key=lambda entry: -len(entry[0])):
-        wait_for(lambda: _removed(directory), timeout)
-
-
-def _removed(directory: str) -> bool:
-    """rmdir; whether the directory is gone (a killed group empties a moment later)."""
-    try:
-        os.rmdir(directory)
-    except FileNotFoundError:
-        pass
-    except OSError:
-        return False
-    return True
+    cgroups.WorkerGroup(path).destroy(timeout)
 
 
 def _read_until_pids(stream, timeout: float = 10.0) -> list:
