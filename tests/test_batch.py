@@ -339,7 +339,7 @@ def test_huge_numbers_odd_ids_and_deep_nesting_are_invalid_records_and_resume(tm
         f'{{"id": {huge}, "shell": "true"}}',
         f'{{"id": "big-timeout", "shell": "true", "timeout": {huge}}}',
         f'{{"id": "big-env", "shell": "true", "env": {{"A": [1, -{huge}]}}}}',
-        f'{{"id": "nan", "shell": "true", "timeout": NaN}}',
+        '{"id": "nan", "shell": "true", "timeout": NaN}',
         '{"id": Infinity, "shell": "true"}',
         {"id": 1.5, "shell": "true"},
         {"id": {"a": [1]}, "shell": "true"},

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
-import time
 
 import psutil
 import pytest
