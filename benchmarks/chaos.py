@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
+import logging
 import os
 import random
 import signal
@@ -75,7 +76,6 @@ import psutil
 
 from benchmarks import _common as C
 from execpool import TOOL_OUTPUT_STREAM_MAX_CHARS, ExecPool, PythonJob, Result, ShellJob
-from execpool import channel
 from execpool.drain import STREAM_CAP_NOTICE
 
 RUN_VAR = "EXECPOOL_CHAOS_RUN"
@@ -94,9 +94,10 @@ HANG_S = 60.0
 
 
 class Ledger:
-    """Counts the Finished messages each submitted job receives, by wrapping
-    the pool's submission (``ExecPool._submit(job, sink, ...)``, the one
-    place every job enters and the one sink every message of a job reaches)."""
+    """Counts the ends of each submitted job by wrapping the pool's public
+    ``submit`` on this pool (every client -- run, stream, map -- goes
+    through it) and listening to the ``execpool`` logger, where a job that
+    ends a second time is reported (a future takes one result only)."""
 
     def __init__(self, pool: ExecPool) -> None:
         self.lock = threading.Lock()
@@ -104,23 +105,30 @@ class Ledger:
         self.finished: Counter = Counter()
         self.results: dict[int, Result] = {}
         self.kinds: dict[int, str] = {}
-        original = pool._submit
+        original = pool.submit
+        ledger = self
 
-        def submit(job, sink, *args, **kwargs):  # whatever else _submit takes, passed through
-            def counting_sink(msg):
-                if isinstance(msg, channel.Finished):
-                    with self.lock:
-                        self.finished[msg.job_id] += 1
-                        self.results[msg.job_id] = msg.result
-                sink(msg)
-
-            handle = original(job, counting_sink, *args, **kwargs)
+        def submit(job, **kwargs):
+            future = original(job, **kwargs)
             with self.lock:
-                self.submitted.add(handle.job_id)
-                self.kinds[handle.job_id] = (job.env or {}).get(KIND_VAR, "")
-            return handle
+                self.submitted.add(future.job_id)
+                self.kinds[future.job_id] = (job.env or {}).get(KIND_VAR, "")
+            future.add_done_callback(self._ended)
+            return future
 
-        pool._submit = submit
+        class Twice(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if "ended twice" in record.getMessage():
+                    with ledger.lock:
+                        ledger.finished[record.args[0]] += 1
+
+        pool.submit = submit
+        logging.getLogger("execpool").addHandler(Twice(logging.ERROR))
+
+    def _ended(self, future) -> None:
+        with self.lock:
+            self.finished[future.job_id] += 1
+            self.results[future.job_id] = future.result()
 
     def check(self) -> dict:
         with self.lock:
@@ -218,7 +226,7 @@ class Chaos:
         streamed = "".join(e["text"] for e in events if e["type"] == "tool_output")
         if _killed(r):
             return r, None
-        if r.exit_code != 0 or r.output_chars != FLOOD_CHARS or r.output != "x" * self.pool.max_output_chars:
+        if r.exit_code != 0 or r.output_chars != FLOOD_CHARS or r.output != "x" * self.pool.config.max_output_chars:
             return r, f"exit {r.exit_code}, output_chars {r.output_chars}, error {r.error!r}"
         if streamed != "x" * TOOL_OUTPUT_STREAM_MAX_CHARS + STREAM_CAP_NOTICE:
             return r, f"streamed {len(streamed)} chars ending {streamed[-40:]!r}"

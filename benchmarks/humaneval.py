@@ -89,7 +89,6 @@ from benchmarks import _common as C
 from concurrent.futures import ThreadPoolExecutor
 
 from execpool import ExecPool, PythonJob
-from execpool.batch import imap_unordered_jobs
 
 TARGET_PASSED = 164
 TARGET_COLD_RATIO = 0.70
@@ -202,10 +201,7 @@ def run_execpool(pool: ExecPool, programs: list[str], workers: int, timeout: flo
     kwargs = {"warm": True} if warm else {}
     jobs = (PythonJob(code, timeout=timeout, **kwargs) for code in programs)
     t0 = time.perf_counter()
-    if hasattr(pool, "imap_unordered"):
-        results = list(pool.imap_unordered(jobs, max_in_flight=workers))
-    else:
-        results = list(imap_unordered_jobs(pool._submit, jobs, workers))
+    results = list(pool.imap_unordered(jobs, max_in_flight=workers))
     elapsed = time.perf_counter() - t0
     failures = [f"#{i}: {r.text[-300:]}" for i, r in sorted(results) if not r.ok]
     return len(results) - len(failures), elapsed, failures

@@ -9,7 +9,7 @@ Run from the repository root::
     python -m benchmarks.profile_pool bash --iters 300
     python -m benchmarks.profile_pool warm --iters 300
 
-Nothing in execpool is changed: the supervisor's ``subprocess.Popen`` is
+Nothing in execpool is changed: the pool's ``subprocess.Popen`` (execpool/lifecycle.py) is
 wrapped, for this process only, so that a worker's command line
 ``python -m execpool.worker ...`` becomes ``python -m cProfile -o FILE -m
 execpool.worker ...`` (and ``--tmpdir`` moves the jobs' private directories).
@@ -42,11 +42,11 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 
 from benchmarks import _common as C
 from execpool import ExecPool, PythonJob, ShellJob
-import execpool.supervisor as supervisor
+import execpool.lifecycle as lifecycle
 
 
 class _ProfilingSubprocess:
-    """Stands in for the ``subprocess`` module inside execpool.supervisor."""
+    """Stands in for the ``subprocess`` module inside execpool.lifecycle."""
 
     def __init__(self, real, out_dir: str, profile: bool) -> None:
         self._real = real
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.tmpdir is not None:
         tempfile.tempdir = args.tmpdir
-    supervisor.subprocess = _ProfilingSubprocess(supervisor.subprocess, out_dir, not args.no_workers)
+    lifecycle.subprocess = _ProfilingSubprocess(lifecycle.subprocess, out_dir, not args.no_workers)
     caller = None if args.no_caller else cProfile.Profile()
     try:
         with ExecPool(workers=args.workers, max_jobs_per_worker=1_000_000) as pool:
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             if caller is not None:
                 caller.disable()
     finally:
-        supervisor.subprocess = supervisor.subprocess._real
+        lifecycle.subprocess = lifecycle.subprocess._real
     print(f"scenario: {summary}")
     print(f"profiles in {out_dir}")
     if caller is not None:

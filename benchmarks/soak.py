@@ -57,24 +57,33 @@ A job that fails because the worker under it crashed is counted as wrong
 (its Result has ``error``); the table says how many such errors there were,
 and the worker's traceback is on stderr. ``--skip KIND,...`` leaves kinds out.
 
-RSS drift: the measured run is cut into ``--checkpoints`` equal segments
+Memory: the measured run is cut into ``--checkpoints`` equal segments
 (default 10); after each, with ``gc.collect()`` and ``malloc_trim(0)`` (which
-hands the allocator's free pages back, so what remains is memory something
-still holds), this process's RSS is recorded. The first
-``--rss-warmup`` of the run (default 40%) is the RSS warm-up: the allocator's
-arenas reach the high-water mark of the jobs' peak overlap there (a few
-floods at once hold several MB each). The drift is the last checkpoint minus
-the one ending the warm-up (each end the median of up to three
-checkpoints, so one checkpoint that caught the allocator holding an extra
-buffer does not decide it), in MiB, and must stay within
-``--rss-drift-max-mib`` (default 2; a negative value only reports); the
-least-squares slope over the same checkpoints (KiB per 1000 jobs), the RSS
-without the trim, anonymous vs file-backed RSS and, with ``--tracemalloc``,
-the Python heap and the source lines that grew most are reported beside it.
+hands the allocator's free pages back), this process's RSS and its Python
+heap (``tracemalloc``, which traces every Python allocation exactly, one
+frame deep) are recorded. The first ``--rss-warmup`` of the run (default
+half) is the warm-up: caches fill and the allocator's arenas reach the
+high-water mark of the jobs' peak overlap there (a few floods at once hold
+several MB each). Over the second half the verdict fits a least-squares
+slope to each:
+
+* the Python heap, in bytes per job: a leak of Python objects, however
+  small, grows it steadily, while the allocator's noise does not touch it.
+  Over ``--heap-slope-max`` (default 256 bytes a job; the soak's own
+  bookkeeping is 8) is a leak.
+* the RSS, in KiB per 1000 jobs: what the heap cannot see (native memory).
+  RSS moves by a few MiB with the allocator's moods, so it is a leak only
+  when both the slope is over ``--rss-slope-max`` (default 4096 KiB per
+  1000 jobs, i.e. 4 KiB a job) and the drift -- the last checkpoints'
+  median minus the first ones' -- is over 2 MiB.
+
+``--leak-per-job BYTES`` is the negative control: each job then keeps that
+many bytes in this process for good, and the verdict must say FAIL (1024
+bytes a job is caught by the heap slope at the default sizes).
 
 Exits 1 on any wrong Result or any leak: threads, fds, tool or other
 processes, zombies, workers, a surviving process of this run, a process
-still running after ``pool.close()``, or RSS drift over its limit.
+still running after ``pool.close()``, or memory growing as above.
 The last line of stdout is one JSON object with every figure.
 """
 
@@ -121,8 +130,12 @@ END_SLACK_S = 5.0
 WORKER_DIED = "died unexpectedly"
 #: A whole job of any kind; past it the soak reports a hang.
 HANG_S = 60.0
-#: RSS drift after the first checkpoint above which the soak fails.
-RSS_DRIFT_MAX_MIB = 2.0
+#: Growth over the second half above which the soak calls it a leak: the
+#: Python heap's slope, and the RSS slope when the RSS drift is also over
+#: its noise (see the module docstring).
+HEAP_SLOPE_MAX_BYTES_PER_JOB = 256.0
+RSS_SLOPE_MAX_KIB_PER_1000 = 4096.0
+RSS_NOISE_MIB = 2.0
 LONG_JOBS, LONG_CONCURRENCY = 10_000, 32
 
 try:
@@ -389,12 +402,19 @@ def schedule(n: int, seed: int, skip: frozenset = frozenset()) -> list[str]:
     return kinds[:n]
 
 
+#: The negative control (--leak-per-job): bytes each job keeps, and where.
+_leak = {"bytes": 0}
+_leaked: list[bytes] = []
+
+
 def run_one(s: Soak, i: int, kind: str) -> Outcome:
     t0 = time.monotonic()
     try:
         problem = KINDS[kind][0](s, i)
     except Exception as exc:  # noqa: BLE001 - a raised exception is a wrong result
         problem = f"raised {type(exc).__name__}: {exc}"
+    if _leak["bytes"]:
+        _leaked.append(os.urandom(_leak["bytes"]))
     return Outcome(i, kind, time.monotonic() - t0, problem)
 
 
@@ -510,17 +530,21 @@ def snapshot(pool: ExecPool, run_id: str) -> dict:
 
 
 def rss_checkpoint() -> dict:
-    """This process's RSS (MiB) after gc, untrimmed and after malloc_trim(0)
-    (and the Python heap tracemalloc sees, when it traces)."""
+    """This process's RSS (MiB) after gc, untrimmed and after malloc_trim(0),
+    and the Python heap tracemalloc sees (bytes)."""
     gc.collect()
     raw = psutil.Process().memory_info().rss
     if _malloc_trim is not None:
         _malloc_trim(0)
     trimmed = psutil.Process().memory_info().rss
     point = {"raw_mib": round(raw / 2**20, 2), "trimmed_mib": round(trimmed / 2**20, 2), **_rss_parts()}
-    if tracemalloc.is_tracing():
-        point["traced_mib"] = round(tracemalloc.get_traced_memory()[0] / 2**20, 2)
+    point["traced_bytes"] = tracemalloc.get_traced_memory()[0]
     return point
+
+
+def checkpoints_at(jobs: int, segments: int) -> list[dict]:
+    """Where the checkpoints of a run fall (their ``jobs``), before it runs."""
+    return [{"jobs": jobs * (seg + 1) // segments} for seg in range(segments)]
 
 
 def rss_baseline(checkpoints: list[dict], warmup_jobs: float) -> int:
@@ -541,15 +565,15 @@ def window_drift(points: list[dict], key: str) -> float:
     return round(last - first, 2)
 
 
-def slope_kib_per_1000(points: list[dict]) -> Optional[float]:
-    """Least-squares slope of the trimmed RSS, in KiB per 1000 jobs."""
+def slope(points: list[dict], key: str) -> Optional[float]:
+    """Least-squares slope of ``key`` per job over the checkpoints."""
     if len(points) < 2:
         return None
     xs = [p["jobs"] for p in points]
-    ys = [p["trimmed_mib"] * 1024 for p in points]
+    ys = [p[key] for p in points]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     den = sum((x - mx) ** 2 for x in xs)
-    return round(sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den * 1000, 1) if den else None
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else None
 
 
 def _rss_parts() -> dict:
@@ -618,14 +642,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help=f"the long soak: {LONG_JOBS} jobs at concurrency {LONG_CONCURRENCY}")
     parser.add_argument("--checkpoints", type=int, default=10,
                         help="RSS checkpoints over the measured run (default 10)")
-    parser.add_argument("--rss-warmup", type=float, default=0.4,
-                        help="fraction of the measured run before the RSS baseline (default 0.4)")
-    parser.add_argument("--tracemalloc", action="store_true",
-                        help="trace Python allocations (slower): traced memory at each checkpoint and the "
-                             "source lines that grew most from the first to the last")
-    parser.add_argument("--rss-drift-max-mib", type=float, default=RSS_DRIFT_MAX_MIB,
-                        help=f"fail when RSS drifts more after the first checkpoint (default {RSS_DRIFT_MAX_MIB:g}; "
-                             "negative: report only)")
+    parser.add_argument("--rss-warmup", type=float, default=0.5,
+                        help="fraction of the measured run before the memory baseline (default 0.5)")
+    parser.add_argument("--heap-slope-max", type=float, default=HEAP_SLOPE_MAX_BYTES_PER_JOB,
+                        help="a leak: the Python heap growing faster, in bytes per job, over the measured part "
+                             f"(default {HEAP_SLOPE_MAX_BYTES_PER_JOB:g}; negative: report only)")
+    parser.add_argument("--rss-slope-max", type=float, default=RSS_SLOPE_MAX_KIB_PER_1000,
+                        help="a leak: RSS growing faster, in KiB per 1000 jobs, while drifting over "
+                             f"{RSS_NOISE_MIB:g} MiB (default {RSS_SLOPE_MAX_KIB_PER_1000:g}; negative: report only)")
+    parser.add_argument("--leak-per-job", type=int, default=0, metavar="BYTES",
+                        help="negative control: keep this many bytes per job for good (the verdict must fail)")
     parser.add_argument("--workers", type=int, default=2, help="pool workers (default 2)")
     parser.add_argument("--max-jobs-per-worker", type=int, default=200,
                         help="recycle workers after this many jobs (default 200)")
@@ -654,8 +680,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error("--warmup and --settle must not be negative")
 
     run_id = uuid.uuid4().hex
-    if args.tracemalloc:
-        tracemalloc.start(5)
+    _leak["bytes"] = args.leak_per_job
+    tracemalloc.start(1)
     load_before = C.load()
     started = time.perf_counter()
     try:
@@ -680,7 +706,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             lo, hi = args.jobs * seg // segments, args.jobs * (seg + 1) // segments
             tally.add(run_batch(soak, kinds[lo:hi], args.concurrency, args.warmup + lo))
             checkpoints.append({"jobs": hi, **rss_checkpoint()})
-            if tracemalloc.is_tracing() and seg in (0, segments - 1):
+            if seg in (rss_baseline(checkpoints_at(args.jobs, segments), args.jobs * args.rss_warmup),
+                       segments - 1):
                 snapshots.append(tracemalloc.take_snapshot())
         run_s = time.perf_counter() - t0
         after = settle(pool, run_id, args.settle, target=before)
@@ -718,10 +745,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         leaks.append(f"no output kept by any of the {_cut_short['jobs']} jobs that ended by timeout")
     rss_drift = window_drift(measured, "trimmed_mib")
     rss_drift_raw = window_drift(measured, "raw_mib")
-    rss_slope = slope_kib_per_1000(measured)
-    if 0 <= args.rss_drift_max_mib < rss_drift:
-        leaks.append(f"RSS drift {rss_drift} MiB from job {measured[0]['jobs']} to job "
-                     f"{measured[-1]['jobs']} (limit {args.rss_drift_max_mib:g} MiB)")
+    rss_slope = round((slope(measured, "trimmed_mib") or 0.0) * 1024 * 1000, 1)
+    heap_slope = round(slope(measured, "traced_bytes") or 0.0, 1)
+    heap_growth_kib = round((measured[-1]["traced_bytes"] - measured[0]["traced_bytes"]) / 1024, 1)
+    span = f"from job {measured[0]['jobs']} to job {measured[-1]['jobs']}"
+    if 0 <= args.heap_slope_max < heap_slope:
+        leaks.append(f"the Python heap grew {heap_slope:g} bytes per job {span} ({heap_growth_kib:g} KiB; "
+                     f"limit {args.heap_slope_max:g} bytes per job)")
+    if 0 <= args.rss_slope_max < rss_slope and rss_drift > RSS_NOISE_MIB:
+        leaks.append(f"RSS grew {rss_slope:g} KiB per 1000 jobs {span} (drift {rss_drift} MiB; limit "
+                     f"{args.rss_slope_max:g} KiB per 1000 jobs with a drift over {RSS_NOISE_MIB:g} MiB)")
 
     print(f"execpool soak: {args.jobs} jobs (+{args.warmup} warm-up), concurrency {args.concurrency}, "
           f"{args.workers} workers recycled every {args.max_jobs_per_worker} jobs, {os.cpu_count()} CPUs")
@@ -740,12 +773,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         rows.append([key, before[key], after[key], round(delta, 1) if isinstance(delta, float) else delta])
     rows.append(["running after pool.close()", len(below), len(survivors), ""])
     C.print_table("Before (after warm-up) / after (after settle)", ["count", "before", "after", "delta"], rows)
-    C.print_table(f"RSS of this process at checkpoints (MiB, after gc; trimmed: after malloc_trim(0)); drift "
-                  f"from job {measured[0]['jobs']}: {rss_drift} MiB (untrimmed {rss_drift_raw}; slope "
-                  f"{rss_slope} KiB/1000 jobs), limit {args.rss_drift_max_mib:g}",
-                  ["after job", "raw", "trimmed", "anon", "file", "traced"],
-                  [[c["jobs"], c["raw_mib"], c["trimmed_mib"], c.get("anon_mib"), c.get("file_mib"), c.get("traced_mib")]
-                   for c in checkpoints])
+    C.print_table(f"Memory of this process at checkpoints (MiB, after gc; trimmed: after malloc_trim(0); heap: "
+                  f"tracemalloc) -- {span}: heap {heap_slope:g} bytes/job (limit {args.heap_slope_max:g}), "
+                  f"RSS {rss_slope:g} KiB/1000 jobs (limit {args.rss_slope_max:g} with a drift over "
+                  f"{RSS_NOISE_MIB:g} MiB), RSS drift {rss_drift} MiB (untrimmed {rss_drift_raw})",
+                  ["after job", "raw", "trimmed", "anon", "file", "heap"],
+                  [[c["jobs"], c["raw_mib"], c["trimmed_mib"], c.get("anon_mib"), c.get("file_mib"),
+                    round(c["traced_bytes"] / 2**20, 2)] for c in checkpoints])
     growth_lines = traced_growth(snapshots[0], snapshots[-1]) if len(snapshots) == 2 else []
     for line in growth_lines:
         print(f"  traced growth: {line}")
@@ -802,12 +836,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         "rss_drift_untrimmed_mib": rss_drift_raw,
         "rss_drift_from_job": measured[0]["jobs"],
         "rss_slope_kib_per_1000_jobs": rss_slope,
+        "heap_slope_bytes_per_job": heap_slope,
+        "heap_growth_kib": heap_growth_kib,
+        "leak_per_job_injected": args.leak_per_job,
         "machine": C.machine(),
         "load": {"before": load_before, "after": C.load()},
         "targets": {
             "no_leak_no_wrong_result": {"target": "0 wrong, 0 leaked", "value": len(wrong) + len(leaks),
                                         "met": ok},
-            "rss_drift_mib": C.target(rss_drift, RSS_DRIFT_MAX_MIB, "<=", "MiB"),
+            "heap_slope_bytes_per_job": C.target(heap_slope, HEAP_SLOPE_MAX_BYTES_PER_JOB, "<=", "bytes/job"),
+            "rss_slope_kib_per_1000_jobs": C.target(rss_slope, RSS_SLOPE_MAX_KIB_PER_1000, "<=",
+                                                     "KiB/1000 jobs (leak only with drift > 2 MiB)"),
         },
     })
     return 0 if ok else 1

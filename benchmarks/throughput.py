@@ -15,8 +15,7 @@ Three workloads of ``--jobs`` jobs each:
   raw *cold* python, since a raw ``Popen`` has no warm form.
 
 execpool runs each workload through ``pool.imap_unordered(jobs,
-max_in_flight=C)`` (``batch.imap_unordered_jobs`` where the method is
-missing) on a pool of ``--workers`` workers; the baseline is a
+max_in_flight=C)`` on a pool of ``--workers`` workers; the baseline is a
 ``ThreadPoolExecutor(C)`` whose threads each run
 ``subprocess.Popen(argv, stdout=PIPE, stderr=STDOUT).communicate()`` -- the
 same concurrency C, in this same process, in the same run. Every output is
@@ -47,7 +46,6 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 
 from benchmarks import _common as C
 from execpool import ExecPool, PythonJob, ShellJob
-from execpool.batch import imap_unordered_jobs
 
 BASH = shutil.which("bash") or "/bin/bash"
 PROGRAM = 'print("hi")'
@@ -76,10 +74,7 @@ def raw_rate(argv: list[str], n: int, concurrency: int) -> float:
 def pool_rate(pool: ExecPool, make_job, n: int, concurrency: int) -> float:
     jobs = (make_job() for _ in range(n))
     t0 = time.perf_counter()
-    if hasattr(pool, "imap_unordered"):
-        results = pool.imap_unordered(jobs, max_in_flight=concurrency)
-    else:
-        results = imap_unordered_jobs(pool._submit, jobs, concurrency)
+    results = pool.imap_unordered(jobs, max_in_flight=concurrency)
     count = 0
     for _, result in results:
         if not result.ok or result.output != EXPECTED:

@@ -9,12 +9,12 @@ Run from the repository root::
     python -m benchmarks.timeline warm --gap raw      # a raw cold start between jobs, as latency.py pairs them
     python -m benchmarks.timeline kill --iters 25
 
-Nothing in execpool is changed. For this process only, the supervisor's
+Nothing in execpool is changed. For this process only, the pool's
 ``subprocess.Popen`` is wrapped so that its workers start as ``python -m
 benchmarks.timeline --worker FILE ...``, which wraps a few worker methods
 with ``time.monotonic()`` stamps (CLOCK_MONOTONIC: comparable across
-processes) and then runs the real worker; the caller's ``_submit`` and
-``_route`` are wrapped the same way. The worker writes its stamps to FILE at
+processes) and then runs the real worker; in the caller, the pool's public
+``submit`` is wrapped and each future stamps its end. The worker writes its stamps to FILE at
 exit. Printed: the median time of each step from one stamp to the next
 (bash, warm), or the median time of each stamp after ``close()`` began
 (kill). The wrapped names are execpool internals; a stamp whose method no
@@ -132,23 +132,22 @@ class _TimelineSubprocess:
         return self._real.Popen(argv, *args, **kwargs)
 
 
-def _caller_stamps(supervisor, channel, marks: dict) -> None:
+def _caller_stamps(supervisor, marks: dict) -> None:
+    """Stamps around the pool's public ``submit``; the future's done
+    callback runs on the dispatcher thread as it routes the Finished."""
     pool_cls = supervisor.ExecPool
-    submit, route = pool_cls._submit, pool_cls._route
+    submit = pool_cls.submit
 
-    def _submit(self, job, sink, live_cap, *rest, **kw):
+    def stamped_submit(self, job, **kw):
         t = time.monotonic()
-        handle = submit(self, job, sink, live_cap, *rest, **kw)
-        marks.setdefault(str(handle.job_id), {}).update(c_submit_in=t, c_start_sent=time.monotonic())
-        marks["_last"] = handle.job_id
-        return handle
+        future = submit(self, job, **kw)
+        job_id = str(future.job_id)
+        marks.setdefault(job_id, {}).update(c_submit_in=t, c_start_sent=time.monotonic())
+        marks["_last"] = future.job_id
+        future.add_done_callback(lambda _: marks[job_id].setdefault("c_finished_routed", time.monotonic()))
+        return future
 
-    def _route(self, worker, msg):
-        if isinstance(msg, channel.Finished):
-            marks.setdefault(str(msg.job_id), {})["c_finished_routed"] = time.monotonic()
-        return route(self, worker, msg)
-
-    pool_cls._submit, pool_cls._route = _submit, _route
+    pool_cls.submit = stamped_submit
 
 
 def _steps(rows: list[dict], order: list[str]) -> list[tuple[str, float, int]]:
@@ -177,19 +176,20 @@ def main(argv: list[str] | None = None) -> int:
                              "(cold python for warm), as the interleaved pairs of latency.py do")
     args = parser.parse_args(argv)
 
+    import execpool.lifecycle as lifecycle
     import execpool.supervisor as supervisor
     from benchmarks import _common as C
-    from execpool import ExecPool, PythonJob, ShellJob, channel
+    from execpool import ExecPool, PythonJob, ShellJob
 
     out_dir = tempfile.mkdtemp(prefix="execpool-timeline-")
     caller: dict = {}
-    real = supervisor.subprocess
-    supervisor.subprocess = _TimelineSubprocess(real, out_dir)
-    _caller_stamps(supervisor, channel, caller)
+    real = lifecycle.subprocess
+    lifecycle.subprocess = _TimelineSubprocess(real, out_dir)
+    _caller_stamps(supervisor, caller)
     try:
         pool = ExecPool(workers=1, max_jobs_per_worker=1_000_000)
     finally:
-        supervisor.subprocess = real
+        lifecycle.subprocess = real
     measured = []
     with pool:
         if args.scenario in ("bash", "warm"):

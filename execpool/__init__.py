@@ -14,21 +14,23 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .drain import (
-        TOOL_OUTPUT_STREAM_MAX_CHARS,
-        AsyncJobStream,
-        accepts_output_callback,
-        drain_queue,
-        stream_tool_execution,
-    )
+    from .config import PoolConfig
+    from .drain import AsyncJobStream, accepts_output_callback, drain_queue, stream_tool_execution
+    from .future import TOOL_OUTPUT_STREAM_MAX_CHARS, JobEvent, JobFuture, JobOutput, OutputCapped
     from .jobs import Limits, PythonJob, ShellJob
+    from .lifecycle import PoolClosedError
     from .loop import chat_with_tools
     from .proctree import capture_process_group, drain_process_output, kill_process_tree
-    from .result import Result
-    from .supervisor import ExecPool, PoolClosedError
+    from .result import Result, Status
+    from .supervisor import ExecPool
 
 _EXPORTS = {
-    "TOOL_OUTPUT_STREAM_MAX_CHARS": "drain",
+    "PoolConfig": "config",
+    "TOOL_OUTPUT_STREAM_MAX_CHARS": "future",
+    "JobEvent": "future",
+    "JobFuture": "future",
+    "JobOutput": "future",
+    "OutputCapped": "future",
     "AsyncJobStream": "drain",
     "accepts_output_callback": "drain",
     "drain_queue": "drain",
@@ -41,8 +43,9 @@ _EXPORTS = {
     "drain_process_output": "proctree",
     "kill_process_tree": "proctree",
     "Result": "result",
+    "Status": "result",
     "ExecPool": "supervisor",
-    "PoolClosedError": "supervisor",
+    "PoolClosedError": "lifecycle",
 }
 
 __all__ = sorted(_EXPORTS)

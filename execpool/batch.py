@@ -5,38 +5,36 @@
     caller's thread (iterating the results)          dispatcher thread (the pool's one)
     ---------------------------------------          ----------------------------------
     pull the next job from the iterable, lazily
-      -> submit(job, sink, live_cap=None)  ------->  worker messages for that job
-                                                       -> sink -> ONE SimpleQueue
-    q.get() <- (tag, Finished(result))  <---------     (shared by every in-flight job)
-    yield the result, refill up to max_in_flight
+      -> pool.submit(job) -> JobFuture  ---------->  the job's end -> future done
+    q.get() <- (tag, future)  <----------------------  done callback -> ONE SimpleQueue
+    yield the result, refill up to max_in_flight       (shared by every in-flight job)
 
 Who runs this: the thread that iterates ``map_jobs`` / ``imap_unordered_jobs``
 (``ExecPool.map`` / ``ExecPool.imap_unordered``) or ``execpool batch``. It owns
-no thread and no process: each in-flight job is one pool handle plus one small
-closure that tags its messages, all feeding one queue, so a million-job map
-costs the caller the same threads as one job. ``submit`` is the pool's
-``_submit(job, sink, live_cap)``: it validates the job, sends it to a worker
-and returns a handle with ``cancel()``; the dispatcher thread passes every
-message for the job to ``sink``, the last one a ``channel.Finished``.
+no thread and no process: each in-flight job is one future whose done
+callback tags it onto one queue, so a million-job map costs the caller the
+same threads as one job. ``submit`` is the pool's public ``submit`` (or
+anything with its signature that returns a ``concurrent.futures.Future`` of
+a ``Result``).
 
 Jobs are pulled from the iterable only when there is room, so a generator of
 a million jobs is never materialised. When the consumer stops early
 (``close()`` of the generator, an exception, Ctrl-C), every in-flight job is
-cancelled -- its process tree killed by its worker -- and their Finished
-messages are awaited briefly, so nothing keeps running for a caller who left.
+cancelled -- its process tree killed by its worker -- and their ends are
+awaited briefly, so nothing keeps running for a caller who left.
 """
 
 from __future__ import annotations
 
 import queue
-import time
+from concurrent import futures
 from typing import Any, Callable, Dict, Generator, Hashable, Iterable, Iterator, Optional, Tuple, TypeVar
 
-from . import channel
+from . import checks
 from .result import Result
 
-#: How long a stopped map waits for its cancelled jobs to report Finished
-#: (the workers kill the trees in parallel, typically in a few milliseconds).
+#: How long a stopped map waits for its cancelled jobs to end (the workers
+#: kill the trees in parallel, typically in a few milliseconds).
 CANCEL_DRAIN_TIMEOUT_S = 1.0
 
 #: ``map_jobs`` yields in input order, so results that finish early wait for
@@ -46,71 +44,53 @@ CANCEL_DRAIN_TIMEOUT_S = 1.0
 #: for a while, and memory stays bounded whatever the stall.
 MAP_REORDER_WINDOW = 4
 
-Submit = Callable[..., Any]
+Submit = Callable[..., "futures.Future[Result]"]
 Tag = TypeVar("Tag", bound=Hashable)
 
 
 def check_max_in_flight(max_in_flight: object) -> int:
-    if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
-        raise TypeError(f"max_in_flight must be an int, not {type(max_in_flight).__name__}")
-    if max_in_flight <= 0:
-        raise ValueError(f"max_in_flight must be positive, got {max_in_flight}")
-    return max_in_flight
+    return checks.integer("max_in_flight", max_in_flight)  # type: ignore[return-value]
 
 
 class InFlight:
     """The jobs one consumer has submitted and not yet collected.
 
-    Every job's sink tags its messages and puts them on one shared queue;
+    Every job's future tags itself onto one shared queue when done;
     ``next_done`` returns finished jobs in the order they end.
     """
 
     def __init__(self, submit: Submit) -> None:
         self._submit = submit
-        self._queue: "queue.SimpleQueue[Tuple[Hashable, object]]" = queue.SimpleQueue()
-        self._handles: Dict[Hashable, Any] = {}
+        self._queue: "queue.SimpleQueue[Tuple[Hashable, futures.Future]]" = queue.SimpleQueue()
+        self._futures: Dict[Hashable, futures.Future] = {}
 
     def __len__(self) -> int:
-        return len(self._handles)
+        return len(self._futures)
 
     def start(self, tag: Hashable, job: Any) -> None:
-        if tag in self._handles:
+        if tag in self._futures:
             raise ValueError(f"tag {tag!r} is already in flight")
+        future = self._submit(job)
+        self._futures[tag] = future
         put = self._queue.put
-        # A Finished may reach the queue before submit() returns (empty code
-        # finishes inside submit); it waits there until next_done reads it,
-        # by which time the handle is recorded.
-        self._handles[tag] = self._submit(job, lambda msg: put((tag, msg)), None)
+        future.add_done_callback(lambda done: put((tag, done)))
 
     def next_done(self, on_idle: Optional[Callable[[], None]] = None) -> Tuple[Hashable, Result]:
         """Block until a job finishes; ``on_idle`` runs first whenever no
         result is waiting (the CLI syncs its output file there)."""
-        while True:
-            if on_idle is not None and self._queue.empty():
-                on_idle()
-            tag, msg = self._queue.get()
-            if isinstance(msg, channel.Finished) and self._handles.pop(tag, None) is not None:
-                return tag, msg.result
+        if on_idle is not None and self._queue.empty():
+            on_idle()
+        tag, future = self._queue.get()
+        del self._futures[tag]
+        return tag, future.result()
 
     def cancel_all(self, timeout: float = CANCEL_DRAIN_TIMEOUT_S) -> None:
         """Cancel every job still running and wait (bounded) for their ends."""
-        for handle in list(self._handles.values()):
-            try:
-                handle.cancel()
-            except Exception:  # noqa: BLE001 - a dead worker's jobs end anyway
-                pass
-        deadline = time.monotonic() + timeout
-        while self._handles:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                tag, msg = self._queue.get(timeout=remaining)
-            except queue.Empty:
-                break
-            if isinstance(msg, channel.Finished):
-                self._handles.pop(tag, None)
-        self._handles.clear()
+        pending = list(self._futures.values())
+        self._futures.clear()
+        for future in pending:
+            future.cancel()
+        futures.wait(pending, timeout)
 
 
 def run_tagged(submit: Submit, items: Iterable[Tuple[Tag, Any]], max_in_flight: int, *,

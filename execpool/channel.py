@@ -5,7 +5,7 @@ Messages are frozen dataclasses sent with ``multiprocessing.connection``
 (length-prefixed pickles), each naming the job it concerns by the
 supervisor-assigned ``job_id``.
 
-supervisor -> worker:  Start, Cancel, Shutdown
+supervisor -> worker:  WorkerConfig (first, once), Start, Cancel, Shutdown
 worker -> supervisor:  Ready, Spawned, Output, Finished
 
 Both ends decode with an allow-list unpickler and then check every field
@@ -38,6 +38,19 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 from .jobs import Limits
 from .result import Result
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs to know of its pool, sent once as the first
+    message: typed and checked like any other, rather than argv strings."""
+
+    token: str  # names the worker's processes, cgroups and job markers
+    spawn_method: str  # "vfork" or "fork" (execpool/spawn.py)
+    preload: Tuple[str, ...]  # modules the warm template imports
+    cgroups: bool  # whether the worker may create cgroups for its jobs
+    jobs_dir: str  # where jobs without a cwd get their private directory
+    warm_spares: int  # spares kept parked once warm jobs came
 
 
 @dataclass(frozen=True)
@@ -100,7 +113,7 @@ class Finished:
     result: Result
 
 
-ToWorker = Union[Start, Cancel, Shutdown]
+ToWorker = Union[WorkerConfig, Start, Cancel, Shutdown]
 FromWorker = Union[Ready, Spawned, Output, Finished]
 
 #: What each end accepts: a message going the other way is as wrong as garbage.
@@ -109,7 +122,8 @@ FROM_WORKER = typing.get_args(FromWorker)
 MESSAGES = TO_WORKER + FROM_WORKER
 
 #: The only classes a message may name: the messages and what they carry.
-_ALLOWED = {(__name__, cls.__name__) for cls in MESSAGES} | {("execpool.jobs", "Limits"), ("execpool.result", "Result")}
+_ALLOWED = {(__name__, cls.__name__) for cls in MESSAGES} | {
+    ("execpool.jobs", "Limits"), ("execpool.result", "Result"), ("execpool.result", "Status")}
 
 #: ``multiprocessing.connection``'s framing: a signed 32-bit length, or -1
 #: and an unsigned 64-bit one for messages of 2 GiB and more.

@@ -12,14 +12,13 @@ itself could not run the tool.
 ``batch.run_tagged`` and appends one record per job to OUT as each job ends.
 Re-running the same command resumes: ids already in OUT are skipped. The
 rules that make that exact -- every input line ends up in OUT once, whatever
-killed an earlier run -- are in ``_ResultsFile`` and ``_Batch``.
+killed an earlier run -- are in ``execpool/records.py`` and ``_Batch``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import fcntl
 import itertools
 import json
 import math
@@ -31,7 +30,8 @@ from typing import Any, Iterator, NamedTuple, NoReturn, Optional, Sequence
 
 from .batch import run_tagged
 from .jobs import PythonJob, ShellJob
-from .result import Result
+from .records import STATUSES, RecordsError, ResultsFile, line_key
+from .result import Result, Status
 from .supervisor import ExecPool
 
 EXIT_TIMEOUT = 124
@@ -42,18 +42,10 @@ EXIT_USAGE = 2
 #: refused (a misspelt "timout" would otherwise silently run with the default).
 BATCH_KEYS = ("id", "python", "shell", "timeout", "cwd", "env", "stdin")
 
-#: Statuses of output records.
-STATUSES = ("ok", "error", "timeout", "cancelled", "invalid")
-
 #: Output kept per record by default (``output_chars`` always has the full
 #: length). Smaller than the pool's default: a batch's OUT is a data file
 #: that is scanned on every resume.
 DEFAULT_BATCH_MAX_OUTPUT_CHARS = 100_000
-
-#: A written record reaches the disk (fdatasync) before the batch next waits
-#: for a job, and at the latest this long after it was written while results
-#: keep pouring in.
-MAX_UNSYNCED_S = 0.25
 
 #: The command's own process is made non-dumpable: it holds OUT, its stdin
 #: and stdout, and a tool running as the same user could otherwise open any
@@ -147,6 +139,9 @@ def _parser() -> argparse.ArgumentParser:
     batch.add_argument("--max-output-chars", type=_positive_int, default=DEFAULT_BATCH_MAX_OUTPUT_CHARS,
                        metavar="N", help="output kept per record; output_chars has the full length "
                                          f"(default {DEFAULT_BATCH_MAX_OUTPUT_CHARS})")
+    batch.add_argument("--no-retry-infra", dest="retry_infra", action="store_false",
+                       help="keep the records of jobs that execpool failed to run (status infra) instead of "
+                            "running them again")
     batch.add_argument("--no-fsync", dest="fsync", action="store_false",
                        help="do not fdatasync OUT (a killed process still loses nothing; power loss may)")
     progress = batch.add_mutually_exclusive_group()
@@ -160,12 +155,12 @@ def _parser() -> argparse.ArgumentParser:
 # -- execpool run ----------------------------------------------------------------
 
 
-def _exit_status(result) -> int:
-    if result.timed_out:
+def _exit_status(result: Result) -> int:
+    if result.status is Status.TIMEOUT:
         return EXIT_TIMEOUT
-    if result.cancelled:
+    if result.status is Status.CANCELLED:
         return EXIT_INTERRUPTED
-    if result.error is not None or result.exit_code is None:
+    if result.exit_code is None:  # INFRA, a limit, no code
         return 1
     if result.exit_code < 0:
         return 128 - result.exit_code
@@ -230,11 +225,6 @@ class _Line(NamedTuple):
     reason: Optional[str]  # why the line is invalid, when it is
 
 
-def _line_key(number: int) -> str:
-    # JSON text never starts with '#', so this cannot collide with an id's key.
-    return f"#L{number}"
-
-
 def _shortened(key: str) -> str:
     return key if len(key) <= ID_SHOWN_CHARS else key[:ID_SHOWN_CHARS] + "..."
 
@@ -253,7 +243,7 @@ def _bounded_int(text: str) -> int:
 def _parse_line(number: int, raw: Optional[bytes]) -> _Line:
     """The line's JSON and id: all that the scan for duplicate ids needs.
     ``raw`` is None for a line over MAX_LINE_BYTES."""
-    no_id = _line_key(number)
+    no_id = line_key(number)
     if raw is None:
         return _Line(number, no_id, None, None, f"line is longer than {MAX_LINE_BYTES >> 20} MiB")
     try:
@@ -331,21 +321,12 @@ def _make_job(line: _Line, defaults: _JobDefaults) -> tuple[Optional[Any], Optio
     return job, None
 
 
-def _status(result: Result) -> str:
-    if result.cancelled:
-        return "cancelled"
-    if result.timed_out:
-        return "timeout"
-    return "ok" if result.ok else "error"
-
-
 def result_record(ident: Any, number: int, result: Result) -> dict:
     """The output line for a job that ran. ``error`` is the model-facing text
     when the job did not simply exit (timeout, cancelled, execpool error)."""
-    status = _status(result)
     plain_exit = result.error is None and not (result.timed_out or result.cancelled)
     return {
-        "id": ident, "status": status, "exit_code": result.exit_code, "output": result.output,
+        "id": ident, "status": result.status.value, "exit_code": result.exit_code, "output": result.output,
         "output_chars": result.output_chars, "duration_s": round(result.duration_s, 4),
         "line": number, "error": None if plain_exit else result.text,
     }
@@ -372,138 +353,12 @@ def _input_lines(f) -> Iterator[tuple[int, Optional[bytes]]]:
         yield number, None
 
 
-# -- execpool batch: the output file ---------------------------------------------------
-
-
-def _record_key(raw: bytes) -> Optional[str]:
-    """The resume key of one complete line of OUT; None when it is no record."""
-    try:
-        record = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(record, dict) or record.get("status") not in STATUSES or "id" not in record:
-        return None
-    ident = record["id"]
-    if ident is None:
-        number = record.get("line")
-        return _line_key(number) if isinstance(number, int) and not isinstance(number, bool) else None
-    return json.dumps(ident)
-
-
-class _ResultsFile:
-    """OUT, appended to one whole record per write.
-
-    How resume stays exact:
-
-    * Each record is one ``os.write`` of one complete line (looped only if
-      the kernel takes part of it), with SIGINT/SIGTERM held off meanwhile.
-      Once ``write`` returns, the line is in the kernel's page cache and
-      survives the death of this process, SIGKILL included.
-    * Power loss needs the disk: records are fdatasync'ed before the batch
-      waits for the next job, and at the latest ``MAX_UNSYNCED_S`` after
-      they were written (``--no-fsync`` turns this off). Creating OUT also
-      syncs its directory, so the file itself survives.
-    * A run killed in the middle of a write leaves a torn last line: one
-      without its newline, or that does not parse. The next run truncates it
-      away and runs that job again. A bad line *followed by* good ones was not
-      written by a killed run; OUT is then refused rather than repaired.
-    * An exclusive ``flock`` keeps two runs from appending to the same OUT.
-    """
-
-    def __init__(self, path: str, fsync: bool) -> None:
-        self.path = path
-        self.fsync = fsync
-        self.fd: Optional[int] = None
-        # key -> the same key: the scan of the input reuses these strings, so
-        # a resumed million-line batch holds each id once, not twice.
-        self.done: dict[str, str] = {}
-        self.torn_bytes = 0
-        self._good_size = 0
-        self._dirty_since: Optional[float] = None
-        self.written = 0
-        if os.path.exists(path):
-            self.fd = self._open(os.O_RDWR | os.O_APPEND)
-            self._read_done()
-
-    def _open(self, flags: int) -> int:
-        try:
-            fd = os.open(self.path, flags | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise _UsageError(f"cannot open {self.path}: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise _UsageError(f"{self.path} is being written by another execpool batch; "
-                              "wait for it or pass another -o") from None
-        return fd
-
-    def _read_done(self) -> None:
-        bad_line: Optional[int] = None
-        with os.fdopen(os.dup(self.fd), "rb") as f:
-            for number, raw in enumerate(f, 1):
-                if bad_line is not None:
-                    raise _UsageError(f"{self.path} line {bad_line} is not an execpool batch record, and "
-                                      "more records follow it; fix or move the file, then run again")
-                key = _record_key(raw) if raw.endswith(b"\n") else None
-                if key is None:
-                    bad_line = number
-                    continue
-                self.done[key] = key
-                self._good_size += len(raw)
-        self.torn_bytes = os.fstat(self.fd).st_size - self._good_size
-
-    def prepare(self) -> None:
-        """Create OUT, or cut a torn last line off it: the first change made."""
-        if self.fd is None:
-            try:
-                self.fd = self._open(os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL)
-            except _UsageError:
-                if os.path.exists(self.path):
-                    raise _UsageError(f"{self.path} appeared while the input was being checked; "
-                                      "run again") from None
-                raise
-            self._sync_directory()
-        elif self.torn_bytes:
-            os.ftruncate(self.fd, self._good_size)
-            os.fsync(self.fd)
-
-    def _sync_directory(self) -> None:
-        if not self.fsync:
-            return
-        dir_fd = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-    def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view):]
-        self.written += 1
-        if self._dirty_since is None:
-            self._dirty_since = time.monotonic()
-        elif time.monotonic() - self._dirty_since > MAX_UNSYNCED_S:
-            self.sync()
-
-    def sync(self) -> None:
-        if self._dirty_since is not None and self.fsync:
-            os.fdatasync(self.fd)
-        self._dirty_since = None
-
-    def close(self) -> None:
-        if self.fd is not None:
-            self.sync()
-            os.close(self.fd)
-            self.fd = None
-
-
 class _StdoutResults:
     """``-o -``: records to stdout, as a pipe's reader wants them; no resume."""
 
     path = "-"
     done: dict = {}
+    retried: frozenset = frozenset()
     torn_bytes = 0
 
     def __init__(self) -> None:
@@ -594,7 +449,7 @@ class _Batch:
             raise _UsageError("--warm needs an execpool with warm Python (PythonJob(warm=True))")
         preload = tuple(m.strip() for m in args.preload.split(",") if m.strip())
 
-        self.out = _StdoutResults() if out_path == "-" else _ResultsFile(out_path, args.fsync)
+        self.out = _StdoutResults() if out_path == "-" else ResultsFile(out_path, args.fsync, args.retry_infra)
         try:
             lines, todo = self._check_input(self.out.done)
             skipped = lines - todo
@@ -604,6 +459,9 @@ class _Batch:
                       file=sys.stderr)
                 return 0
             self.out.prepare()
+            if self.out.retried:
+                print(f"execpool batch: {len(self.out.retried)} record(s) in {out_path} say execpool failed to run "
+                      "the job (status infra); running them again (--no-retry-infra keeps them)", file=sys.stderr)
             if self.out.torn_bytes:
                 print(f"execpool batch: {out_path} ended with a torn record ({self.out.torn_bytes} bytes, "
                       "from a run that was killed); removed, its job runs again", file=sys.stderr)
@@ -672,7 +530,7 @@ class _Batch:
         interrupted: Optional[int] = None
         try:
             try:
-                results = run_tagged(pool._submit, self._jobs(defaults), max_in_flight, on_idle=self.out.sync)
+                results = run_tagged(pool.submit, self._jobs(defaults), max_in_flight, on_idle=self.out.sync)
                 try:
                     for (number, ident), result in results:
                         self._emit(result_record(ident, number, result))
@@ -733,8 +591,8 @@ class _Batch:
         finally:
             self._writing = False
         self.counts[record["status"]] += 1
-        self.bar.set_postfix({s: self.counts[s] for s in ("ok", "error", "timeout", "invalid")
-                              if s != "invalid" or self.counts[s]}, refresh=False)
+        self.bar.set_postfix({s: self.counts[s] for s in ("ok", "error", "timeout", "infra", "invalid")
+                              if s in ("ok", "error", "timeout") or self.counts[s]}, refresh=False)
         self.bar.update(1)
         if self._pending_signal is not None and not self._stopping:
             self._stopping = True
@@ -754,7 +612,7 @@ class _Batch:
 def _batch(args: argparse.Namespace) -> int:
     try:
         return _Batch(args).main()
-    except _UsageError as exc:
+    except (_UsageError, RecordsError) as exc:
         print(f"execpool: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

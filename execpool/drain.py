@@ -1,11 +1,13 @@
 """The parent-side stream: from a job's messages to the events a server sends.
 
 Runs in the caller's thread (or asyncio task) that consumes the stream; no
-thread of its own for pool jobs. It reads its job's sink, yields
-``tool_output`` and ``heartbeat`` events, applies the live-output cap and its
-notice, turns ``close()`` (an SSE client disconnect) into a Cancel, and
-returns the job's ``Result`` -- the same Result a non-streamed run gives,
-because the worker builds it before and apart from any live output.
+thread of its own for pool jobs. A client of ``ExecPool.submit`` like any
+other: it submits its job with an ``on_event`` that fills an inbox, yields
+``tool_output`` and ``heartbeat`` events from it, turns the live-output cap
+into its notice, turns ``close()`` (an SSE client disconnect) into
+``future.cancel()``, and returns the job's ``Result`` -- the same Result a
+non-streamed run gives, because the worker builds it before and apart from
+any live output.
 
 ``stream_tool_execution`` gives any blocking callable (a web search, an MCP
 call) the same events, on one worker thread per call named
@@ -20,14 +22,12 @@ import math
 import queue
 import threading
 import time
+from concurrent import futures
 from typing import Any, Callable, Generator, Optional, Tuple
 
-from . import channel
-from .jobs import check_interval
+from . import checks
+from .future import TOOL_OUTPUT_STREAM_MAX_CHARS, JobOutput, OutputCapped
 from .result import Result
-
-#: Live output streamed per call; the returned result is never capped by it.
-TOOL_OUTPUT_STREAM_MAX_CHARS = 400_000
 
 #: Sent once, after the first TOOL_OUTPUT_STREAM_MAX_CHARS characters.
 STREAM_CAP_NOTICE = "\n... (further live output not streamed)\n"
@@ -116,6 +116,15 @@ class _LiveView:
         self.next_beat = time.monotonic() + self.interval
         return events
 
+    def cap(self) -> list[Event]:
+        """The producer said the cap was hit: the notice, once."""
+        if self.capped:
+            return []
+        self.capped = True
+        self.streamed = TOOL_OUTPUT_STREAM_MAX_CHARS
+        self.next_beat = time.monotonic() + self.interval
+        return [_output_event(self.tool_name, self.tool_call_id, STREAM_CAP_NOTICE)]
+
     def until_beat(self) -> float:
         return max(0.0, self.next_beat - time.monotonic())
 
@@ -128,44 +137,48 @@ class _LiveView:
 
 
 def _check_stream_args(cancel_event: Optional[threading.Event], heartbeat_interval_s: float,
-                       poll_interval_s: float) -> None:
-    check_interval("heartbeat_interval_s", heartbeat_interval_s)
-    check_interval("poll_interval_s", poll_interval_s)
-    if cancel_event is not None and not callable(getattr(cancel_event, "is_set", None)):
-        raise TypeError("cancel_event must be a threading.Event (or have is_set/set)")
+                       poll_interval_s: Optional[float] = None) -> None:
+    """``poll_interval_s`` only for wrapped callables: a pool job's
+    cancel_event is watched by the pool."""
+    checks.seconds("heartbeat_interval_s", heartbeat_interval_s)
+    if poll_interval_s is not None:
+        checks.seconds("poll_interval_s", poll_interval_s)
+    checks.cancel_event(cancel_event)
+
+
+#: Put on a stream's inbox when its job's future is done.
+_DONE = object()
 
 
 class _JobConsumer:
-    """The state of one pool job's stream, apart from how its sink is waited
-    on, so the thread and asyncio drivers share every rule."""
+    """The state of one pool job's stream, apart from how its inbox is
+    waited on, so the thread and asyncio drivers share every rule. The job
+    is submitted through the pool's public ``submit``: its events and the
+    end of its future go to ``put``, from the dispatcher thread, in order."""
 
-    def __init__(self, submit: Submit, job: Any, live: bool, tool_name: str, tool_call_id: str,
+    def __init__(self, submit: Submit, job: Any, tool_name: str, tool_call_id: str,
                  cancel_event: Optional[threading.Event], heartbeat_interval_s: float,
-                 poll_interval_s: float, sink: Callable[[object], None]) -> None:
-        self.view = _LiveView(tool_name, tool_call_id, heartbeat_interval_s if live else math.inf)
+                 put: Callable[[object], None]) -> None:
+        self.view = _LiveView(tool_name, tool_call_id, heartbeat_interval_s)
         self.cancel_event = cancel_event
-        self.poll = poll_interval_s
         self.result: Optional[Result] = None
-        self.cancel_sent = False
-        self.handle = submit(job, sink, TOOL_OUTPUT_STREAM_MAX_CHARS if live else None, cancel_event)
+        self.future = submit(job, on_event=put, cancel_event=cancel_event)
+        self.future.add_done_callback(lambda _: put(_DONE))
 
     def wait_timeout(self) -> Optional[float]:
-        """How long the driver may block on the sink (None: until a message)."""
+        """How long the driver may block on the inbox (None: until a message)."""
         timeout = self.view.until_beat()
-        if self.cancel_event is not None and not self.cancel_sent:
-            timeout = min(timeout, self.poll)
         return None if math.isinf(timeout) else timeout
 
     def step(self, msg: Optional[object]) -> list[Event]:
-        """Handle one message (None: the wait timed out)."""
-        if not self.cancel_sent and self.cancel_event is not None and self.cancel_event.is_set():
-            self.cancel_sent = True
-            self.handle.cancel()
-        if isinstance(msg, channel.Finished):
-            self.result = msg.result
+        """Handle one inbox item (None: the wait timed out)."""
+        if msg is _DONE:
+            self.result = self.future.result()
             return []
-        if isinstance(msg, channel.Output):
+        if isinstance(msg, JobOutput):
             return self.view.output(msg.text)
+        if isinstance(msg, OutputCapped):
+            return self.view.cap()
         return self.view.beat()
 
     def abandon(self) -> None:
@@ -173,15 +186,13 @@ class _JobConsumer:
         other tool calls of this turn through the shared cancel_event."""
         if self.cancel_event is not None:
             self.cancel_event.set()
-        self.handle.cancel()
+        self.future.cancel()
 
 
-def _stream_job(submit: Submit, job: Any, live: bool, tool_name: str, tool_call_id: str,
-                cancel_event: Optional[threading.Event], heartbeat_interval_s: float,
-                poll_interval_s: float) -> EventStream:
+def _stream_job(submit: Submit, job: Any, tool_name: str, tool_call_id: str,
+                cancel_event: Optional[threading.Event], heartbeat_interval_s: float) -> EventStream:
     q: queue.SimpleQueue[object] = queue.SimpleQueue()
-    consumer = _JobConsumer(submit, job, live, tool_name, tool_call_id, cancel_event,
-                            heartbeat_interval_s, poll_interval_s, q.put)
+    consumer = _JobConsumer(submit, job, tool_name, tool_call_id, cancel_event, heartbeat_interval_s, q.put)
     try:
         while consumer.result is None:
             try:
@@ -193,51 +204,33 @@ def _stream_job(submit: Submit, job: Any, live: bool, tool_name: str, tool_call_
     finally:
         if consumer.result is None:
             consumer.abandon()
-            deadline = time.monotonic() + CLOSE_ACK_TIMEOUT_S
-            while time.monotonic() < deadline:
-                try:
-                    if isinstance(q.get(timeout=max(0.0, deadline - time.monotonic())), channel.Finished):
-                        break
-                except queue.Empty:
-                    break
+            # Bounded: close() returns promptly even if the worker is slow to
+            # confirm the tree is dead.
+            futures.wait([consumer.future], CLOSE_ACK_TIMEOUT_S)
 
 
 def stream_job(submit: Submit, job: Any, *, tool_name: str = "", tool_call_id: str = "",
-               cancel_event: Optional[threading.Event] = None, heartbeat_interval_s: float = 10.0,
-               poll_interval_s: float = 0.25) -> EventStream:
+               cancel_event: Optional[threading.Event] = None,
+               heartbeat_interval_s: float = 10.0) -> EventStream:
     """Validate now, in the caller's frame; submit on the first ``next()``."""
-    _check_stream_args(cancel_event, heartbeat_interval_s, poll_interval_s)
-    return _stream_job(submit, job, True, str(tool_name), str(tool_call_id), cancel_event,
-                       heartbeat_interval_s, poll_interval_s)
-
-
-def run_job(submit: Submit, job: Any, *, cancel_event: Optional[threading.Event] = None,
-            poll_interval_s: float = 0.25) -> Result:
-    """A stream with no live output: the same worker path, so the same Result."""
-    _check_stream_args(cancel_event, 1.0, poll_interval_s)
-    gen = _stream_job(submit, job, False, "", "", cancel_event, 1.0, poll_interval_s)
-    try:
-        while True:
-            next(gen)
-    except StopIteration as stop:
-        return stop.value
+    _check_stream_args(cancel_event, heartbeat_interval_s)
+    return _stream_job(submit, job, str(tool_name), str(tool_call_id), cancel_event, heartbeat_interval_s)
 
 
 class AsyncJobStream:
     """``async for event in pool.astream(job)``; then ``.result``.
 
     Cancelling the consuming task (or ``aclose()``) cancels the job. The
-    dispatcher thread hands messages to the event loop with
+    dispatcher thread hands events to the event loop with
     ``call_soon_threadsafe``, so no thread is spent per job here either.
     """
 
     def __init__(self, submit: Submit, job: Any, *, tool_name: str, tool_call_id: str,
-                 cancel_event: Optional[threading.Event], heartbeat_interval_s: float,
-                 poll_interval_s: float) -> None:
-        _check_stream_args(cancel_event, heartbeat_interval_s, poll_interval_s)
+                 cancel_event: Optional[threading.Event], heartbeat_interval_s: float) -> None:
+        _check_stream_args(cancel_event, heartbeat_interval_s)
         self.result: Optional[Result] = None
         self._gen = self._events(submit, job, str(tool_name), str(tool_call_id), cancel_event,
-                                 heartbeat_interval_s, poll_interval_s)
+                                 heartbeat_interval_s)
 
     def __aiter__(self) -> "AsyncJobStream":
         return self
@@ -256,19 +249,17 @@ class AsyncJobStream:
         return self.result
 
     async def _events(self, submit: Submit, job: Any, tool_name: str, tool_call_id: str,
-                      cancel_event: Optional[threading.Event], heartbeat_interval_s: float,
-                      poll_interval_s: float):
+                      cancel_event: Optional[threading.Event], heartbeat_interval_s: float):
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[object] = asyncio.Queue()
 
-        def sink(msg: object) -> None:
+        def put(item: object) -> None:
             try:
-                loop.call_soon_threadsafe(inbox.put_nowait, msg)
+                loop.call_soon_threadsafe(inbox.put_nowait, item)
             except RuntimeError:
                 pass  # the loop is closed; nobody is waiting for this job any more
 
-        consumer = _JobConsumer(submit, job, True, tool_name, tool_call_id, cancel_event,
-                                heartbeat_interval_s, poll_interval_s, sink)
+        consumer = _JobConsumer(submit, job, tool_name, tool_call_id, cancel_event, heartbeat_interval_s, put)
         try:
             while consumer.result is None:
                 try:

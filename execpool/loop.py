@@ -35,8 +35,8 @@ from typing import Any, Callable, Generator, Optional
 import httpx
 from httpx_sse import ServerSentEvent, connect_sse
 
+from . import checks
 from .drain import stream_tool_execution
-from .jobs import check_interval
 from .result import CANCELLED_TEXT, ERROR_PREFIX
 
 #: HTTP timeouts of the client the loop creates when none is injected. The
@@ -126,23 +126,18 @@ def chat_with_tools(
         raise TypeError(f"model must be a str or None, not {type(model).__name__}")
     if execute_tool is not None and not callable(execute_tool):
         raise TypeError(f"execute_tool must be callable, not {type(execute_tool).__name__}")
-    if isinstance(max_tool_iterations, bool) or not isinstance(max_tool_iterations, int):
-        raise TypeError(f"max_tool_iterations must be an int, not {type(max_tool_iterations).__name__}")
-    if max_tool_iterations < 0:
-        raise ValueError(f"max_tool_iterations must be 0 or more, got {max_tool_iterations}")
-    if cancel_event is not None and not (callable(getattr(cancel_event, "is_set", None))
-                                         and callable(getattr(cancel_event, "set", None))):
-        raise TypeError("cancel_event must be a threading.Event (or have is_set/set)")
+    checks.integer("max_tool_iterations", max_tool_iterations, minimum=0)
+    checks.cancel_event(cancel_event)
     if http_client is not None:
         if not isinstance(http_client, httpx.Client):
             raise TypeError(f"http_client must be an httpx.Client, not {type(http_client).__name__}")
         if http_client.is_closed:
             raise ValueError("http_client is closed")
-    check_interval("heartbeat_interval_s", heartbeat_interval_s)
+    checks.seconds("heartbeat_interval_s", heartbeat_interval_s)
     if session_id is not None and not isinstance(session_id, str):
         raise TypeError(f"session_id must be a str or None, not {type(session_id).__name__}")
     if timeout is not None:
-        check_interval("timeout", timeout)
+        checks.seconds("timeout", timeout)
     extra = _check_extra_body(extra_body)
 
     if tools is None or execute_tool is None:

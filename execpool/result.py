@@ -1,12 +1,18 @@
 """What a job's end looks like to the caller: a ``Result``, never an exception.
 
 A tool exiting non-zero, timing out or being cancelled is data; so is a worker
-dying under a job (``error``). ``text`` renders the model-facing string the
-SPEC fixes, so every layer above (tools, loop, CLI) says the same thing.
+dying under a job. ``status`` says which of these happened in one field, and
+keeps the program's failures (``ERROR``) apart from execpool's own
+(``INFRA``), because an evaluation must never score a dead worker as a wrong
+answer. ``text`` renders the model-facing string the SPEC fixes, so every
+layer above (tools, loop, CLI, service) says the same thing.
+
+Shared: the worker builds Results, the caller reads them.
 """
 
 from __future__ import annotations
 
+import enum
 import signal
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
@@ -39,6 +45,40 @@ def describe_exit(code: Optional[int]) -> str:
     return f"exit code {code}"
 
 
+class Status(str, enum.Enum):
+    """How a job ended. A ``str``, so it is its own JSON value (``"ok"``)."""
+
+    #: The program exited 0.
+    OK = "ok"
+    #: The program failed: it exited non-zero, died of a signal, went over a
+    #: limit of its own (processes, memory), or there was no code to run.
+    ERROR = "error"
+    #: It ran past its timeout and its tree was killed.
+    TIMEOUT = "timeout"
+    #: It was cancelled (a cancel_event, ``future.cancel()``, a closed stream).
+    CANCELLED = "cancelled"
+    #: execpool failed, not the program: its worker died, the tool could not
+    #: be started, or the pool was closed under it. Worth running again.
+    INFRA = "infra"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __reduce_ex__(self, protocol: object) -> tuple:
+        # By value, on every Python: some 3.11 releases pickle a member as
+        # getattr(Status, name), which the channel's unpickler rightly refuses.
+        return Status, (self.value,)
+
+
+def _signal_name(code: Optional[int]) -> Optional[str]:
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True)
 class Result:
     """The end of one job.
@@ -48,8 +88,13 @@ class Result:
     is the full length, so a flood is measurable without being kept.
     ``error_lines`` keeps the lines naming missing files even when they fall
     after the kept head, because the model-facing hint needs them.
+    ``error`` says what went wrong when the program did not simply exit (an
+    ``INFRA`` failure, a limit); when a worker died under the job,
+    ``worker_pid`` and ``worker_exit_code`` (negative: the signal, as in
+    ``Popen.returncode``) say which and how.
     """
 
+    status: Status
     output: str = ""
     exit_code: Optional[int] = None
     timed_out: bool = False
@@ -60,6 +105,8 @@ class Result:
     error: Optional[str] = None
     empty_message: Optional[str] = None
     error_lines: Tuple[str, ...] = field(default=())
+    worker_pid: Optional[int] = None
+    worker_exit_code: Optional[int] = None
 
     @property
     def truncated(self) -> bool:
@@ -67,17 +114,17 @@ class Result:
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not (self.timed_out or self.cancelled or self.error)
+        return self.status is Status.OK
 
     @property
     def signal_name(self) -> Optional[str]:
         """``SIGSEGV`` for a tool killed by signal 11; None for a normal exit."""
-        if self.exit_code is None or self.exit_code >= 0:
-            return None
-        try:
-            return signal.Signals(-self.exit_code).name
-        except ValueError:
-            return None
+        return _signal_name(self.exit_code)
+
+    @property
+    def worker_signal(self) -> Optional[str]:
+        """``SIGKILL`` when the job's worker was killed by signal 9 under it."""
+        return _signal_name(self.worker_exit_code)
 
     @property
     def text(self) -> str:

@@ -27,6 +27,7 @@ import re
 import threading
 from typing import Any, Callable, Generator, Mapping, Optional, Union
 
+from . import checks
 from .jobs import PythonJob, ShellJob
 from .result import ERROR_LINE_MARKERS, ERROR_PREFIX, Result
 from .supervisor import ExecPool
@@ -130,13 +131,7 @@ def truncate(text: str, limit: Optional[int] = None) -> str:
 
 
 def _check_limit(limit: object) -> int:
-    if limit is None:
-        return MAX_OUTPUT_CHARS
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError(f"limit must be an int or None, not {type(limit).__name__}")
-    if limit <= 0:
-        raise ValueError(f"limit must be positive, got {limit}")
-    return limit
+    return MAX_OUTPUT_CHARS if limit is None else checks.integer("limit", limit, none_ok=True)
 
 
 def _truncate(head: str, total: int, limit: int) -> str:

@@ -1,10 +1,11 @@
 """The worker process: many tools at once, on one thread.
 
-Runs as ``python -m execpool.worker READ_FD WRITE_FD TOKEN METHOD PRELOAD CGROUPS JOBS_DIR SPARES``,
-started clean by the supervisor (never forked from the caller), with its
-channel on the two inherited pipe fds and a scrubbed environment. Jobs without
-a ``cwd`` get a private directory in JOBS_DIR, which the supervisor made and
-removes when the worker is gone.
+Runs as ``python -m execpool.worker READ_FD WRITE_FD``, started clean by the
+supervisor (never forked from the caller), with its channel on the two
+inherited descriptors and a scrubbed environment. The first message on the
+channel is its ``WorkerConfig``. Jobs without a ``cwd`` get a private
+directory in its ``jobs_dir``, which the supervisor made and removes when the
+worker is gone.
 
 One ``selectors`` loop waits on everything the worker owns:
 
@@ -17,7 +18,8 @@ One ``selectors`` loop waits on everything the worker owns:
 - one non-blocking stdout pipe per running tool,
 - the warm template's socket, where the spares the worker asked for arrive,
   and the parked spares' sockets, readable only when a spare died
-  (execpool/template.py; execpool/spawn.py: how tools are started),
+  (execpool/template.py; execpool/handover.py: how a warm job is handed to
+  a spare; execpool/spawn.py: how cold tools are started),
 - and a timer heap for deadlines, used as the select timeout.
 
 There are no threads, so starting a tool from here is safe and cheap, and
@@ -43,7 +45,6 @@ import signal
 import sys
 import tempfile
 import time
-from collections import deque
 from multiprocessing.connection import Connection
 from typing import Optional
 
@@ -51,11 +52,15 @@ from . import _linux, channel
 from .capture import Capture
 from .cgroups import Cgroups, JobGroup
 from .proctree import JOB_MARKER_ENV, child_pids, count_tree, is_zombie, kill_tree, marker_of
-from .result import Result
+from .result import Result, Status
 from .spawn import DEVNULL, memfd_holding, start_tool
-from .template import MAX_CGROUP_FDS, REHEARSE_WHEN_IDLE_S, TAKEN, SpareSupply, WarmSpare, encode_job
+from .handover import WarmJobs
+from .template import REHEARSE_WHEN_IDLE_S
 
 
+
+#: What the supervisor may send once the worker is configured.
+_JOB_MESSAGES = (channel.Start, channel.Cancel, channel.Shutdown)
 
 #: One read per wake-up; 64 KiB is a full default pipe buffer.
 READ_SIZE = 1 << 16
@@ -80,9 +85,12 @@ class _Job:
         self.exit_code: Optional[int] = None
         self.reaped = False
         self.eof = False
-        self.end_reason: Optional[str] = None  # "timeout" | "cancel" | "limit"
+        self.end_reason: Optional[str] = None  # "timeout" | "cancel" | "limit" | "shutdown"
         self.killed_at = 0.0
         self.error: Optional[str] = None
+        # Whether ``error`` is execpool's failure (the tool never started),
+        # not the program's (it went over a limit).
+        self.infra = False
         self.capture = Capture(start.max_output_chars)
         self.live_sent = 0
         self.started = time.monotonic()
@@ -99,19 +107,18 @@ class Worker:
     output fd, the deadline heap, and the process groups kept alive for
     ``keep_background`` jobs until shutdown."""
 
-    def __init__(self, conn_in: Connection, conn_out: Connection, token: str, spawn_method: str,
-                 preload: tuple, use_cgroups: bool, jobs_dir: str, warm_spares: int) -> None:
+    def __init__(self, conn_in: Connection, conn_out: Connection, config: channel.WorkerConfig) -> None:
         self.conn_in = conn_in
         self.conn_out = conn_out
-        self.token = token
-        self.spawn_method = spawn_method
-        self.preload = preload
-        self.use_cgroups = use_cgroups
-        self.jobs_dir = jobs_dir
+        self.token = config.token
+        self.spawn_method = config.spawn_method
+        self.preload = config.preload
+        self.use_cgroups = config.cgroups
+        self.jobs_dir = config.jobs_dir
         # Where a job's private directory goes when the job ends: a rename is
         # a quarter of an rmdir here, and the rmdir can wait until the Result
         # is out (the supervisor removes whatever is left with jobs_dir).
-        self.trash = os.path.join(jobs_dir, ".trash")
+        self.trash = os.path.join(self.jobs_dir, ".trash")
         os.mkdir(self.trash, 0o700)
         self.pid = os.getpid()
         self.shell = shutil.which("bash") or "/bin/sh"
@@ -125,9 +132,7 @@ class Worker:
         self.cgroup_tier: Optional[Cgroups] = None
         self.cgroups_detected = False
         self.stale_groups: list[JobGroup] = []
-        self.spares = SpareSupply(self.sel, spawn_method, preload, warm_spares, self._serve_warm)
-        # Warm jobs waiting for a spare, oldest first.
-        self.warm_waiting: deque[_Job] = deque()
+        self.warm = WarmJobs(self, config.warm_spares)
         self.idle_since: Optional[float] = time.monotonic()  # None while a job runs
         self.stopping = False
 
@@ -189,7 +194,7 @@ class Worker:
         while self.timers and self.timers[0][0] <= now:
             _, job_id, kind = heapq.heappop(self.timers)
             if kind == "rehearse":
-                self._rehearse_if_idle()
+                self.warm.rehearse_if_idle()
                 continue
             job = self.jobs.get(job_id)
             if job is None:
@@ -224,7 +229,7 @@ class Worker:
             try:
                 if not self.conn_in.poll():
                     return
-                msg = channel.recv(self.conn_in, accept=channel.TO_WORKER)
+                msg = channel.recv(self.conn_in, accept=_JOB_MESSAGES)
             except (EOFError, OSError):
                 self.stopping = True
                 return
@@ -256,11 +261,11 @@ class Worker:
                 return
             job = self.by_leader.pop(pid, None)
             if job is None:
-                if not self.spares.exited(pid) and self.stale_groups:
+                if not self.warm.spares.exited(pid) and self.stale_groups:
                     self.stale_groups = [group for group in self.stale_groups if not group.remove()]
                 continue  # an orphan re-parented to us, already killed or done
-            if job.start.warm and not self._read_ready(job) and job.end_reason is None:
-                self._requeue(job)  # its spare died parked, before it took the job
+            if job.start.warm and not self.warm.took(job) and job.end_reason is None:
+                self.warm.requeue(job)  # its spare died parked, before it took the job
                 continue
             job.exit_code = os.waitstatus_to_exitcode(status)
             job.reaped = True
@@ -281,7 +286,7 @@ class Worker:
             self._consume(job, job.capture.feed(data))
             return
         self._consume(job, job.capture.finish())
-        self._close_output(job)
+        self.close_output(job)
         job.eof = True
         if job.reaped:
             self._finish(job)
@@ -303,21 +308,22 @@ class Worker:
         try:
             argv, env, cwd = self._prepare(job)
             if start.warm:
-                self.warm_waiting.append(job)
+                self.warm.add(job)
             else:
                 self._spawn(job, argv, env, cwd)
         except Exception as exc:  # noqa: BLE001 - any spawn failure is the job's Result
-            self._fail_start(job, exc)
+            self.fail_start(job, exc)
             return
         if start.timeout is not None:
             heapq.heappush(self.timers, (job.started + start.timeout, start.job_id, "timeout"))
         if start.limits.processes is not None and job.group is None:
             heapq.heappush(self.timers, (time.monotonic(), start.job_id, "count"))
         if start.warm:
-            self._serve_warm()
+            self.warm.serve()
 
-    def _fail_start(self, job: _Job, exc: BaseException) -> None:
+    def fail_start(self, job: _Job, exc: BaseException) -> None:
         job.error = f"cannot start the tool: {exc}"
+        job.infra = True
         job.reaped = True
         self._finish(job)
 
@@ -327,7 +333,7 @@ class Worker:
         start = job.start
         if start.cwd is None:
             job.tmpdir = tempfile.mkdtemp(dir=self.jobs_dir)
-        cwd = self._cwd(job)
+        cwd = self.job_cwd(job)
         if start.argv_kind == "python":
             fd, job.script = tempfile.mkstemp(prefix=".execpool-", suffix=".py", dir=cwd)
             with open(fd, "w", encoding="utf-8") as f:
@@ -343,17 +349,17 @@ class Worker:
                 raise OSError("Limits(memory=...) needs a cgroup memory controller, and execpool cannot "
                               "use one here")
             # else: the worker counts the job's processes itself (see _fire_timers)
-        return argv, self._env(job), cwd
+        return argv, self.job_env(job), cwd
 
     def _spawn(self, job: _Job, argv: list, env: dict, cwd: str) -> None:
         start = job.start
-        with self._job_fds(job) as (stdin_fd, join_fds):
+        with self.job_fds(job) as (stdin_fd, join_fds):
             pid, out_r = start_tool(argv, env, cwd, start.limits, self.spawn_method, stdin_fd, not start.network,
                                     join_fds)
-        self._running(job, pid, out_r)
+        self.running(job, pid, out_r)
 
     @contextlib.contextmanager
-    def _job_fds(self, job: _Job):
+    def job_fds(self, job: _Job):
         """The job's stdin and cgroup.procs files, open for as long as its
         start needs them."""
         fds = []
@@ -370,7 +376,7 @@ class Worker:
             for fd in fds:
                 os.close(fd)
 
-    def _running(self, job: _Job, pid: int, out_r: int) -> None:
+    def running(self, job: _Job, pid: int, out_r: int) -> None:
         os.set_blocking(out_r, False)
         job.pid, job.fd = pid, out_r
         self.by_leader[pid] = job
@@ -378,107 +384,15 @@ class Worker:
         self.sel.register(out_r, selectors.EVENT_READ, self._on_output)
         self._send(channel.Spawned(job.start.job_id, pid, pid))
 
-    # -- warm jobs: handed to spares -------------------------------------
-
-    def _serve_warm(self) -> None:
-        """Hand waiting warm jobs to parked spares, then ask for as many
-        spares as are still missing (execpool/template.py)."""
-        while self.warm_waiting and not self.stopping:
-            spare = self.spares.pop()
-            if spare is None:
-                break
-            job = self.warm_waiting.popleft()
-            try:
-                handed = self._hand_over(job, spare)
-            except Exception as exc:  # noqa: BLE001 - the job's start failure, as for a cold job
-                self._fail_start(job, exc)
-                continue
-            if not handed:
-                self.warm_waiting.appendleft(job)  # the spare was gone; the next one takes it
-        if self.stopping:
-            return
-        failure = self.spares.want(len(self.warm_waiting))
-        if failure is not None:
-            while self.warm_waiting:
-                self._fail_start(self.warm_waiting.popleft(), OSError(failure))
-        self._rehearse_if_idle()
-
-    def _rehearse_if_idle(self) -> None:
-        """Parked spares rehearse only once the worker has had nothing to
-        do for a while (execpool/template.py)."""
-        if self.idle_since is not None and time.monotonic() - self.idle_since >= REHEARSE_WHEN_IDLE_S:
-            self.spares.rehearse()
-
-    def _hand_over(self, job: _Job, spare: WarmSpare) -> bool:
-        start = job.start
-        description = memfd_holding("execpool-job", encode_job(job.script, self._env(job), self._cwd(job),
-                                                                start.limits, not start.network))
-        out_r, out_w = os.pipe()
-        ready_r, ready_w = os.pipe()
-        try:
-            with self._job_fds(job) as (stdin_fd, join_fds):
-                handed = spare.hand(description, stdin_fd, out_w, ready_w, join_fds[:MAX_CGROUP_FDS])
-        except BaseException:
-            os.close(out_r)
-            os.close(ready_r)
-            raise
-        finally:
-            for fd in (description, out_w, ready_w):
-                os.close(fd)
-            spare.close()
-        if not handed:
-            os.close(out_r)
-            os.close(ready_r)
-            return False
-        # Not watched: what the spare says there (one byte, or that and a
-        # short failure) fits the pipe, and matters only once it has exited.
-        os.set_blocking(ready_r, False)
-        job.ready_fd = ready_r
-        self._running(job, spare.pid, out_r)
-        return True
-
-    def _env(self, job: _Job) -> dict:
+    def job_env(self, job: _Job) -> dict:
         env = dict(job.start.env)
         env[JOB_MARKER_ENV] = job.marker
         return env
 
-    def _cwd(self, job: _Job) -> str:
+    def job_cwd(self, job: _Job) -> str:
         return job.tmpdir if job.start.cwd is None else job.start.cwd
 
-    def _read_ready(self, job: _Job) -> bool:
-        """Read what the spare said on the ready pipe (closing it at EOF,
-        once the job's code started or the spare died); return whether the
-        spare took the job."""
-        while job.ready_fd is not None:
-            try:
-                data = os.read(job.ready_fd, 4096)
-            except BlockingIOError:
-                break
-            if not data:
-                self._close_ready(job)
-                break
-            job.report += data
-        failure = job.report[len(TAKEN):]
-        if failure and job.error is None:
-            job.error = f"cannot start the tool: {failure.decode('utf-8', 'replace')}"
-        return job.report.startswith(TAKEN)
-
-    def _close_ready(self, job: _Job) -> None:
-        if job.ready_fd is not None:
-            os.close(job.ready_fd)
-            job.ready_fd = None
-
-    def _requeue(self, job: _Job) -> None:
-        """A spare killed after the hand-over but before it said it took the
-        job ran none of it: the job waits for the next spare."""
-        self._close_ready(job)
-        self._close_output(job)
-        job.pid = None
-        job.report = b""
-        self.warm_waiting.appendleft(job)
-        self._serve_warm()
-
-    def _close_output(self, job: _Job) -> None:
+    def close_output(self, job: _Job) -> None:
         if job.fd is not None:
             self.sel.unregister(job.fd)
             del self.jobs_by_fd[job.fd]
@@ -489,14 +403,14 @@ class Worker:
         """Timeout or cancel: the one kill path, then wait for the reap."""
         job.end_reason = reason
         if job.pid is None:  # a warm job still waiting for a spare
-            self.warm_waiting.remove(job)
+            self.warm.forget(job)
             job.reaped = True
             self._finish(job)
             return
         job.killed_at = time.monotonic()
         heapq.heappush(self.timers, (job.killed_at + REAP_GRACE_S, job.start.job_id, "reap"))
         self._kill(job)
-        self._close_output(job)
+        self.close_output(job)
         if job.reaped:
             self._finish(job)
 
@@ -507,7 +421,7 @@ class Worker:
     def _not_strays(self) -> set:
         """The worker's children that belong to no finished job: the leaders
         of running jobs, the warm template and the parked spares."""
-        return {*self.by_leader, *self.spares.pids()}
+        return {*self.by_leader, *self.warm.spares.pids()}
 
     def _finish(self, job: _Job) -> None:
         if job.start.job_id not in self.jobs:
@@ -516,10 +430,10 @@ class Worker:
         if not self.jobs:
             self.idle_since = time.monotonic()
             heapq.heappush(self.timers, (self.idle_since + REHEARSE_WHEN_IDLE_S, 0, "rehearse"))
-        self._close_output(job)
+        self.close_output(job)
         if job.ready_fd is not None:
-            self._read_ready(job)
-            self._close_ready(job)
+            self.warm.took(job)
+            self.warm.close_ready(job)
         if job.end_reason is None and job.pid is not None:
             if job.start.keep_background:
                 self.kept_pgids.add(job.pid)
@@ -564,7 +478,7 @@ class Worker:
             return
         keep = self._not_strays()
         for pid in child_pids(self.pid):
-            if pid in keep or is_zombie(pid) or self.spares.made(pid) or self._kept(pid):
+            if pid in keep or is_zombie(pid) or self.warm.spares.made(pid) or self._kept(pid):
                 continue
             kill_tree(leader=pid)
 
@@ -581,6 +495,7 @@ class Worker:
     def _result(self, job: _Job) -> Result:
         capture = job.capture
         return Result(
+            status=_status(job),
             output=capture.output,
             exit_code=None if job.end_reason or job.error else job.exit_code,
             timed_out=job.end_reason == "timeout",
@@ -594,19 +509,32 @@ class Worker:
 
     def _shutdown(self) -> None:
         """Everything below the worker dies first, then every job still
-        running gets its (cancelled) Result."""
+        running gets its Result (INFRA: the pool was closed under it)."""
         pgids = self.kept_pgids | {job.pid for job in self.jobs.values() if job.pid is not None}
         kill_tree(pgids, leader=self.pid, marker=self.token, scope=self.pid)
-        self.warm_waiting.clear()
         for job in list(self.jobs.values()):
             if job.end_reason is None:
-                job.end_reason = "cancel"
+                # execpool's doing, not the program's: INFRA, worth running again.
+                job.end_reason = "shutdown"
+                job.error = "the pool was closed while this job ran; its process tree was killed"
+                job.infra = True
             job.reaped = True
             self._finish(job)
-        self.spares.close()
+        self.warm.close()
         self._reap()
         if self.cgroup_tier is not None:
             self.cgroup_tier.close()
+
+
+def _status(job: _Job) -> Status:
+    """In the order Result.text reads its fields, so status and text agree."""
+    if job.error is not None:
+        return Status.INFRA if job.infra else Status.ERROR
+    if job.end_reason == "cancel":
+        return Status.CANCELLED
+    if job.end_reason == "timeout":
+        return Status.TIMEOUT
+    return Status.OK if job.exit_code == 0 else Status.ERROR
 
 
 def _remove(path: str) -> None:
@@ -628,18 +556,19 @@ def _unlink(path: str) -> None:
 
 
 def main(argv: list) -> None:
-    read_fd, write_fd, token, spawn_method, preload_names, cgroups_flag, jobs_dir, warm_spares = argv
-    read_fd, write_fd = int(read_fd), int(write_fd)
-    preload = tuple(name for name in preload_names.split(",") if name)
+    read_fd, write_fd = map(int, argv)
     for fd in (read_fd, write_fd):
         os.set_inheritable(fd, False)
     _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)
     # Tools run as this user: without this, one could open /proc/<worker>/fd
     # and write into the channel. Exec makes each tool dumpable again.
     _linux.prctl(_linux.PR_SET_DUMPABLE, 0)
-    worker = Worker(Connection(read_fd, writable=False), Connection(write_fd, readable=False), token,
-                    spawn_method, preload, cgroups_flag != "no-cgroups", jobs_dir, int(warm_spares))
-    worker.serve()
+    conn_in = Connection(read_fd, writable=False)
+    try:
+        config = channel.recv(conn_in, accept=(channel.WorkerConfig,))
+    except (EOFError, OSError):
+        return  # the pool is gone (or garbled its channel) before it said what to do
+    Worker(conn_in, Connection(write_fd, readable=False), config).serve()
 
 
 if __name__ == "__main__":

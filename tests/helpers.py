@@ -23,6 +23,13 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, interval: floa
         time.sleep(interval)
 
 
+def worker_records(pool) -> list:
+    """The pool's records of its worker processes (an internal view: pid,
+    token, jobs_dir, jobs), for tests that look behind the public API."""
+    with pool._workers.lock:
+        return list(pool._workers.all)
+
+
 def alive(pid: int) -> bool:
     """Running or sleeping, not a zombie waiting to be reaped."""
     try:

@@ -35,7 +35,7 @@ def pool():
 
 
 class CountingSubmit:
-    """Wraps ``pool._submit`` to see what a map does: how many jobs are in
+    """Wraps ``pool.submit`` to see what a map does: how many jobs are in
     flight at most, and how many were submitted."""
 
     def __init__(self, pool: ExecPool) -> None:
@@ -45,20 +45,19 @@ class CountingSubmit:
         self.peak = 0
         self.submitted = 0
 
-    def __call__(self, job, sink, live_cap):
-        assert live_cap is None, "a map never asks for live output"
+    def __call__(self, job, **kwargs):
+        assert kwargs.get("on_event") is None, "a map never asks for live output"
         with self.lock:
             self.in_flight += 1
             self.submitted += 1
             self.peak = max(self.peak, self.in_flight)
+        future = self.pool.submit(job, **kwargs)
+        future.add_done_callback(self._ended)
+        return future
 
-        def counted_sink(msg):
-            if type(msg).__name__ == "Finished":
-                with self.lock:
-                    self.in_flight -= 1
-            sink(msg)
-
-        return self.pool._submit(job, counted_sink, live_cap)
+    def _ended(self, future) -> None:
+        with self.lock:
+            self.in_flight -= 1
 
 
 # -- map_jobs / imap_unordered_jobs -------------------------------------------------------
@@ -66,14 +65,14 @@ class CountingSubmit:
 
 def test_map_yields_results_in_input_order_even_when_later_jobs_finish_first(pool):
     jobs = [ShellJob(f"sleep {0.04 * (5 - i)}; echo {i}") for i in range(6)]
-    results = list(map_jobs(pool._submit, jobs, 6))
+    results = list(map_jobs(pool.submit, jobs, 6))
     assert [r.output for r in results] == [f"{i}\n" for i in range(6)]
     assert all(r.ok for r in results)
 
 
 def test_imap_unordered_yields_each_index_once_as_jobs_finish(pool):
     jobs = [ShellJob("sleep 1; echo slow")] + [ShellJob(f"echo {i}") for i in range(1, 8)]
-    pairs = list(imap_unordered_jobs(pool._submit, jobs, 8))
+    pairs = list(imap_unordered_jobs(pool.submit, jobs, 8))
     assert sorted(i for i, _ in pairs) == list(range(8))
     assert pairs[-1][0] == 0, "the slow first job must come last, not hold the others back"
     assert all(r.output == ("slow\n" if i == 0 else f"{i}\n") for i, r in pairs)
@@ -126,7 +125,7 @@ def test_stopping_early_cancels_every_running_job_and_kills_its_tree(pool, tmp_p
         ShellJob(f"echo $$ > {tmp_path}/pid{i}; sleep 60 & echo $! >> {tmp_path}/pid{i}; wait", timeout=120)
         for i in range(4)
     ]
-    results = mapper(pool._submit, jobs, 5)
+    results = mapper(pool.submit, jobs, 5)
     first = next(results)
     assert (first[1] if isinstance(first, tuple) else first).output == "quick\n"
     assert wait_for(lambda: all(len((tmp_path / f"pid{i}").read_text().split()) == 2
@@ -144,7 +143,7 @@ def test_an_exception_in_the_consumer_cancels_in_flight_jobs(pool, tmp_path):
     jobs = [ShellJob("echo go")] + [ShellJob(f"echo $$ > {tmp_path}/p{i}; exec sleep 60") for i in range(3)]
 
     def consume():
-        for result in map_jobs(pool._submit, jobs, 4):
+        for result in map_jobs(pool.submit, jobs, 4):
             # Written, not only created: the shell makes the file before echo fills it.
             wait_for(lambda: all(path.read_text().endswith("\n") for path in tmp_path.iterdir())
                      and len(list(tmp_path.iterdir())) == 3, 5.0)
@@ -158,7 +157,7 @@ def test_an_exception_in_the_consumer_cancels_in_flight_jobs(pool, tmp_path):
 
 def test_a_bad_job_is_raised_in_its_place_after_the_jobs_before_it(pool):
     jobs = [ShellJob("echo 0"), ShellJob("echo 1"), "echo 2", ShellJob("echo 3")]
-    results = map_jobs(pool._submit, jobs, 4)
+    results = map_jobs(pool.submit, jobs, 4)
     assert next(results).output == "0\n"
     assert next(results).output == "1\n"
     with pytest.raises(TypeError, match="PythonJob or ShellJob"):
@@ -173,7 +172,7 @@ def test_an_exception_from_the_input_comes_after_the_running_jobs_finish(pool):
 
     seen = []
     with pytest.raises(OSError, match="went away"):
-        for index, result in imap_unordered_jobs(pool._submit, jobs(), 4):
+        for index, result in imap_unordered_jobs(pool.submit, jobs(), 4):
             seen.append((index, result.output))
     assert sorted(seen) == [(0, "a\n"), (1, "b\n")]
 
@@ -181,16 +180,16 @@ def test_an_exception_from_the_input_comes_after_the_running_jobs_finish(pool):
 def test_max_in_flight_is_checked_when_called_not_when_iterated(pool):
     for bad, error in ((0, ValueError), (-2, ValueError), (True, TypeError), (2.5, TypeError)):
         with pytest.raises(error):
-            map_jobs(pool._submit, [], bad)
+            map_jobs(pool.submit, [], bad)
         with pytest.raises(error):
-            imap_unordered_jobs(pool._submit, [], bad)
-    assert list(map_jobs(pool._submit, [], 1)) == []
+            imap_unordered_jobs(pool.submit, [], bad)
+    assert list(map_jobs(pool.submit, [], 1)) == []
 
 
 def test_no_thread_per_job(pool):
     before = threading.active_count()
     peak = before
-    for _ in map_jobs(pool._submit, (ShellJob("sleep 0.2") for _ in range(24)), 24):
+    for _ in map_jobs(pool.submit, (ShellJob("sleep 0.2") for _ in range(24)), 24):
         peak = max(peak, threading.active_count())
     assert peak == before
 
@@ -198,7 +197,7 @@ def test_no_thread_per_job(pool):
 def test_run_tagged_reports_tags_and_runs_the_idle_hook_before_waiting(pool):
     idle = []
     items = [(("line", i), ShellJob(f"sleep 0.0{i}; echo {i}")) for i in range(4)]
-    got = dict(run_tagged(pool._submit, items, 2, on_idle=lambda: idle.append(1)))
+    got = dict(run_tagged(pool.submit, items, 2, on_idle=lambda: idle.append(1)))
     assert {tag: r.output for tag, r in got.items()} == {("line", i): f"{i}\n" for i in range(4)}
     assert idle
 
@@ -476,6 +475,63 @@ def test_a_torn_last_line_is_cut_off_and_its_job_runs_again(tmp_path):
     write_jsonl(src, [{"id": i, "shell": f"echo {i}"} for i in range(5)])
     assert batch(src, "-o", str(out)).returncode == 0
     assert sorted(by_id(out)) == [0, 1, 2, 3, 4]
+
+
+def _record(ident, status: str, output: str = "") -> str:
+    return json.dumps({"id": ident, "status": status, "exit_code": 0 if status == "ok" else None,
+                       "output": output, "output_chars": len(output), "duration_s": 0.01, "line": 1,
+                       "error": None if status == "ok" else "Execution error: worker process 1 ..."})
+
+
+def test_a_rerun_retries_infra_records_and_each_id_stays_once(tmp_path):
+    """An infra record is execpool's failure, not the job's: a rerun runs
+    the job again and its new record replaces the old one."""
+    log = tmp_path / "executions.log"
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "shell": f"echo {i} >> {log}; echo out{i}"}
+                                              for i in range(4)])
+    out = tmp_path / "out.jsonl"
+    kept = [_record(0, "ok", "out0\n"), _record(2, "error", "")]
+    out.write_text("\n".join([kept[0], _record(1, "infra"), kept[1], _record(3, "infra")]) + "\n"
+                   + '{"id": 9, "torn')
+    done = batch(src, "-o", str(out), "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "2 record(s)" in done.stderr and "status infra" in done.stderr
+    recs = by_id(out)
+    assert sorted(recs) == [0, 1, 2, 3]
+    assert recs[1]["status"] == recs[3]["status"] == "ok" and recs[3]["output"] == "out3\n"
+    assert sorted(log.read_text().split()) == ["1", "3"], "only the infra records ran again"
+    assert out.read_text().startswith("\n".join(kept) + "\n"), "the other records are kept as they were"
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".retry")]
+
+
+def test_no_retry_infra_keeps_infra_records(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "shell": f"echo {i}"} for i in range(2)])
+    out = tmp_path / "out.jsonl"
+    before = _record(0, "infra") + "\n"
+    out.write_text(before)
+    done = batch(src, "-o", str(out), "--no-progress", "--no-retry-infra")
+    assert done.returncode == 0, done.stderr
+    recs = by_id(out)
+    assert recs[0]["status"] == "infra" and recs[1]["status"] == "ok"
+    assert out.read_text().startswith(before)
+
+
+def test_a_job_whose_worker_is_killed_gets_an_infra_record_that_a_rerun_retries(tmp_path):
+    """End to end: the worker under a job is SIGKILLed (the job kills its
+    own worker, $PPID); the record says infra; the rerun runs it again."""
+    marker = tmp_path / "killed-once"
+    command = f"if [ ! -e {marker} ]; then touch {marker}; kill -9 $PPID; sleep 5; fi; echo second try"
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": "victim", "shell": command}, {"id": "ok", "shell": "echo ok"}])
+    out = tmp_path / "out.jsonl"
+    assert batch(src, "-o", str(out), "--no-progress", "--workers", "1", "--max-in-flight", "1").returncode == 0
+    first = by_id(out)
+    assert first["victim"]["status"] == "infra", first["victim"]
+    assert first["ok"]["status"] == "ok"
+    done = batch(src, "-o", str(out), "--no-progress")
+    assert done.returncode == 0, done.stderr
+    second = by_id(out)
+    assert second["victim"]["status"] == "ok" and second["victim"]["output"] == "second try\n"
+    assert second["ok"] == first["ok"]
 
 
 def test_a_damaged_line_in_the_middle_is_refused_not_repaired(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 
 from execpool import ExecPool, Limits, PythonJob, ShellJob
 from execpool.cgroups import Cgroups
-from helpers import all_dead, pids_in, wait_for
+from helpers import all_dead, pids_in, wait_for, worker_records
 
 
 def _tier_available() -> bool:
@@ -34,7 +34,7 @@ def execpool_groups() -> list:
 
 
 def execpool_groups_of(pool) -> list:
-    tokens = [w.token for w in pool._workers]
+    tokens = [w.token for w in worker_records(pool)]
     return [g for g in execpool_groups() for t in tokens if t in g and os.listdir(g) and
             any(entry.startswith("job-") for entry in os.listdir(g))]
 
@@ -74,7 +74,7 @@ def test_cgroup_kill_reaches_a_process_that_left_session_and_cleared_its_environ
 
 def test_groups_of_a_killed_worker_are_removed():
     with ExecPool(workers=1) as pool:
-        token = pool._workers[0].token
+        token = worker_records(pool)[0].token
         stream = pool.stream(ShellJob("echo up; sleep 100", limits=Limits(processes=20), timeout=None))
         next(stream)
         assert [g for g in execpool_groups() if token in g]

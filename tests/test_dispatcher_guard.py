@@ -27,20 +27,23 @@ from typing import Callable
 import psutil
 import pytest
 
-from execpool import ExecPool, Limits, Result, ShellJob, channel
-from helpers import alive, pids_in, remember, state, wait_for
+from execpool import ExecPool, Limits, Result, ShellJob, Status, channel
+from helpers import alive, pids_in, remember, state, wait_for, worker_records
 
 #: How long a job that must end may take to end, here.
 DEADLINE_S = 10.0
 
 
 class Running:
-    """A job submitted to the pool's low-level entry point, read with
-    deadlines: a dead dispatcher makes a test fail, never hang."""
+    """A job submitted with ``pool.submit``, read with deadlines: a dead
+    dispatcher makes a test fail, never hang. ``worker`` is the pool's record
+    of the worker that runs it."""
 
     def __init__(self, pool: ExecPool, job: ShellJob) -> None:
         self._messages: queue.SimpleQueue = queue.SimpleQueue()
-        self.handle = pool._submit(job, self._messages.put, 1 << 20)
+        self.future = pool.submit(job, on_event=self._messages.put)
+        self.future.add_done_callback(self._messages.put)
+        self.worker = next(w for w in worker_records(pool) if self.future.job_id in w.jobs)
         self.output = ""
         self.result = None
 
@@ -49,8 +52,8 @@ class Running:
             msg = self._messages.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             raise AssertionError(f"no word from the job within its deadline; output so far {self.output!r}") from None
-        if isinstance(msg, channel.Finished):
-            self.result = msg.result
+        if msg is self.future:
+            self.result = msg.result()
         else:
             assert isinstance(msg.text, str), f"the job got a non-text output: {msg.text!r}"
             self.output += msg.text
@@ -117,21 +120,23 @@ def _missing_field(job_id: int) -> object:
 #: What a worker might send instead of an honest message; each takes the id
 #: of the job running on it and the pid of another worker's tool.
 FORGERIES: dict[str, Callable[[int, int], bytes]] = {
-    "Finished naming an unhashable job id": lambda job, other: pickle.dumps(channel.Finished([job], Result())),
+    "Finished naming an unhashable job id": lambda job, other: pickle.dumps(channel.Finished([job], Result(Status.OK))),
     "Spawned naming an unhashable job id": lambda job, other: pickle.dumps(channel.Spawned({}, 1, 1)),
     "Finished whose Result has ill-typed fields": lambda job, other: pickle.dumps(
-        channel.Finished(job, Result(output=5, exit_code="0", error_lines=[b"x"]))),
+        channel.Finished(job, Result(Status.OK, output=5, exit_code="0", error_lines=[b"x"]))),
+    "Finished whose status is a plain string": lambda job, other: pickle.dumps(
+        channel.Finished(job, Result("ok"))),
     "Output carrying bytes": lambda job, other: pickle.dumps(channel.Output(job, b"bytes")),
     "Output naming a bool for a job id": lambda job, other: pickle.dumps(channel.Output(True, "x")),
     "Output for a job this worker does not run": lambda job, other: pickle.dumps(channel.Output(job + 1000, "x")),
     "Finished for a job this worker does not run": lambda job, other: pickle.dumps(
-        channel.Finished(job + 1000, Result())),
+        channel.Finished(job + 1000, Result(Status.OK))),
     "Spawned naming another worker's process group": lambda job, other: pickle.dumps(
         channel.Spawned(job, other, other)),
     "Spawned whose group is not its leader's": lambda job, other: pickle.dumps(channel.Spawned(job, 12345, other)),
     "a Start, which only the supervisor sends": lambda job, other: pickle.dumps(_start()),
     "Ready naming another process": lambda job, other: pickle.dumps(channel.Ready(1)),
-    "a Result that is no message": lambda job, other: pickle.dumps(Result()),
+    "a Result that is no message": lambda job, other: pickle.dumps(Result(Status.OK)),
     "a message missing a field": lambda job, other: pickle.dumps(_missing_field(job)),
     "a pickle naming a class outside the channel": lambda job, other: pickle.dumps(os.getpid),
     "not a pickle": lambda job, other: b"\x80\x05 garbage",
@@ -149,8 +154,8 @@ def _two_jobs(pool: ExecPool, doomed: list) -> tuple:
     victim = Running(pool, ShellJob(VICTIM, timeout=None))
     bystander = Running(pool, ShellJob(BYSTANDER, timeout=30))
     remember(doomed, pids_in(victim.wait_output("PIDS")) + pids_in(bystander.wait_output("PIDS")))
-    worker = victim.handle.worker
-    assert worker is not bystander.handle.worker, "each job went to a worker of its own"
+    worker = victim.worker
+    assert worker is not bystander.worker, "each job went to a worker of its own"
     return victim, bystander, worker, pids_in(bystander.output)[0]
 
 
@@ -170,7 +175,7 @@ def _assert_rogue_worker_was_replaced(pool: ExecPool, worker, victim: Running, b
 def test_a_worker_that_sends_garbage_is_treated_as_dead(forgery, doomed):
     with ExecPool(workers=2) as pool:
         victim, bystander, worker, other = _two_jobs(pool, doomed)
-        forge(worker, frame(FORGERIES[forgery](victim.handle.job_id, other)))
+        forge(worker, frame(FORGERIES[forgery](victim.future.job_id, other)))
         _assert_rogue_worker_was_replaced(pool, worker, victim, bystander)
 
 
@@ -184,7 +189,7 @@ def test_half_a_message_holds_up_no_other_worker(doomed):
         again = Running(pool, ShellJob("echo again", timeout=30)).wait_result()
         assert again.text == "again\n", again
         # The worker's own next message completes the frame into garbage.
-        victim.handle.cancel()
+        victim.future.cancel()
         result = victim.wait_result()
         assert result.error is not None and "channel" in result.error, result
         assert wait_for(lambda: len(pool.worker_pids) == 2 and worker.proc.pid not in pool.worker_pids, DEADLINE_S)
@@ -195,15 +200,15 @@ def test_an_exception_while_routing_kills_that_worker_not_the_dispatcher(doomed,
     costs that worker, never the one thread every job depends on."""
     with ExecPool(workers=2) as pool:
         victim, bystander, worker, _ = _two_jobs(pool, doomed)
-        route = pool._route
+        route = pool._dispatcher._route
 
-        def faulty(source, msg):
+        def faulty(workers, source, msg):
             if source is worker and isinstance(msg, channel.Output):
                 raise RuntimeError("a bug in routing")
-            return route(source, msg)
+            return route(workers, source, msg)
 
-        monkeypatch.setattr(pool, "_route", faulty)
-        forge(worker, frame(pickle.dumps(channel.Output(victim.handle.job_id, "forged"))))
+        monkeypatch.setattr(pool._dispatcher, "_route", faulty)
+        forge(worker, frame(pickle.dumps(channel.Output(victim.future.job_id, "forged"))))
         _assert_rogue_worker_was_replaced(pool, worker, victim, bystander)
 
 

@@ -15,13 +15,13 @@ import psutil
 import pytest
 
 import hostile
-from execpool import ExecPool, ShellJob, supervisor
-from helpers import all_dead, marked_processes, open_fds, pids_in, wait_for
+from execpool import ExecPool, ShellJob, dispatch
+from helpers import all_dead, marked_processes, open_fds, pids_in, wait_for, worker_records
 
 
 def test_sigkill_of_a_worker_fails_only_its_jobs_and_the_pool_recovers():
     with ExecPool(workers=2) as pool:
-        victim = pool._workers[0]
+        victim = worker_records(pool)[0]
         outputs = {name: "" for name in "ab"}
         results = {}
 
@@ -136,7 +136,7 @@ def test_worker_crash_kills_escaped_daemons_by_marker():
         stream = pool.stream(ShellJob(
             "setsid sleep 100 >/dev/null 2>&1 & echo \"PIDS $!\"; sleep 100", timeout=None))
         pids = pids_in(next(stream)["text"])
-        token = pool._workers[0].token
+        token = worker_records(pool)[0].token
         assert marked_processes(token)
         os.kill(pool.worker_pids[0], signal.SIGKILL)
         _, result = None, None
@@ -154,16 +154,16 @@ def test_cancel_and_output_in_the_same_select_batch_do_not_crash_the_worker(monk
     """Regression: a Cancel read before its job's pending output event closed
     the fd, and the stale event then crashed the worker with KeyError. The
     watchdog, which continues a stopped worker, is kept out of the way."""
-    monkeypatch.setattr(supervisor, "is_stopped", lambda pid: False)
+    monkeypatch.setattr(dispatch, "is_stopped", lambda pid: False)
     with ExecPool(workers=1) as pool:
         worker = pool.worker_pids[0]
-        stream = pool.stream(ShellJob("echo ready; sleep 0.2; echo x; sleep 30"), poll_interval_s=0.01)
+        stream = pool.stream(ShellJob("echo ready; sleep 0.2; echo x; sleep 30"))
         assert next(stream)["text"] == "ready\n"
         os.kill(worker, signal.SIGSTOP)  # the worker is busy elsewhere...
         try:
             # ...while the Cancel lands on its control pipe and then the tool writes "x".
-            for handle in list(pool._workers[0].jobs.values()):
-                handle.cancel()
+            for handle in list(worker_records(pool)[0].jobs.values()):
+                handle.future.cancel()
             time.sleep(0.4)
         finally:
             os.kill(worker, signal.SIGCONT)
@@ -177,15 +177,15 @@ def test_cancel_and_output_in_the_same_select_batch_do_not_crash_the_worker(monk
 
 def test_a_failing_consumer_does_not_stop_the_dispatcher():
     with ExecPool(workers=1) as pool:
-        finished = threading.Event()
+        calls = []
 
-        def broken_sink(msg):
-            if type(msg).__name__ == "Finished":
-                finished.set()
+        def broken_on_event(event):
+            calls.append(event)
             raise RuntimeError("consumer bug")
 
-        pool._submit(ShellJob("echo one; echo two"), broken_sink, 1000)
-        assert finished.wait(10)
+        result = pool.submit(ShellJob("echo one; sleep 0.05; echo two"), on_event=broken_on_event).result(10)
+        assert result.output == "one\ntwo\n"
+        assert "".join(event.text for event in calls) == "one\ntwo\n"
         assert pool.run(ShellJob("echo still served")).text == "still served\n"
 
 

@@ -587,7 +587,7 @@ def test_single_50mb_line_keeps_a_bounded_result_with_the_exact_length(pool):
     streamed, result = run_streaming(pool, ShellJob(command, timeout=60, env=env()))
     after = [caller.memory_info().rss] + [w.memory_info().rss for w in workers]
     assert result.exit_code == 0 and result.output_chars == 50_000_000
-    assert result.output == "x" * pool.max_output_chars
+    assert result.output == "x" * pool.config.max_output_chars
     assert streamed == "x" * 400_000 + STREAM_CAP_NOTICE
     assert all(a - b < 64 * MiB for a, b in zip(after, base)), (base, after)
 

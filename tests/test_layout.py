@@ -9,10 +9,13 @@ import json
 import subprocess
 import sys
 
-CALLER_SIDE = {"execpool.supervisor", "execpool.drain", "execpool.batch", "execpool.tools", "execpool.loop",
-               "execpool.cli", "execpool.lifeline"}
-WORKER_SIDE = {"execpool.worker", "execpool.spawn", "execpool.template", "execpool.warm", "execpool.capture",
-               "execpool._spawn"}
+CALLER_SIDE = {"execpool.supervisor", "execpool.config", "execpool.lifecycle", "execpool.dispatch",
+               "execpool.future", "execpool.drain", "execpool.batch", "execpool.tools", "execpool.loop",
+               "execpool.cli", "execpool.records", "execpool.lifeline"}
+WORKER_SIDE = {"execpool.worker", "execpool.handover", "execpool.spawn", "execpool.template", "execpool.warm",
+               "execpool.capture", "execpool._spawn"}
+SHARED = {"execpool.channel", "execpool.jobs", "execpool.result", "execpool.checks", "execpool.proctree",
+          "execpool.cgroups", "execpool._linux"}
 
 
 def _loaded_by(*modules: str) -> set:
@@ -37,3 +40,19 @@ def test_the_workers_side_loads_nothing_of_the_callers():
 def test_the_lifeline_loads_only_itself_and_shared_modules():
     loaded = _loaded_by("execpool.lifeline")
     assert not loaded & (CALLER_SIDE | WORKER_SIDE) - {"execpool.lifeline"}
+
+
+def test_the_shared_modules_load_neither_side():
+    loaded = _loaded_by(*sorted(SHARED))
+    assert loaded >= SHARED
+    assert not loaded & (CALLER_SIDE | WORKER_SIDE)
+
+
+def test_every_module_has_a_side():
+    """A new module is placed on purpose: the checks above cover it."""
+    import pkgutil
+
+    import execpool
+
+    modules = {f"execpool.{info.name}" for info in pkgutil.iter_modules(execpool.__path__)} - {"execpool._shim", "execpool.__main__"}
+    assert modules == CALLER_SIDE | WORKER_SIDE | SHARED, modules ^ (CALLER_SIDE | WORKER_SIDE | SHARED)

@@ -39,7 +39,7 @@ def test_a_gigabyte_flood_keeps_caller_and_worker_memory_bounded():
             done.set()
             sampler.join()
     assert result.exit_code == 0 and result.output_chars == GB
-    assert len(result.output) == pool.max_output_chars
+    assert len(result.output) == pool.config.max_output_chars
     assert streamed < 500_000
     assert peak["worker"] - base["worker"] < 32 * MiB, peak
     assert peak["caller"] - base["caller"] < 32 * MiB, peak

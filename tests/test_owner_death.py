@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from execpool import ExecPool, ShellJob, cgroups
-from helpers import all_dead, alive, pids_in, remember, state, wait_for
+from helpers import all_dead, alive, pids_in, remember, state, wait_for, worker_records
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -111,7 +111,7 @@ def _assert_escaped(daemon: int, leader: int) -> None:
 @needs_worker_groups
 def test_the_worker_sits_in_a_group_of_its_own():
     with ExecPool(workers=1) as pool:
-        worker = pool._workers[0]
+        worker = worker_records(pool)[0]
         with open(f"/proc/{worker.proc.pid}/cgroup") as f:
             v2 = [line.split(":", 2)[2].strip() for line in f if line.startswith("0::")]
         assert v2 and f"/execpool-{worker.token}/" in v2[0] + "/", v2
@@ -142,7 +142,7 @@ def test_a_worker_in_its_group_gets_its_jobs_groups_beside_it(tmp_path, monkeypa
 @needs_worker_groups
 def test_an_escaped_daemon_dies_with_the_worker_it_killed(doomed):
     with ExecPool(workers=1) as pool:
-        worker = pool._workers[0]
+        worker = worker_records(pool)[0]
         stream = pool.stream(ShellJob(ESCAPE_THEN_KILL_WORKER, timeout=None), heartbeat_interval_s=0.1)
         daemon = _read_until_pids(stream)[0]
         remember(doomed, [daemon])
@@ -162,7 +162,7 @@ def test_an_escaped_daemon_dies_with_the_worker_it_killed(doomed):
 def test_nothing_a_job_started_outlives_close(doomed):
     pool = ExecPool(workers=1)
     try:
-        worker = pool._workers[0]
+        worker = worker_records(pool)[0]
         stream = pool.stream(ShellJob('echo "PIDS $$"; ' + ESCAPE_THEN_STOP_WORKER, timeout=None),
                              heartbeat_interval_s=0.1)
         pids = _read_until_pids(stream)
@@ -195,7 +195,7 @@ OWNER = textwrap.dedent("""
         while text.count("PIDS") < command.count("PIDS") and time.monotonic() < deadline:
             text += next(stream).get("text", "")
         pids += [int(p) for p in text.split() if p.isdigit()]
-    workers = [(w.proc.pid, w.token, w.jobs_dir) for w in pool._workers]
+    workers = [(w.proc.pid, w.token, w.jobs_dir) for w in pool._workers.all]
     print(json.dumps({"workers": workers, "tools": pids}), flush=True)
     sys.stdin.read()
 """)
@@ -309,3 +309,58 @@ def _let_go(owner: subprocess.Popen, doomed: list) -> None:
             proc.send_signal(signal.SIGCONT)
         except psutil.Error:
             pass
+
+
+#: An owner that starts a pool and one job per worker, says what runs, and
+#: waits to be killed.
+QUICK_OWNER = textwrap.dedent("""
+    import json, sys, time
+    from execpool import ExecPool, ShellJob
+    pool = ExecPool(workers=2, warm_spares=0)
+    texts = [[], []]
+    futures = [pool.submit(ShellJob('echo "PIDS $$"; sleep 100 & echo "PIDS $!"; wait', timeout=None),
+                           on_event=lambda e, t=t: t.append(e.text)) for t in texts]
+    while sum("".join(t).count("PIDS") for t in texts) < 4:
+        time.sleep(0.001)
+    tools = [int(p) for t in texts for p in "".join(t).split() if p.isdigit()]
+    print(json.dumps({"workers": pool.worker_pids, "tools": tools}), flush=True)
+    sys.stdin.read()
+""")
+
+#: CPU-bound neighbours for the test below, bounded in time whatever happens.
+BUSY = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end:\n    pass\n"
+
+
+def test_fifty_owner_sigkills_under_load_leave_nothing_alive_after_a_second(doomed):
+    """The owner is SIGKILLed at once after its jobs started, 50 times in a
+    row, with two CPU-bound processes beside it: each time, its workers,
+    their tools and its lifeline are gone within a second."""
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(2)]
+    remember(doomed, [p.pid for p in busy])
+    late = []
+    try:
+        for attempt in range(50):
+            owner = subprocess.Popen([sys.executable, "-c", QUICK_OWNER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, cwd=REPO, text=True)
+            try:
+                line = owner.stdout.readline()
+                assert line, f"attempt {attempt}: the owner said nothing"
+                report = json.loads(line)
+                helpers = [p.pid for p in psutil.Process(owner.pid).children()]
+                everything = report["workers"] + report["tools"] + helpers
+                remember(doomed, everything)
+                owner.kill()
+                owner.wait()
+                killed = time.monotonic()
+                if not wait_for(lambda: not [p for p in everything if alive(p)], 1.0):
+                    late.append((attempt, [(p, state(p)) for p in everything if alive(p)],
+                                 round(time.monotonic() - killed, 3)))
+            finally:
+                _let_go(owner, doomed)
+                owner.stdin.close()
+                owner.stdout.close()
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+    assert not late, f"alive more than 1 s after the owner's SIGKILL: {late}"

@@ -10,9 +10,10 @@ import time
 import pytest
 
 import hostile
-from execpool import TOOL_OUTPUT_STREAM_MAX_CHARS, PythonJob, ShellJob
+from execpool import TOOL_OUTPUT_STREAM_MAX_CHARS, JobOutput, OutputCapped, PythonJob, ShellJob
 from execpool.drain import STREAM_CAP_NOTICE
-from helpers import all_dead, collect, joined_output, marked_processes, open_fds, pids_in, wait_for
+from helpers import (all_dead, collect, joined_output, marked_processes, open_fds, pids_in, wait_for,
+                     worker_records)
 
 SAME_RESULT_JOBS = [
     PythonJob("print('hello')\nimport sys\nprint('err', file=sys.stderr)\nsys.exit(3)"),
@@ -102,20 +103,16 @@ def test_heartbeats_flow_after_the_cap_while_the_tool_keeps_printing(pool):
 ])
 def test_producer_side_cap_bounds_what_crosses_the_pipe(pool, command):
     """The worker forwards at most the cap plus one character, whatever the
-    consumer does; here the consumer reads nothing until the job has ended."""
-    received = []
-    finished = threading.Event()
-
-    def sink(msg):
-        received.append(msg)
-        if type(msg).__name__ == "Finished":
-            finished.set()
-
-    pool._submit(ShellJob(command), sink, TOOL_OUTPUT_STREAM_MAX_CHARS)
-    assert finished.wait(60)
-    live = sum(len(m.text) for m in received if type(m).__name__ == "Output")
-    assert live <= TOOL_OUTPUT_STREAM_MAX_CHARS + 1
-    assert received[-1].result.output_chars in (10_000_000, 1_000_000)
+    consumer does; here the consumer reads nothing until the job has ended.
+    on_event sees exactly the cap, then one OutputCapped."""
+    events = []
+    future = pool.submit(ShellJob(command), on_event=events.append)
+    result = future.result(timeout=60)
+    outputs = [e for e in events if isinstance(e, JobOutput)]
+    assert sum(len(e.text) for e in outputs) == TOOL_OUTPUT_STREAM_MAX_CHARS
+    assert events[-1] == OutputCapped(TOOL_OUTPUT_STREAM_MAX_CHARS)
+    assert len(outputs) == len(events) - 1
+    assert result.output_chars in (10_000_000, 1_000_000)
 
 
 def test_close_cancels_kills_the_tree_and_sets_cancel_event(pool):
@@ -160,21 +157,21 @@ def test_thousand_streams_started_and_closed_leave_nothing(pool):
         assert next(stream)["text"] == "go\n"
         stream.close()
     assert wait_for(lambda: snapshot() == before, timeout=5), (snapshot(), before)
-    assert wait_for(lambda: all(not w.jobs for w in pool._workers), timeout=5)
-    assert wait_for(lambda: not any(marked_processes(w.token) for w in pool._workers), timeout=2)
+    assert wait_for(lambda: pool.running_jobs == 0, timeout=5)
+    assert wait_for(lambda: not any(marked_processes(w.token) for w in worker_records(pool)), timeout=2)
 
 
 def test_unstarted_stream_runs_nothing(pool):
     stream = pool.stream(ShellJob("sleep 100"))
     stream.close()
-    assert all(not w.jobs for w in pool._workers)
+    assert pool.running_jobs == 0
 
 
 def test_stream_arguments_are_validated_eagerly(pool):
     with pytest.raises(ValueError):
         pool.stream(ShellJob("true"), heartbeat_interval_s=0)
     with pytest.raises(TypeError):
-        pool.stream(ShellJob("true"), poll_interval_s="1")
+        pool.stream(ShellJob("true"), cancel_event="set")
 
 
 def test_astream_yields_the_same_events_and_result(pool):
@@ -212,20 +209,21 @@ def test_cancelling_the_consuming_task_cancels_the_job(pool):
     assert all_dead(pids_in(text))
 
 
-def test_cancel_event_reaches_the_worker_without_waiting_for_the_poll_interval(pool):
-    """Regression: a cancel_event was only looked at every poll_interval_s."""
+def test_cancel_event_reaches_the_worker_without_waiting_for_a_poll_interval(pool):
+    """Regression: a cancel_event was only looked at every poll_interval_s
+    (0.25 s by default); the pool's watcher looks every few milliseconds."""
     cancel = threading.Event()
-    stream = pool.stream(ShellJob("echo up; sleep 30"), cancel_event=cancel, poll_interval_s=10)
+    stream = pool.stream(ShellJob("echo up; sleep 30"), cancel_event=cancel)
     assert next(stream)["text"] == "up\n"
     set_at = time.monotonic()
     cancel.set()
     events, result = collect(stream)
     assert result.cancelled
-    assert time.monotonic() - set_at < 1.0
+    assert time.monotonic() - set_at < 0.2
 
 
 def test_run_with_a_shared_cancel_event_leaves_no_watch_behind(pool):
     cancel = threading.Event()
     for _ in range(20):
         assert pool.run(ShellJob("true"), cancel_event=cancel).exit_code == 0
-    assert not pool._watcher._watched
+    assert wait_for(lambda: pool._watcher.watching == 0, timeout=2)

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
-from helpers import alive, all_dead, pids_in, state, wait_for
+from helpers import alive, all_dead, pids_in, state, wait_for, worker_records
 
 from execpool import ExecPool, Limits, PythonJob, ShellJob
 from execpool.template import SPARE_NAME, TEMPLATE_NAME
@@ -108,8 +108,8 @@ def test_no_tool_can_open_the_pools_channels_through_proc():
     # rewrote it. Sockets cannot be opened that way.
     with ExecPool(workers=2) as pool:
         pool.run(PythonJob("pass", warm=True))
-        channels = {pool._wake_r, pool._wake_w, pool._lifeline._fd}
-        for worker in pool._workers:
+        channels = {pool._dispatcher._wake_r, pool._dispatcher._wake_w, pool._workers.lifeline._fd}
+        for worker in worker_records(pool):
             channels |= {worker.send_conn.fileno(), worker.recv.fileno()}
         for job in (ShellJob(f"exec {sys.executable} -c {shlex.quote(OPEN_THE_OWNERS_DESCRIPTORS)}"),
                     PythonJob(OPEN_THE_OWNERS_DESCRIPTORS), PythonJob(OPEN_THE_OWNERS_DESCRIPTORS, warm=True)):

@@ -586,7 +586,7 @@ def test_tracebacks_are_those_of_a_run_without_the_shim(tool_pool, sandbox, code
     with open(script, "w") as f:
         f.write(code)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    reference = subprocess.run([tool_pool.python, "-u", script], cwd=workdir, env=env, text=True,
+    reference = subprocess.run([tool_pool.config.python, "-u", script], cwd=workdir, env=env, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT).stdout
     os.unlink(script)
     text = python_exec(code, pool=tool_pool)
