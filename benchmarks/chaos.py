@@ -197,7 +197,7 @@ class Chaos:
         timer.start()
         try:
             r = self.pool.run(ShellJob("echo start; sleep 5", timeout=JOB_TIMEOUT_S, env=self.env("cancel")),
-                              cancel_event=event, poll_interval_s=0.05)
+                              cancel_event=event)
         finally:
             timer.cancel()
         return r, _expect(r, "Execution cancelled.")

@@ -3,7 +3,7 @@
 Run from the repository root::
 
     python benchmarks/kill.py                  # or: python -m benchmarks.kill
-    python benchmarks/kill.py --rounds 40 --no-fast-poll
+    python benchmarks/kill.py --rounds 40
 
 The tool is a bash script that starts 50 background ``sleep 1000``, prints
 ``ready`` and waits (51 processes). Once ``ready`` has arrived, the tree's pids
@@ -19,10 +19,8 @@ Designs, interleaved round by round:
 - ``pool close()``: ``pool.stream`` consumed in this thread; the clock starts
   at ``gen.close()`` (an SSE client disconnect).
 - ``pool cancel_event``: the stream consumed in another thread (as a server
-  handler would); the clock starts at ``cancel_event.set()``, with the
-  stream's default ``poll_interval_s``.
-- ``pool cancel_event, poll 0.01 s`` (``--no-fast-poll`` drops it): the same
-  with ``poll_interval_s=0.01``, showing what the poll costs.
+  handler would); the clock starts at ``cancel_event.set()``, which the
+  pool's cancel watcher sees within a few milliseconds.
 - ``reference cancel_event`` / ``reference close()``: the thread-per-call
   reference design (benchmarks/reference.py), whose watcher polls the event
   every 0.2 s, then ``killpg(SIGKILL)``s the group and reaps it. This process
@@ -56,7 +54,6 @@ from execpool import ExecPool, ShellJob
 
 TARGET_MS = 10.0
 JOB_TIMEOUT_S = 60
-FAST_POLL_S = 0.01
 #: A stream that has not ended this long after its cancel is a failure.
 END_DEADLINE_S = 10.0
 
@@ -122,11 +119,10 @@ def pool_close_round(pool: ExecPool, phase: float) -> dict:
     return _close_round(gen, lambda: C.pool_tree(pool), phase)
 
 
-def pool_cancel_round(pool: ExecPool, phase: float, poll_s: float | None = None) -> dict:
+def pool_cancel_round(pool: ExecPool, phase: float) -> dict:
     event = threading.Event()
-    kwargs = {} if poll_s is None else {"poll_interval_s": poll_s}
     gen = pool.stream(ShellJob(C.TREE_COMMAND, timeout=JOB_TIMEOUT_S), cancel_event=event,
-                      heartbeat_interval_s=30.0, **kwargs)
+                      heartbeat_interval_s=30.0)
     return _cancel_round(gen, lambda: C.pool_tree(pool), phase, event)
 
 
@@ -177,31 +173,26 @@ def floor_round(phase: float) -> dict:
     return {"tree": len(tree), "dead": dead, "reaped": reaped, "cancelled": True}
 
 
-def variants(pool: ExecPool, fast_poll: bool = True, names: tuple[str, ...] | None = None) -> dict:
+def variants(pool: ExecPool, names: tuple[str, ...] | None = None) -> dict:
     """name -> (label, round function of the phase)."""
     ref = _Reference()
     table = {
         "pool_close": ("execpool stream close()", lambda phase: pool_close_round(pool, phase)),
-        "pool_cancel_event": ("execpool cancel_event.set() (default poll)",
-                              lambda phase: pool_cancel_round(pool, phase)),
-        "pool_cancel_event_fast_poll": (f"execpool cancel_event.set(), poll_interval_s={FAST_POLL_S:g}",
-                                        lambda phase: pool_cancel_round(pool, phase, FAST_POLL_S)),
+        "pool_cancel_event": ("execpool cancel_event.set()", lambda phase: pool_cancel_round(pool, phase)),
         "reference_cancel_event": (f"reference cancel_event.set() ({WATCH_POLL_S:g} s watcher)",
                                    ref.cancel_round),
         "reference_close": (f"reference close() ({WATCH_POLL_S:g} s watcher)", ref.close_round),
         "floor": ("floor: killpg + waitpid from the caller, no poll", floor_round),
     }
-    if not fast_poll:
-        del table["pool_cancel_event_fast_poll"]
     if names is not None:
         table = {k: v for k, v in table.items() if k in names}
     return table
 
 
-def bench_kill(pool: ExecPool, rounds: int, warmup: int, seed: int, fast_poll: bool = True,
+def bench_kill(pool: ExecPool, rounds: int, warmup: int, seed: int,
                names: tuple[str, ...] | None = None) -> dict:
     """Interleaved rounds of every variant; name -> summary (ms)."""
-    table = variants(pool, fast_poll, names)
+    table = variants(pool, names)
     rng = random.Random(seed)
     samples: dict[str, list[dict]] = {name: [] for name in table}
     with C.subreaper():
@@ -229,8 +220,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="warm-up rounds (default 2)")
     parser.add_argument("--workers", type=int, default=2, help="pool workers (default 2)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the cancel delays (default 1)")
-    parser.add_argument("--no-fast-poll", action="store_true",
-                        help=f"leave out the poll_interval_s={FAST_POLL_S:g} variant")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.workers < 1 or args.warmup < 0:
         parser.error("--rounds and --workers must be at least 1, --warmup not negative")
@@ -238,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = C.load()
     started = time.perf_counter()
     with ExecPool(workers=args.workers, max_jobs_per_worker=1_000_000) as pool:
-        results = bench_kill(pool, args.rounds, args.warmup, args.seed, fast_poll=not args.no_fast_poll)
+        results = bench_kill(pool, args.rounds, args.warmup, args.seed)
     elapsed = time.perf_counter() - started
 
     targets = {

@@ -257,7 +257,7 @@ def _run_cancelled(s: Soak, cmd: str, kind: str) -> tuple[Result, float]:
     timer.daemon = True
     timer.start()
     t0 = time.monotonic()
-    r = s.pool.run(ShellJob(cmd, timeout=JOB_TIMEOUT_S, env=s.env(kind)), cancel_event=event, poll_interval_s=0.05)
+    r = s.pool.run(ShellJob(cmd, timeout=JOB_TIMEOUT_S, env=s.env(kind)), cancel_event=event)
     wall = time.monotonic() - t0
     timer.join()
     return r, wall
