@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import hostile
-from execpool import ExecPool, ShellJob, dispatch
+from execpool import ExecPool, Limits, ShellJob, dispatch
 from helpers import all_dead, marked_processes, open_fds, pids_in, wait_for, worker_records
 
 
@@ -201,3 +201,48 @@ def test_a_killed_workers_private_directories_are_removed():
                 next(stream)
         assert stop.value.value.text.startswith("Execution error: ")
         assert not os.path.exists(workdir)
+
+
+def _bare_worker(first: object, tmp_path) -> tuple:
+    """A worker started by hand, as the pool starts one, whose first message
+    is ``first``: (its exit code, or None while it runs; what it sent)."""
+    from multiprocessing.connection import Connection
+
+    from execpool import channel
+
+    to_r, to_w = channel.pipe()
+    from_r, from_w = channel.pipe()
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    proc = subprocess.Popen([sys.executable, "-m", "execpool.worker", str(to_r), str(from_w)],
+                            pass_fds=(to_r, from_w), env=env, cwd="/", start_new_session=True)
+    os.close(to_r)
+    os.close(from_w)
+    send, recv = Connection(to_w, readable=False), Connection(from_r, writable=False)
+    try:
+        channel.send(send, first)
+        try:
+            got = channel.recv(recv) if recv.poll(10) else None
+        except EOFError:
+            got = None  # it exited without a word
+        code = proc.wait(10) if got is None else None
+        return code, got
+    finally:
+        send.close()
+        recv.close()
+        proc.wait(10)
+
+
+def test_a_worker_takes_its_configuration_as_its_first_message_and_nothing_else(tmp_path):
+    from execpool import channel
+
+    jobs_dir = tmp_path / "jobs"
+    jobs_dir.mkdir()
+    config = channel.WorkerConfig(token="abcdef012345", spawn_method="fork", preload=("json",), cgroups=False,
+                                  jobs_dir=str(jobs_dir), warm_spares=0)
+    code, got = _bare_worker(config, tmp_path)
+    assert isinstance(got, channel.Ready) and got.preload_errors == ()
+    start = channel.Start(job_id=1, argv_kind="shell", source="true", cwd=None, env={}, timeout=None,
+                          limits=Limits(), live_cap=None, max_output_chars=10, keep_background=False,
+                          python=sys.executable, stdin=None, warm=False, network=True)
+    code, got = _bare_worker(start, tmp_path)
+    assert got is None and code == 0, "a worker told to run a job before it was configured runs nothing"
