@@ -16,30 +16,46 @@ none of it, and the job goes back to the head of the queue.
 from __future__ import annotations
 
 import os
+import selectors
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import ContextManager, Optional, Protocol
 
+from .running import RunningJob
 from .spawn import memfd_holding
 from .template import MAX_CGROUP_FDS, REHEARSE_WHEN_IDLE_S, TAKEN, SpareSupply, WarmSpare, encode_job
 
-if TYPE_CHECKING:
-    from .worker import Worker, _Job
+
+class Host(Protocol):
+    """What the hand-over needs of the worker that runs it."""
+
+    sel: selectors.BaseSelector
+    spawn_method: str
+    preload: tuple
+    stopping: bool
+    idle_since: Optional[float]
+
+    def fail_start(self, job: RunningJob, exc: BaseException) -> None: ...
+    def running(self, job: RunningJob, pid: int, out_r: int) -> None: ...
+    def close_output(self, job: RunningJob) -> None: ...
+    def job_env(self, job: RunningJob) -> dict: ...
+    def job_cwd(self, job: RunningJob) -> str: ...
+    def job_fds(self, job: RunningJob) -> ContextManager[tuple]: ...
 
 
 class WarmJobs:
     """The warm jobs waiting for a spare, and the spares they get."""
 
-    def __init__(self, worker: "Worker", spares_parked: int) -> None:
+    def __init__(self, worker: Host, spares_parked: int) -> None:
         self.worker = worker
         self.spares = SpareSupply(worker.sel, worker.spawn_method, worker.preload, spares_parked, self.serve)
         # Oldest first.
-        self.waiting: deque["_Job"] = deque()
+        self.waiting: deque[RunningJob] = deque()
 
-    def add(self, job: "_Job") -> None:
+    def add(self, job: RunningJob) -> None:
         self.waiting.append(job)
 
-    def forget(self, job: "_Job") -> None:
+    def forget(self, job: RunningJob) -> None:
         """A job that ended (timeout, cancel) while it waited."""
         self.waiting.remove(job)
 
@@ -74,7 +90,7 @@ class WarmJobs:
         if idle_since is not None and time.monotonic() - idle_since >= REHEARSE_WHEN_IDLE_S:
             self.spares.rehearse()
 
-    def took(self, job: "_Job") -> bool:
+    def took(self, job: RunningJob) -> bool:
         """Read what the spare said on the ready pipe (closing it at EOF,
         once the job's code started or the spare died); return whether the
         spare took the job. A failure it reported is the job's INFRA error."""
@@ -93,12 +109,12 @@ class WarmJobs:
             job.infra = True
         return job.report.startswith(TAKEN)
 
-    def close_ready(self, job: "_Job") -> None:
+    def close_ready(self, job: RunningJob) -> None:
         if job.ready_fd is not None:
             os.close(job.ready_fd)
             job.ready_fd = None
 
-    def requeue(self, job: "_Job") -> None:
+    def requeue(self, job: RunningJob) -> None:
         """Its spare died before it took the job: the next spare takes it."""
         self.close_ready(job)
         self.worker.close_output(job)
@@ -111,7 +127,7 @@ class WarmJobs:
         self.waiting.clear()
         self.spares.close()
 
-    def _hand_over(self, job: "_Job", spare: WarmSpare) -> bool:
+    def _hand_over(self, job: RunningJob, spare: WarmSpare) -> bool:
         worker = self.worker
         start = job.start
         description = memfd_holding("execpool-job", encode_job(job.script, worker.job_env(job), worker.job_cwd(job),

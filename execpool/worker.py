@@ -49,12 +49,12 @@ from multiprocessing.connection import Connection
 from typing import Optional
 
 from . import _linux, channel
-from .capture import Capture
 from .cgroups import Cgroups, JobGroup
 from .proctree import JOB_MARKER_ENV, child_pids, count_tree, is_zombie, kill_tree, marker_of
-from .result import Result, Status
-from .spawn import DEVNULL, memfd_holding, start_tool
 from .handover import WarmJobs
+from .result import Result
+from .running import RunningJob
+from .spawn import DEVNULL, memfd_holding, start_tool
 from .template import REHEARSE_WHEN_IDLE_S
 
 
@@ -73,33 +73,6 @@ PROCESS_COUNT_INTERVAL_S = 0.02
 #: A killed leader that is not reaped by then (stuck in the kernel) no longer
 #: holds up its Result.
 REAP_GRACE_S = 1.0
-
-class _Job:
-    """One running tool, as the worker sees it."""
-
-    def __init__(self, start: channel.Start, marker: str) -> None:
-        self.start = start
-        self.marker = marker
-        self.pid: Optional[int] = None
-        self.fd: Optional[int] = None
-        self.exit_code: Optional[int] = None
-        self.reaped = False
-        self.eof = False
-        self.end_reason: Optional[str] = None  # "timeout" | "cancel" | "limit" | "shutdown"
-        self.killed_at = 0.0
-        self.error: Optional[str] = None
-        # Whether ``error`` is execpool's failure (the tool never started),
-        # not the program's (it went over a limit).
-        self.infra = False
-        self.capture = Capture(start.max_output_chars)
-        self.live_sent = 0
-        self.started = time.monotonic()
-        self.tmpdir: Optional[str] = None
-        self.script: Optional[str] = None
-        self.group: Optional[JobGroup] = None
-        # A warm job's hand-over: the spare's ready pipe, what it said there.
-        self.ready_fd: Optional[int] = None
-        self.report = b""
 
 
 class Worker:
@@ -123,9 +96,9 @@ class Worker:
         self.pid = os.getpid()
         self.shell = shutil.which("bash") or "/bin/sh"
         self.sel = selectors.DefaultSelector()
-        self.jobs: dict[int, _Job] = {}
-        self.by_leader: dict[int, _Job] = {}
-        self.jobs_by_fd: dict[int, _Job] = {}
+        self.jobs: dict[int, RunningJob] = {}
+        self.by_leader: dict[int, RunningJob] = {}
+        self.jobs_by_fd: dict[int, RunningJob] = {}
         self.timers: list[tuple[float, int, str]] = []
         self.kept_pgids: set[int] = set()
         self.kept_markers: set[str] = set()
@@ -212,7 +185,7 @@ class Worker:
             else:
                 heapq.heappush(self.timers, (now + PROCESS_COUNT_INTERVAL_S, job_id, "count"))
 
-    def _over_process_cap(self, job: _Job) -> bool:
+    def _over_process_cap(self, job: RunningJob) -> bool:
         count = count_tree(job.pid if not job.reaped else None, job.marker, self.pid, self._not_strays())
         return count > job.start.limits.processes
 
@@ -291,7 +264,7 @@ class Worker:
         if job.reaped:
             self._finish(job)
 
-    def _consume(self, job: _Job, text: str) -> None:
+    def _consume(self, job: RunningJob, text: str) -> None:
         """Forward live output only up to the stream's cap plus one character."""
         cap = job.start.live_cap
         if text and cap is not None and job.live_sent <= cap:
@@ -302,7 +275,7 @@ class Worker:
     # -- a job's life ----------------------------------------------------
 
     def _start(self, start: channel.Start) -> None:
-        job = _Job(start, f"{self.token}/{start.job_id}")
+        job = RunningJob(start, f"{self.token}/{start.job_id}")
         self.jobs[start.job_id] = job
         self.idle_since = None
         try:
@@ -321,13 +294,13 @@ class Worker:
         if start.warm:
             self.warm.serve()
 
-    def fail_start(self, job: _Job, exc: BaseException) -> None:
+    def fail_start(self, job: RunningJob, exc: BaseException) -> None:
         job.error = f"cannot start the tool: {exc}"
         job.infra = True
         job.reaped = True
         self._finish(job)
 
-    def _prepare(self, job: _Job) -> tuple[list, dict, str]:
+    def _prepare(self, job: RunningJob) -> tuple[list, dict, str]:
         """What every way of starting a tool needs: its directory (a fresh one
         with a name no job can guess), its script, its environment, its cgroup."""
         start = job.start
@@ -351,7 +324,7 @@ class Worker:
             # else: the worker counts the job's processes itself (see _fire_timers)
         return argv, self.job_env(job), cwd
 
-    def _spawn(self, job: _Job, argv: list, env: dict, cwd: str) -> None:
+    def _spawn(self, job: RunningJob, argv: list, env: dict, cwd: str) -> None:
         start = job.start
         with self.job_fds(job) as (stdin_fd, join_fds):
             pid, out_r = start_tool(argv, env, cwd, start.limits, self.spawn_method, stdin_fd, not start.network,
@@ -359,7 +332,7 @@ class Worker:
         self.running(job, pid, out_r)
 
     @contextlib.contextmanager
-    def job_fds(self, job: _Job):
+    def job_fds(self, job: RunningJob):
         """The job's stdin and cgroup.procs files, open for as long as its
         start needs them."""
         fds = []
@@ -376,7 +349,7 @@ class Worker:
             for fd in fds:
                 os.close(fd)
 
-    def running(self, job: _Job, pid: int, out_r: int) -> None:
+    def running(self, job: RunningJob, pid: int, out_r: int) -> None:
         os.set_blocking(out_r, False)
         job.pid, job.fd = pid, out_r
         self.by_leader[pid] = job
@@ -384,22 +357,22 @@ class Worker:
         self.sel.register(out_r, selectors.EVENT_READ, self._on_output)
         self._send(channel.Spawned(job.start.job_id, pid, pid))
 
-    def job_env(self, job: _Job) -> dict:
+    def job_env(self, job: RunningJob) -> dict:
         env = dict(job.start.env)
         env[JOB_MARKER_ENV] = job.marker
         return env
 
-    def job_cwd(self, job: _Job) -> str:
+    def job_cwd(self, job: RunningJob) -> str:
         return job.tmpdir if job.start.cwd is None else job.start.cwd
 
-    def close_output(self, job: _Job) -> None:
+    def close_output(self, job: RunningJob) -> None:
         if job.fd is not None:
             self.sel.unregister(job.fd)
             del self.jobs_by_fd[job.fd]
             os.close(job.fd)
             job.fd = None
 
-    def _end(self, job: _Job, reason: str) -> None:
+    def _end(self, job: RunningJob, reason: str) -> None:
         """Timeout or cancel: the one kill path, then wait for the reap."""
         job.end_reason = reason
         if job.pid is None:  # a warm job still waiting for a spare
@@ -414,7 +387,7 @@ class Worker:
         if job.reaped:
             self._finish(job)
 
-    def _kill(self, job: _Job) -> None:
+    def _kill(self, job: RunningJob) -> None:
         kill_tree([job.pid], leader=None if job.reaped else job.pid, marker=job.marker, scope=self.pid,
                   exclude=self._not_strays(), group=job.group)
 
@@ -423,7 +396,7 @@ class Worker:
         of running jobs, the warm template and the parked spares."""
         return {*self.by_leader, *self.warm.spares.pids()}
 
-    def _finish(self, job: _Job) -> None:
+    def _finish(self, job: RunningJob) -> None:
         if job.start.job_id not in self.jobs:
             return
         del self.jobs[job.start.job_id]
@@ -492,10 +465,10 @@ class Worker:
             return False
         return (marker_of(pid) or "").strip() in self.kept_markers
 
-    def _result(self, job: _Job) -> Result:
+    def _result(self, job: RunningJob) -> Result:
         capture = job.capture
         return Result(
-            status=_status(job),
+            status=job.status(),
             output=capture.output,
             exit_code=None if job.end_reason or job.error else job.exit_code,
             timed_out=job.end_reason == "timeout",
@@ -524,17 +497,6 @@ class Worker:
         self._reap()
         if self.cgroup_tier is not None:
             self.cgroup_tier.close()
-
-
-def _status(job: _Job) -> Status:
-    """In the order Result.text reads its fields, so status and text agree."""
-    if job.error is not None:
-        return Status.INFRA if job.infra else Status.ERROR
-    if job.end_reason == "cancel":
-        return Status.CANCELLED
-    if job.end_reason == "timeout":
-        return Status.TIMEOUT
-    return Status.OK if job.exit_code == 0 else Status.ERROR
 
 
 def _remove(path: str) -> None:

@@ -12,8 +12,8 @@ import sys
 CALLER_SIDE = {"execpool.supervisor", "execpool.config", "execpool.lifecycle", "execpool.dispatch",
                "execpool.future", "execpool.drain", "execpool.batch", "execpool.tools", "execpool.loop",
                "execpool.cli", "execpool.records", "execpool.lifeline"}
-WORKER_SIDE = {"execpool.worker", "execpool.handover", "execpool.spawn", "execpool.template", "execpool.warm",
-               "execpool.capture", "execpool._spawn"}
+WORKER_SIDE = {"execpool.worker", "execpool.handover", "execpool.running", "execpool.spawn", "execpool.template",
+               "execpool.warm", "execpool.capture", "execpool._spawn"}
 SHARED = {"execpool.channel", "execpool.jobs", "execpool.result", "execpool.checks", "execpool.proctree",
           "execpool.cgroups", "execpool._linux"}
 
