@@ -44,6 +44,7 @@ SUITE: dict[str, list[str]] = {
     "kill": ["--rounds", "12"],
     "big_caller": ["--iters", "20", "--phases", "2"],
     "soak": [],
+    "serve": ["--requests", "32"],
     "humaneval": ["--rounds", "1"],
 }
 #: Run only when named in --only: humaneval pip-installs its data package

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .loop import chat_with_tools
     from .proctree import capture_process_group, drain_process_output, kill_process_tree
     from .result import Result, Status
+    from .stats import PoolStats
     from .supervisor import ExecPool
 
 _EXPORTS = {
@@ -44,6 +45,7 @@ _EXPORTS = {
     "kill_process_tree": "proctree",
     "Result": "result",
     "Status": "result",
+    "PoolStats": "stats",
     "ExecPool": "supervisor",
     "PoolClosedError": "lifecycle",
 }

@@ -109,7 +109,7 @@ static volatile int child_errno;
 static volatile int child_step;
 
 static void child(char **argv, char **envp, const char *cwd, const long long *limits, int stdin_fd,
-                  int out_fd, int no_network, const int *join_fds, Py_ssize_t n_join, pid_t parent,
+                  int out_fd, int err_fd, int no_network, const int *join_fds, Py_ssize_t n_join, pid_t parent,
                   const sigset_t *old_mask) {
     int step = 7;
     /* "0" names the writer itself: the tool is in its job's cgroup before
@@ -132,7 +132,7 @@ static void child(char **argv, char **envp, const char *cwd, const long long *li
     if (chdir(cwd) < 0)
         goto fail;
     step = 4;
-    if (dup2(stdin_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(out_fd, 2) < 0)
+    if (dup2(stdin_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
         goto fail;
     /* Nothing but 0, 1 and 2 reaches a tool, whatever the worker holds and
      * whether or not it is close-on-exec (a descriptor received over a
@@ -186,21 +186,21 @@ fail:
 }
 
 PyDoc_STRVAR(spawn_doc,
-"spawn(argv, env, cwd, limits, stdin_fd, out_fd, no_network, join_fds) -> pid\n\n"
+"spawn(argv, env, cwd, limits, stdin_fd, out_fd, err_fd, no_network, join_fds) -> pid\n\n"
 "Start argv[0] (an absolute path) in a new session with env (a list of\n"
 "'KEY=value'), the parent-death signal SIGKILL, the rlimits (address space,\n"
 "CPU seconds, file size, open files; -1 leaves one unchanged) applied as\n"
-"both soft and hard limits, cwd as working directory, stdin from stdin_fd\n"
-"and stdout and stderr on out_fd, in a network namespace of its own (only a\n"
-"loopback that is down) when no_network is true, after writing \"0\" to each\n"
-"of join_fds (open cgroup.procs files). Raises OSError naming the step that\n"
-"failed.");
+"both soft and hard limits, cwd as working directory, stdin from stdin_fd,\n"
+"stdout on out_fd and stderr on err_fd (the same pipe to merge them), in a\n"
+"network namespace of its own (only a loopback that is down) when\n"
+"no_network is true, after writing \"0\" to each of join_fds (open\n"
+"cgroup.procs files). Raises OSError naming the step that failed.");
 
 static PyObject *spawn(PyObject *self, PyObject *args) {
     PyObject *argv_obj, *env_obj, *cwd_obj, *limits_obj, *join_obj;
-    int stdin_fd, out_fd, no_network;
-    if (!PyArg_ParseTuple(args, "OOO&OiipO", &argv_obj, &env_obj, PyUnicode_FSConverter, &cwd_obj,
-                          &limits_obj, &stdin_fd, &out_fd, &no_network, &join_obj))
+    int stdin_fd, out_fd, err_fd, no_network;
+    if (!PyArg_ParseTuple(args, "OOO&OiiipO", &argv_obj, &env_obj, PyUnicode_FSConverter, &cwd_obj,
+                          &limits_obj, &stdin_fd, &out_fd, &err_fd, &no_network, &join_obj))
         return NULL;
     long long limits[N_LIMITS], join[MAX_JOIN_FDS];
     int join_fds[MAX_JOIN_FDS];
@@ -237,8 +237,8 @@ static PyObject *spawn(PyObject *self, PyObject *args) {
     pid_t parent = getpid();
     pid_t pid = vfork();
     if (pid == 0)
-        child(argv, envp, PyBytes_AS_STRING(cwd_obj), limits, stdin_fd, out_fd, no_network, join_fds, n_join,
-              parent, &old_mask);
+        child(argv, envp, PyBytes_AS_STRING(cwd_obj), limits, stdin_fd, out_fd, err_fd, no_network, join_fds,
+              n_join, parent, &old_mask);
     int saved_errno = errno;
     pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     if (pid < 0) {

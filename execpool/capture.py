@@ -1,12 +1,16 @@
 """What a worker keeps of a tool's output for its Result.
 
-Runs in the worker (execpool/worker.py), once per running tool. A tool may
-print a gigabyte; the Result needs only a head of at most
-``max_output_chars``, the total length (so a flood is measurable without
-being kept) and the lines naming missing files, which the model-facing hint
-is computed from even when they come after the head (execpool/tools.py).
-Decoding happens here too, incrementally, as ``communicate(text=True)``
-would decode the whole: UTF-8 with replacement, universal newlines.
+Runs in the worker (execpool/worker.py), once per output pipe of a running
+tool: one for its merged stdout/stderr, or one for each when the job keeps
+them apart. A tool may print a gigabyte; the Result needs only a head of at
+most ``max_output_chars``, the total length (so a flood is measurable
+without being kept) and the lines naming missing files, which the
+model-facing hint is computed from even when they come after the head
+(execpool/tools.py) -- whichever stream they came on, so a job's two
+Captures share one list of them. Decoding happens here too, incrementally,
+as ``communicate(text=True)`` would decode the whole: UTF-8 with
+replacement, universal newlines; each stream has its own decoder, since a
+character split across reads of one pipe has nothing to do with the other.
 """
 
 from __future__ import annotations
@@ -22,19 +26,26 @@ MAX_ERROR_LINE_CHARS = 4096
 
 
 class Capture:
-    def __init__(self, max_chars: int) -> None:
+    """One output pipe of one tool. ``stream`` ("stdout" or "stderr") labels
+    its live output; ``error_lines`` is the job's, shared with its other
+    Capture, so the hint sees the lines of both in the order they were read."""
+
+    def __init__(self, stream: str, max_chars: int, error_lines: deque[str]) -> None:
+        self.stream = stream
         self.head: list[str] = []
         self.kept = 0
         self.total = 0
+        self.bytes = 0
         self.max_chars = max_chars
         self.partial = ""
-        self.error_lines: deque[str] = deque(maxlen=MAX_ERROR_LINES)
+        self.error_lines = error_lines
         self.decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")("replace"),
                                                     translate=True)
 
     def feed(self, data: bytes) -> str:
         """Keep what the Result needs of ``data``; return it decoded, for the
         live stream."""
+        self.bytes += len(data)
         text = self.decoder.decode(data)
         self._keep(text)
         return text

@@ -338,15 +338,22 @@ class WorkerGroup:
         except OSError:
             return False
 
-    def destroy(self, timeout: float) -> bool:
-        """SIGKILL everything in the group, wait (at most ``timeout``) until
-        it is empty, and remove it; False if something outlasted that."""
+    def kill(self) -> bool:
+        """SIGKILL everything in the group, without waiting; False if the
+        group is gone already."""
         try:
             _write(os.path.join(self.path, "cgroup.kill"), "1")
         except FileNotFoundError:
-            return True  # destroyed already
+            return False
         except OSError:
             pass
+        return True
+
+    def destroy(self, timeout: float) -> bool:
+        """SIGKILL everything in the group, wait (at most ``timeout``) until
+        it is empty, and remove it; False if something outlasted that."""
+        if not self.kill():
+            return True  # destroyed already
         deadline = time.monotonic() + timeout
         while self.populated() and time.monotonic() < deadline:
             time.sleep(_EMPTY_POLL_S)

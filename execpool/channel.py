@@ -34,7 +34,7 @@ import struct
 import typing
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Callable, Dict, Optional, Tuple, Union
+from typing import Callable, Dict, Literal, Optional, Tuple, Union
 
 from .jobs import Limits
 from .result import Result
@@ -71,6 +71,7 @@ class Start:
     stdin: Optional[str]
     warm: bool
     network: bool
+    separate_stderr: bool = False  # stderr on a pipe of its own, not merged into stdout
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,9 @@ class Spawned:
 class Output:
     job_id: int
     text: str
+    # Only a job with ``separate_stderr`` has a stderr of its own; a merged
+    # job's output is all "stdout".
+    stream: Literal["stdout", "stderr"] = "stdout"
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,8 @@ def _checker(hint: object) -> Callable[[object], bool]:
     if origin is dict:
         key, item = map(_checker, args)
         return lambda value: type(value) is dict and all(key(k) and item(v) for k, v in value.items())
+    if origin is Literal:
+        return lambda value: any(type(value) is type(arg) and value == arg for arg in args)
     if hint is type(None):
         return lambda value: value is None
     if hint is float:

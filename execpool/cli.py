@@ -30,7 +30,10 @@ from typing import Any, Iterator, NamedTuple, NoReturn, Optional, Sequence
 
 from .batch import run_tagged
 from .jobs import PythonJob, ShellJob
-from .records import STATUSES, RecordsError, ResultsFile, line_key
+from . import checks
+from .admission import DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT_S
+from .httpjobs import DEFAULT_GRACE_S, DEFAULT_HEARTBEAT_S, DEFAULT_MAX_BODY_MB, ServiceDefaults
+from .records import STATUSES, RecordsError, ResultsFile, json_type, line_key, result_record
 from .result import Result, Status
 from .supervisor import ExecPool
 
@@ -92,6 +95,14 @@ def _timeout(text: str) -> Optional[float]:
     return value
 
 
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (no 'none': the service always has a limit)."""
+    try:
+        return checks.seconds("seconds", float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid seconds {text!r}: give a positive number") from None
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -149,7 +160,41 @@ def _parser() -> argparse.ArgumentParser:
                           help="show the progress bar even when stderr is not a terminal")
     progress.add_argument("--no-progress", dest="progress", action="store_false",
                           help="never show the progress bar")
+    serve = commands.add_parser("serve", help="serve the pool over HTTP (execpool's API and SandboxFusion's "
+                                              "/run_code)")
+    _serve_arguments(serve)
     return parser
+
+
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """``execpool serve``'s options; the service itself (execpool/serve.py,
+    Starlette and uvicorn) is imported only when it runs."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other "
+                                                            "needs a token)")
+    parser.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free port)")
+    parser.add_argument("--workers", type=_positive_int, default=None,
+                        help="pool workers (default: the number of CPUs)")
+    parser.add_argument("--max-in-flight", type=_positive_int, default=None,
+                        help="jobs running at once (default: two per CPU, as a job waits on I/O part of its time)")
+    parser.add_argument("--max-queue", type=_positive_int, default=DEFAULT_MAX_QUEUE,
+                        help=f"requests waiting for a slot (default {DEFAULT_MAX_QUEUE})")
+    parser.add_argument("--queue-timeout", type=_seconds, default=DEFAULT_QUEUE_TIMEOUT_S,
+                        help=f"seconds a request may wait for a slot (default {DEFAULT_QUEUE_TIMEOUT_S:g})")
+    parser.add_argument("--token-file", help="file holding the bearer token (or set EXECPOOL_TOKEN)")
+    parser.add_argument("--max-body-mb", type=_positive_int, default=DEFAULT_MAX_BODY_MB,
+                        help=f"largest request body (default {DEFAULT_MAX_BODY_MB} MiB)")
+    parser.add_argument("--grace", type=_seconds, default=DEFAULT_GRACE_S,
+                        help=f"seconds running jobs get at shutdown (default {DEFAULT_GRACE_S:g})")
+    parser.add_argument("--timeout", type=_seconds, default=ServiceDefaults.timeout,
+                        help=f"timeout of jobs that give none (default {ServiceDefaults.timeout:g} s)")
+    parser.add_argument("--max-timeout", type=_seconds, default=ServiceDefaults.max_timeout,
+                        help=f"largest timeout a request may ask (default {ServiceDefaults.max_timeout:g} s)")
+    parser.add_argument("--heartbeat", type=_seconds, default=DEFAULT_HEARTBEAT_S,
+                        help=f"seconds between keep-alives of a quiet /v1/stream (default {DEFAULT_HEARTBEAT_S:g})")
+    parser.add_argument("--warm", action="store_true", help="run Python jobs warm (see the README)")
+    parser.add_argument("--preload", default="", help="comma-separated modules the warm templates import")
+    parser.add_argument("--no-network", dest="network", action="store_false",
+                        help="jobs run without network (a network namespace of their own)")
 
 
 # -- execpool run ----------------------------------------------------------------
@@ -207,14 +252,6 @@ def default_output_path(input_path: str) -> str:
     return base + ".out.jsonl"
 
 
-def _json_type(value: object) -> str:
-    for types, name in (((bool,), "boolean"), ((str,), "string"), ((int, float), "number"),
-                        ((dict,), "object"), ((list,), "array")):
-        if isinstance(value, types):
-            return name
-    return "null" if value is None else type(value).__name__
-
-
 class _Line(NamedTuple):
     """One input line, parsed as far as it goes."""
 
@@ -257,12 +294,12 @@ def _parse_line(number: int, raw: Optional[bytes]) -> _Line:
     except RecursionError:
         return _Line(number, no_id, None, None, "bad JSON: nested too deeply")
     if not isinstance(obj, dict):
-        return _Line(number, no_id, None, None, f"a line must be a JSON object, not {_json_type(obj)}")
+        return _Line(number, no_id, None, None, f"a line must be a JSON object, not {json_type(obj)}")
     if "id" not in obj:
         return _Line(number, no_id, None, obj, 'missing "id"')
     ident = obj["id"]
     if isinstance(ident, bool) or not isinstance(ident, (str, int)):
-        return _Line(number, no_id, None, obj, f'"id" must be a string or an integer, not {_json_type(ident)}')
+        return _Line(number, no_id, None, obj, f'"id" must be a string or an integer, not {json_type(ident)}')
     if isinstance(ident, str):
         if not ident:
             return _Line(number, no_id, None, obj, '"id" must not be empty')
@@ -295,7 +332,7 @@ def _make_job(line: _Line, defaults: _JobDefaults) -> tuple[Optional[Any], Optio
     kind = "python" if "python" in obj else "shell"
     source = obj[kind]
     if not isinstance(source, str):
-        return None, f'"{kind}" must be a string, not {_json_type(source)}'
+        return None, f'"{kind}" must be a string, not {json_type(source)}'
     if not source.strip():
         return None, "No code provided." if kind == "python" else "No command provided."
     kwargs: dict = {"timeout": obj.get("timeout", defaults.timeout)}
@@ -305,7 +342,7 @@ def _make_job(line: _Line, defaults: _JobDefaults) -> tuple[Optional[Any], Optio
     cwd = obj.get("cwd")
     if cwd is not None:
         if not isinstance(cwd, str):
-            return None, f'"cwd" must be a string, not {_json_type(cwd)}'
+            return None, f'"cwd" must be a string, not {json_type(cwd)}'
         kwargs["cwd"] = cwd
     if kind == "python" and defaults.warm:
         kwargs["warm"] = True
@@ -319,17 +356,6 @@ def _make_job(line: _Line, defaults: _JobDefaults) -> tuple[Optional[Any], Optio
     if job.cwd is not None and not os.path.isdir(job.cwd):
         return None, f"cwd {job.cwd!r} is not an existing directory"
     return job, None
-
-
-def result_record(ident: Any, number: int, result: Result) -> dict:
-    """The output line for a job that ran. ``error`` is the model-facing text
-    when the job did not simply exit (timeout, cancelled, execpool error)."""
-    plain_exit = result.error is None and not (result.timed_out or result.cancelled)
-    return {
-        "id": ident, "status": result.status.value, "exit_code": result.exit_code, "output": result.output,
-        "output_chars": result.output_chars, "duration_s": round(result.duration_s, 4),
-        "line": number, "error": None if plain_exit else result.text,
-    }
 
 
 def invalid_record(line: _Line, reason: str) -> dict:
@@ -629,6 +655,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "batch":
         return _batch(args)
+    if args.command == "serve":
+        from .serve import main as serve
+
+        return serve(args)
     try:
         return _run(args)
     except ValueError as exc:

@@ -128,7 +128,7 @@ class Dispatcher:
             handle = worker.jobs.get(msg.job_id)
             if handle is None:
                 raise channel.ChannelError(f"output for job {msg.job_id}, which it does not run")
-            handle.output(msg.text)
+            handle.output(msg.text, msg.stream)
         elif isinstance(msg, channel.Finished):
             handle = workers.finished(worker, msg.job_id)
             if handle is None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 from .result import Result
+from .stats import StatsRecorder
 
 #: Characters of live output delivered per job; past them, one
 #: ``OutputCapped``. The job's Result keeps its output regardless.
@@ -41,9 +42,12 @@ logger = logging.getLogger("execpool")
 
 @dataclass(frozen=True)
 class JobOutput:
-    """A piece of the tool's merged stdout/stderr, as it was produced."""
+    """A piece of the tool's output, as it was produced: its merged
+    stdout/stderr, or -- for a job with ``separate_stderr`` -- one of the two,
+    as ``stream`` says."""
 
     text: str
+    stream: str = "stdout"
 
 
 @dataclass(frozen=True)
@@ -89,11 +93,13 @@ class JobHandle:
     it reaches a worker, from ``submit``'s), so its counts need no lock.
     """
 
-    __slots__ = ("future", "on_event", "streamed", "capped", "worker", "deadline")
+    __slots__ = ("future", "on_event", "kind", "stats", "streamed", "capped", "worker", "deadline")
 
-    def __init__(self, future: JobFuture, on_event: Optional[OnEvent]) -> None:
+    def __init__(self, future: JobFuture, on_event: Optional[OnEvent], kind: str, stats: StatsRecorder) -> None:
         self.future = future
         self.on_event = on_event
+        self.kind = kind
+        self.stats = stats
         self.streamed = 0
         self.capped = False
         # Set by the pool when a worker takes the job.
@@ -104,21 +110,22 @@ class JobHandle:
     def job_id(self) -> int:
         return self.future.job_id
 
-    def output(self, text: str) -> None:
+    def output(self, text: str, stream: str = "stdout") -> None:
         if self.on_event is None or self.capped:
             return
         room = TOOL_OUTPUT_STREAM_MAX_CHARS - self.streamed
         if len(text) <= room:
             self.streamed += len(text)
-            self._emit(JobOutput(text))
+            self._emit(JobOutput(text, stream))
             return
         if room > 0:
             self.streamed += room
-            self._emit(JobOutput(text[:room]))
+            self._emit(JobOutput(text[:room], stream))
         self.capped = True
         self._emit(OutputCapped(self.streamed))
 
     def finish(self, result: Result) -> None:
+        self.stats.job(self.kind, result)
         try:
             self.future.set_result(result)
         except InvalidStateError:

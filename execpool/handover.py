@@ -5,7 +5,7 @@ Runs in the worker process, on its one thread, as part of its loop
 (execpool/worker.py). The spares come from the worker's ``SpareSupply``
 (execpool/template.py); this module owns the queue of warm jobs waiting for
 one and the hand-over itself: the job's description as marshal data in a
-memfd, its stdin, its output pipe, its cgroup files and a *ready* pipe, in
+memfd, its stdin, its output pipes, its cgroup files and a *ready* pipe, in
 one ``SCM_RIGHTS`` message. The ready pipe says whether the spare took the
 job (``TAKEN``) or failed to start it (``TAKEN`` and then why); it is read
 only once the spare has exited, so a spare that never says anything blocks
@@ -22,7 +22,7 @@ from collections import deque
 from typing import ContextManager, Optional, Protocol
 
 from .running import RunningJob
-from .spawn import memfd_holding
+from .spawn import memfd_holding, output_pipes
 from .template import MAX_CGROUP_FDS, REHEARSE_WHEN_IDLE_S, TAKEN, SpareSupply, WarmSpare, encode_job
 
 
@@ -36,7 +36,7 @@ class Host(Protocol):
     idle_since: Optional[float]
 
     def fail_start(self, job: RunningJob, exc: BaseException) -> None: ...
-    def running(self, job: RunningJob, pid: int, out_r: int) -> None: ...
+    def running(self, job: RunningJob, pid: int, readers: list) -> None: ...
     def close_output(self, job: RunningJob) -> None: ...
     def job_env(self, job: RunningJob) -> dict: ...
     def job_cwd(self, job: RunningJob) -> str: ...
@@ -132,26 +132,25 @@ class WarmJobs:
         start = job.start
         description = memfd_holding("execpool-job", encode_job(job.script, worker.job_env(job), worker.job_cwd(job),
                                                                 start.limits, not start.network))
-        out_r, out_w = os.pipe()
         ready_r, ready_w = os.pipe()
         try:
-            with worker.job_fds(job) as (stdin_fd, join_fds):
-                handed = spare.hand(description, stdin_fd, out_w, ready_w, join_fds[:MAX_CGROUP_FDS])
+            with output_pipes(start.separate_stderr) as (readers, out_w, err_w), \
+                    worker.job_fds(job) as (stdin_fd, join_fds):
+                handed = spare.hand(description, stdin_fd, out_w, err_w, ready_w, join_fds[:MAX_CGROUP_FDS])
         except BaseException:
-            os.close(out_r)
             os.close(ready_r)
             raise
         finally:
-            for fd in (description, out_w, ready_w):
+            for fd in (description, ready_w):
                 os.close(fd)
             spare.close()
         if not handed:
-            os.close(out_r)
-            os.close(ready_r)
+            for fd in (*readers, ready_r):
+                os.close(fd)
             return False
         # Not watched: what the spare says there (one byte, or that and a
         # short failure) fits the pipe, and matters only once it has exited.
         os.set_blocking(ready_r, False)
         job.ready_fd = ready_r
-        worker.running(job, spare.pid, out_r)
+        worker.running(job, spare.pid, readers)
         return True

@@ -72,6 +72,9 @@ class _Job:
     max_output_chars: Optional[int] = None
     stdin: Optional[str] = None
     network: bool = True
+    #: Give stderr a pipe of its own (``Result.stderr``) instead of merging
+    #: it into ``output``: a service whose clients read the two apart.
+    separate_stderr: bool = False
 
     kind = ""
     _source_field = ""
@@ -111,6 +114,7 @@ class _Job:
         checks.flag("keep_background", self.keep_background)
         checks.integer("max_output_chars", self.max_output_chars, none_ok=True)
         checks.flag("network", self.network)
+        checks.flag("separate_stderr", self.separate_stderr)
         if self.stdin is not None:
             checks.text("stdin", self.stdin, nul_ok=True)
 

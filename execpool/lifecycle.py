@@ -43,6 +43,7 @@ from .config import PoolConfig
 from .future import JobHandle
 from .proctree import JOB_MARKER_ENV, kill_tree
 from .result import Result, Status, describe_exit
+from .stats import StatsRecorder
 
 #: A worker that dies before saying Ready this many times in a row means the
 #: interpreter or the package is broken: stop respawning and say so.
@@ -115,8 +116,9 @@ class WorkerProcess:
 class Workers:
     """The pool's worker processes and the lock over them and their jobs."""
 
-    def __init__(self, config: PoolConfig, on_change) -> None:
+    def __init__(self, config: PoolConfig, on_change, stats: StatsRecorder) -> None:
         self.config = config
+        self._stats = stats
         # Wakes the dispatcher: a worker to listen to, or the first job to watch.
         self._on_change = on_change
         self.lock = threading.Lock()
@@ -327,6 +329,7 @@ class Workers:
                     return
             try:
                 self.all.append(self._spawn())
+                self._stats.worker_restarted()
             except OSError as exc:
                 logger.error("execpool: cannot start a replacement worker: %s", exc)
                 if not self.all:

@@ -62,9 +62,11 @@ logger = logging.getLogger("execpool")
 
 #: After the owner is gone: how long the workers get to clean up after
 #: themselves (each continued every CONTINUE_EVERY_S, in case a tool keeps
-#: stopping it), how long SIGKILLed ones get to die, and how long a killed
-#: worker group gets to empty.
-WORKER_GRACE_S = 1.0
+#: stopping it) -- a worker that sees its owner's EOF kills its trees in
+#: milliseconds, and everything must be gone within a second under load --
+#: how long SIGKILLed ones get to die, and how long a killed worker group
+#: gets to empty.
+WORKER_GRACE_S = 0.25
 CONTINUE_EVERY_S = 0.05
 KILL_WAIT_S = 1.0
 GROUP_EMPTY_TIMEOUT_S = 2.0
@@ -175,6 +177,10 @@ def _clean_up(known: list) -> None:
         running = _wait_exited(running, min(CONTINUE_EVERY_S, deadline - time.monotonic()))
     for worker in running:
         worker.signal(signal.SIGKILL)
+    # Every group at once, then wait for each: what is in them dies together.
+    groups = [cgroups.WorkerGroup(worker.cgroup) for worker in known if worker.cgroup is not None]
+    for group in groups:
+        group.kill()
     _wait_exited(running, KILL_WAIT_S)
     for worker in known:
         if worker.cgroup is not None:

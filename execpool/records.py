@@ -14,9 +14,9 @@ import fcntl
 import json
 import os
 import time
-from typing import Optional
+from typing import Any, Optional
 
-from .result import Status
+from .result import Result, Status
 
 #: Statuses of output records: a Result's (execpool.Status), or "invalid"
 #: for a line that is no job.
@@ -37,6 +37,26 @@ def line_key(number: int) -> str:
     """The resume key of a line without a usable id. JSON text never starts
     with '#', so this cannot collide with an id's key."""
     return f"#L{number}"
+
+
+def json_type(value: object) -> str:
+    """The JSON name of a value's type, for messages about a field."""
+    for types, name in (((bool,), "boolean"), ((str,), "string"), ((int, float), "number"),
+                        ((dict,), "object"), ((list,), "array")):
+        if isinstance(value, types):
+            return name
+    return "null" if value is None else type(value).__name__
+
+
+def result_record(ident: Any, number: int, result: Result) -> dict:
+    """The output line for a job that ran. ``error`` is the model-facing text
+    when the job did not simply exit (timeout, cancelled, execpool error)."""
+    plain_exit = result.error is None and not (result.timed_out or result.cancelled)
+    return {
+        "id": ident, "status": result.status.value, "exit_code": result.exit_code, "output": result.output,
+        "output_chars": result.output_chars, "duration_s": round(result.duration_s, 4),
+        "line": number, "error": None if plain_exit else result.text,
+    }
 
 
 def record_key(raw: bytes) -> tuple[Optional[str], Optional[str]]:

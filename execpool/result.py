@@ -85,9 +85,15 @@ class Result:
 
     ``output`` is the merged stdout/stderr as ``communicate(text=True)`` would
     decode it, bounded to the job's ``max_output_chars`` head; ``output_chars``
-    is the full length, so a flood is measurable without being kept.
-    ``error_lines`` keeps the lines naming missing files even when they fall
-    after the kept head, because the model-facing hint needs them.
+    is the full length, so a flood is measurable without being kept. A job
+    with ``separate_stderr`` has only its stdout there and its stderr, decoded
+    and bounded the same way, in ``stderr`` and ``stderr_chars`` (otherwise
+    "" and 0); ``text`` then shows the model stdout alone.
+    ``output_bytes`` counts the raw bytes the worker read from the tool's
+    pipes, all of them, whatever was kept: a flood's size before decoding.
+    ``error_lines`` keeps the lines naming missing files (from both streams)
+    even when they fall after the kept head, because the model-facing hint
+    needs them.
     ``error`` says what went wrong when the program did not simply exit (an
     ``INFRA`` failure, a limit); when a worker died under the job,
     ``worker_pid`` and ``worker_exit_code`` (negative: the signal, as in
@@ -107,6 +113,9 @@ class Result:
     error_lines: Tuple[str, ...] = field(default=())
     worker_pid: Optional[int] = None
     worker_exit_code: Optional[int] = None
+    stderr: str = ""
+    stderr_chars: int = 0
+    output_bytes: int = 0
 
     @property
     def truncated(self) -> bool:

@@ -6,12 +6,13 @@ ended. Worker side: the loop (execpool/worker.py) and the warm hand-over
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Optional
 
 from . import channel
-from .capture import Capture
+from .capture import MAX_ERROR_LINES, Capture
 from .cgroups import JobGroup
-from .result import Status
+from .result import Result, Status
 
 
 class RunningJob:
@@ -21,18 +22,23 @@ class RunningJob:
         self.start = start
         self.marker = marker
         self.pid: Optional[int] = None
-        self.fd: Optional[int] = None
         self.exit_code: Optional[int] = None
         self.reaped = False
-        self.eof = False
         self.end_reason: Optional[str] = None  # "timeout" | "cancel" | "limit" | "shutdown"
         self.killed_at = 0.0
         self.error: Optional[str] = None
         # Whether ``error`` is execpool's failure (the tool never started,
         # the pool closed under it), not the program's (it went over a limit).
         self.infra = False
-        self.capture = Capture(start.max_output_chars)
-        self.live_sent = 0
+        self.error_lines: deque[str] = deque(maxlen=MAX_ERROR_LINES)  # of both streams
+        self.stdout = Capture("stdout", start.max_output_chars, self.error_lines)
+        self.stderr = Capture("stderr", start.max_output_chars, self.error_lines)
+        # One per output pipe, in the order execpool/spawn.py makes them: a
+        # merged job's one pipe carries both streams, and its stderr stays empty.
+        self.captures = (self.stdout, self.stderr) if start.separate_stderr else (self.stdout,)
+        # The read ends not yet at EOF (or closed by a kill), and their Captures.
+        self.pipes: dict[int, Capture] = {}
+        self.live_sent = 0  # both streams together: the stream's cap is per job
         self.started = time.monotonic()
         self.tmpdir: Optional[str] = None
         self.script: Optional[str] = None
@@ -40,6 +46,12 @@ class RunningJob:
         # A warm job's hand-over: the spare's ready pipe, what it said there.
         self.ready_fd: Optional[int] = None
         self.report = b""
+
+    @property
+    def eof(self) -> bool:
+        """Every output pipe it had is closed: nothing more of its output can
+        come, though a process of its tree may still run."""
+        return not self.pipes
 
     def status(self) -> Status:
         """In the order Result.text reads its fields, so status and text agree."""
@@ -50,3 +62,20 @@ class RunningJob:
         if self.end_reason == "timeout":
             return Status.TIMEOUT
         return Status.OK if self.exit_code == 0 else Status.ERROR
+
+    def result(self) -> Result:
+        return Result(
+            status=self.status(),
+            output=self.stdout.output,
+            exit_code=None if self.end_reason or self.error else self.exit_code,
+            timed_out=self.end_reason == "timeout",
+            cancelled=self.end_reason == "cancel",
+            duration_s=time.monotonic() - self.started,
+            output_chars=self.stdout.total,
+            timeout=self.start.timeout,
+            error=self.error,
+            error_lines=tuple(self.error_lines),
+            stderr=self.stderr.output,
+            stderr_chars=self.stderr.total,
+            output_bytes=sum(capture.bytes for capture in self.captures),
+        )

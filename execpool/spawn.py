@@ -1,8 +1,9 @@
 """How a worker starts a tool process: every tool gets a new session, the
-death signal, its working directory (and cgroup, and network namespace), the
-merged stdout/stderr pipe, no other descriptor, and its rlimits -- in that
-order, so a lowered open-files limit cannot hide a descriptor from the
-close -- in one of three ways:
+death signal, its working directory (and cgroup, and network namespace), its
+output pipe on fd 1 and fd 2 (or, for a job that keeps stderr apart, a pipe
+for each), no other descriptor, and its rlimits -- in that order, so a
+lowered open-files limit cannot hide a descriptor from the close -- in one
+of three ways:
 
 - ``vfork``: execpool._spawn (C) vforks and execs ``bash -c`` or ``python -u FILE``;
 - ``fork``: the pure-Python fallback, where the C extension was not built;
@@ -14,10 +15,11 @@ close -- in one of three ways:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
-from typing import Callable, NoReturn
+from typing import Callable, Iterator, NoReturn
 
 from . import _linux, warm
 from .jobs import Limits
@@ -43,24 +45,44 @@ _RLIMITS = (resource.RLIMIT_AS, resource.RLIMIT_CPU, resource.RLIMIT_FSIZE, reso
 
 
 def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str, stdin_fd: int = -1,
-               no_network: bool = False, join_fds: list = ()) -> tuple[int, int]:
+               no_network: bool = False, join_fds: list = (), separate_stderr: bool = False) -> tuple[int, list]:
     """Start one tool with ``method`` "vfork" or "fork"; return its pid and
-    the read end of its merged stdout/stderr pipe."""
+    the read ends of its output pipes (see :func:`output_pipes`)."""
     stdin_fd = DEVNULL if stdin_fd < 0 else stdin_fd
-    out_r, out_w = os.pipe()
-    try:
+    with output_pipes(separate_stderr) as (readers, out_w, err_w):
         if method == "vfork":
             envp = [f"{key}={value}" for key, value in env.items()]
-            pid = _spawn.spawn(argv, envp, cwd, rlimit_values(limits), stdin_fd, out_w, no_network, list(join_fds))
+            pid = _spawn.spawn(argv, envp, cwd, rlimit_values(limits), stdin_fd, out_w, err_w, no_network,
+                               list(join_fds))
         else:
-            pid = _fork_child(cwd, rlimit_values(limits), stdin_fd, out_w, no_network, list(join_fds),
+            pid = _fork_child(cwd, rlimit_values(limits), (stdin_fd, out_w, err_w), no_network, list(join_fds),
                               _exec(argv, env))
+    return pid, readers
+
+
+@contextlib.contextmanager
+def output_pipes(separate_stderr: bool) -> Iterator[tuple[list, int, int]]:
+    """A tool's output pipes: the read ends -- stdout's, then stderr's when
+    it has one of its own -- and the write ends for its fd 1 and fd 2, one
+    pipe for both unless ``separate_stderr``. The write ends are closed on
+    leaving, once the tool (or its spare) holds its own copies, so the
+    worker sees EOF when the tool's tree is done writing; the read ends are
+    the caller's, unless the block raises."""
+    readers: list = []
+    writers: list = []
+    try:
+        for _ in range(2 if separate_stderr else 1):
+            read_end, write_end = os.pipe()
+            readers.append(read_end)
+            writers.append(write_end)
+        yield readers, writers[0], writers[-1]
     except BaseException:
-        os.close(out_r)
+        for fd in readers:
+            os.close(fd)
         raise
     finally:
-        os.close(out_w)
-    return pid, out_r
+        for fd in writers:
+            os.close(fd)
 
 
 def memfd_holding(name: str, data: bytes) -> int:
@@ -106,8 +128,8 @@ def run_warm(script: str, env: dict) -> Callable[[int], None]:
     return lambda ready_fd: warm.run(script, env, _WORKER_PATH, ready_fd)
 
 
-def _fork_child(cwd: str, rlimits: tuple, stdin_fd: int, out_fd: int, no_network: bool,
-                join_fds: list, then: Callable[[int], None]) -> int:
+def _fork_child(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_fds: list,
+                then: Callable[[int], None]) -> int:
     """Fork, set the child up as every tool is set up, then hand it to
     ``then(ready_fd)``, which execs."""
     ready_r, ready_w = os.pipe()
@@ -115,7 +137,7 @@ def _fork_child(cwd: str, rlimits: tuple, stdin_fd: int, out_fd: int, no_network
     pid = os.fork()
     if pid == 0:
         os.close(ready_r)
-        become_tool(cwd, rlimits, stdin_fd, out_fd, no_network, join_fds, ready_w, worker_pid, then)
+        become_tool(cwd, rlimits, stdio, no_network, join_fds, ready_w, worker_pid, then)
     os.close(ready_w)
     failure = b""
     while chunk := os.read(ready_r, 4096):  # EOF: the exec closed it
@@ -127,11 +149,12 @@ def _fork_child(cwd: str, rlimits: tuple, stdin_fd: int, out_fd: int, no_network
     return pid
 
 
-def become_tool(cwd: str, rlimits: tuple, stdin_fd: int, out_fd: int, no_network: bool,
-                join_fds: list, ready_w: int, parent_pid: int, then: Callable[[int], None]) -> NoReturn:
+def become_tool(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_fds: list, ready_w: int,
+                parent_pid: int, then: Callable[[int], None]) -> NoReturn:
     """In a fork of the worker (or a spare): the session, death signal,
-    directory, pipes and limits every tool gets. A failure before ``then``
-    takes over reaches the worker through ``ready_w``."""
+    directory, pipes and limits every tool gets; ``stdio`` holds what goes
+    on fds 0, 1 and 2. A failure before ``then`` takes over reaches the
+    worker through ``ready_w``."""
     try:
         for fd in join_fds:
             os.write(fd, b"0")  # this process into its job's cgroup
@@ -142,9 +165,8 @@ def become_tool(cwd: str, rlimits: tuple, stdin_fd: int, out_fd: int, no_network
         if os.getppid() != parent_pid:
             os._exit(137)  # the parent died before the death signal was armed
         os.chdir(cwd)
-        os.dup2(stdin_fd, 0)
-        os.dup2(out_fd, 1)
-        os.dup2(out_fd, 2)
+        for target, fd in enumerate(stdio):
+            os.dup2(fd, target)
         close_all_but(ready_w)  # the worker's pipes, selector and channel are not the tool's
         _apply_limits(rlimits)
         then(ready_w)

@@ -42,6 +42,7 @@ from .future import TOOL_OUTPUT_STREAM_MAX_CHARS, CancelWatcher, JobFuture, JobH
 from .jobs import Limits, PythonJob, ShellJob
 from .lifecycle import PoolClosedError, Workers
 from .result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, Status
+from .stats import PoolStats, StatsRecorder
 
 __all__ = ["ExecPool", "PoolClosedError"]
 
@@ -136,9 +137,10 @@ class ExecPool:
         self._ids_lock = threading.Lock()
         self._closed = False
         self._watcher = CancelWatcher()
+        self._stats = StatsRecorder()
         self._dispatcher = Dispatcher()
         try:
-            self._workers = Workers(config, self._dispatcher.wake)
+            self._workers = Workers(config, self._dispatcher.wake, self._stats)
         except BaseException:
             self._dispatcher.stop(0)
             raise
@@ -184,7 +186,7 @@ class ExecPool:
         with self._ids_lock:
             job_id = next(self._ids)
         future = JobFuture(job_id)
-        handle = JobHandle(future, on_event)
+        handle = JobHandle(future, on_event, job.kind, self._stats)
         if not job.source.strip():
             empty = NO_CODE_TEXT if isinstance(job, PythonJob) else NO_COMMAND_TEXT
             handle.finish(Result(status=Status.ERROR, empty_message=empty, timeout=job.timeout))
@@ -198,7 +200,7 @@ class ExecPool:
             live_cap=None if on_event is None else TOOL_OUTPUT_STREAM_MAX_CHARS,
             max_output_chars=job.max_output_chars or config.max_output_chars,
             keep_background=job.keep_background, python=config.python, stdin=job.stdin,  # type: ignore[arg-type]
-            warm=getattr(job, "warm", False), network=job.network,
+            warm=getattr(job, "warm", False), network=job.network, separate_stderr=job.separate_stderr,
         )
         deadline = None if job.timeout is None else time.monotonic() + job.timeout
         worker = self._workers.assign(handle, deadline)
@@ -296,6 +298,12 @@ class ExecPool:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def stats(self) -> PoolStats:
+        """What the pool has done so far: jobs ended by kind and status,
+        their durations, jobs running now, workers replaced, output produced
+        (execpool/stats.py). The service's /metrics exports the same."""
+        return self._stats.snapshot(self.running_jobs)
 
     @property
     def running_jobs(self) -> int:

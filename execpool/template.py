@@ -22,9 +22,10 @@ template held and its own job's data, never another job's: not of a job that
 runs beside it, nor of one that ran before. The hand-over is a single
 message of descriptors: the job's description as JSON in an anonymous file
 (no unpickling, nothing but strings, numbers and booleans), its stdin, its
-output pipe, the ready pipe and its cgroup files. Nothing in it blocks the
-worker: the spare reports on the ready pipe, which the worker watches in its
-loop like any other descriptor.
+stdout and stderr (one pipe twice, unless the job keeps them apart), the
+ready pipe and its cgroup files. Nothing in it blocks the worker: the spare
+reports on the ready pipe, which the worker watches in its loop like any
+other descriptor.
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ from .spawn import DEVNULL, RLIMIT_FIELDS, become_tool, rlimit_values, run_warm,
 _SPARE_PID = struct.Struct("=i")
 
 #: Worker -> spare: the hand-over's one message, and the descriptors it
-#: carries (description, stdin, output, ready pipe, then cgroup files).
+#: carries (description, stdin, stdout, stderr, ready pipe, then cgroup files).
 _JOB = b"job"
-_FIXED_FDS = 4
+_FIXED_FDS = 5
 MAX_CGROUP_FDS = 8
 
 #: A spare's first word on the ready pipe: it has the job. A spare that dies
@@ -157,7 +158,7 @@ def _park(channel: socket.socket, worker_pid: int, name: str) -> NoReturn:
         if message != _JOB or len(fds) < _FIXED_FDS or flags & socket.MSG_CTRUNC:
             os._exit(0)  # EOF: the worker let its spare go
         sock.close()
-        description, stdin_fd, out_fd, ready_w, *join_fds = fds
+        description, stdin_fd, out_fd, err_fd, ready_w, *join_fds = fds
         os.write(ready_w, TAKEN)
         script, env, cwd, rlimits, no_network = decode_job(_read_all(description))
         _linux.set_name(name)  # the interpreter's own, as a cold start has it
@@ -165,7 +166,7 @@ def _park(channel: socket.socket, worker_pid: int, name: str) -> NoReturn:
         if ready_w >= 0:
             os.write(ready_w, f"warm spare: {exc}".encode("utf-8", "replace")[:2048])
         os._exit(127)
-    become_tool(cwd, rlimits, stdin_fd, out_fd, no_network, join_fds, ready_w, worker_pid,
+    become_tool(cwd, rlimits, (stdin_fd, out_fd, err_fd), no_network, join_fds, ready_w, worker_pid,
                 run_warm(script, env))
 
 
@@ -191,8 +192,9 @@ class WarmTemplate:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             argv = [sys.executable, "-m", "execpool.template", str(os.getpid()), ",".join(preload)]
-            self.pid, out_r = start_tool(argv, dict(os.environ), "/", _UNLIMITED, spawn_method, theirs.fileno())
-            os.close(out_r)
+            self.pid, readers = start_tool(argv, dict(os.environ), "/", _UNLIMITED, spawn_method, theirs.fileno())
+            for fd in readers:
+                os.close(fd)
         except BaseException:
             ours.close()
             raise
@@ -250,10 +252,11 @@ class WarmSpare:
             with contextlib.suppress(OSError):  # gone: its socket's EOF says so
                 self.sock.send(_REHEARSE)
 
-    def hand(self, description: int, stdin_fd: int, out_fd: int, ready_w: int, join_fds: list) -> bool:
+    def hand(self, description: int, stdin_fd: int, out_fd: int, err_fd: int, ready_w: int,
+             join_fds: list) -> bool:
         """Give the spare its job; False when the spare is gone (the job then
         needs another). The descriptors stay the caller's to close."""
-        fds = array.array("i", [description, stdin_fd, out_fd, ready_w, *join_fds])
+        fds = array.array("i", [description, stdin_fd, out_fd, err_fd, ready_w, *join_fds])
         _continue(self.pid)
         try:
             self.sock.sendmsg([_JOB], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])

@@ -15,7 +15,8 @@ One ``selectors`` loop waits on everything the worker owns:
 - a self-pipe fed by ``signal.set_wakeup_fd``: SIGCHLD reaps every child --
   tool leaders and, because the worker is a child subreaper, any daemon that
   escaped its group and was re-parented here -- so no zombie stays,
-- one non-blocking stdout pipe per running tool,
+- one non-blocking output pipe per running tool (two for a job that keeps
+  stderr apart; it ends at EOF on both),
 - the warm template's socket, where the spares the worker asked for arrive,
   and the parked spares' sockets, readable only when a spare died
   (execpool/template.py; execpool/handover.py: how a warm job is handed to
@@ -52,7 +53,6 @@ from . import _linux, channel
 from .cgroups import Cgroups, JobGroup
 from .proctree import JOB_MARKER_ENV, child_pids, count_tree, is_zombie, kill_tree, marker_of
 from .handover import WarmJobs
-from .result import Result
 from .running import RunningJob
 from .spawn import DEVNULL, memfd_holding, start_tool
 from .template import REHEARSE_WHEN_IDLE_S
@@ -77,8 +77,8 @@ REAP_GRACE_S = 1.0
 
 class Worker:
     """The loop and everything it owns: the jobs by id, by leader pid and by
-    output fd, the deadline heap, and the process groups kept alive for
-    ``keep_background`` jobs until shutdown."""
+    output fd (one or two per job), the deadline heap, and the process
+    groups kept alive for ``keep_background`` jobs until shutdown."""
 
     def __init__(self, conn_in: Connection, conn_out: Connection, config: channel.WorkerConfig) -> None:
         self.conn_in = conn_in
@@ -255,22 +255,23 @@ class Worker:
             return
         except OSError:
             data = b""
+        capture = job.pipes[fd]
         if data:
-            self._consume(job, job.capture.feed(data))
+            self._consume(job, capture.stream, capture.feed(data))
             return
-        self._consume(job, job.capture.finish())
-        self.close_output(job)
-        job.eof = True
-        if job.reaped:
+        self._consume(job, capture.stream, capture.finish())
+        self._close_pipe(job, fd)
+        if job.eof and job.reaped:
             self._finish(job)
 
-    def _consume(self, job: RunningJob, text: str) -> None:
-        """Forward live output only up to the stream's cap plus one character."""
+    def _consume(self, job: RunningJob, stream: str, text: str) -> None:
+        """Forward live output only up to the stream's cap plus one
+        character, counting both of a job's streams against it."""
         cap = job.start.live_cap
         if text and cap is not None and job.live_sent <= cap:
             piece = text[: cap + 1 - job.live_sent]
             job.live_sent += len(piece)
-            self._send(channel.Output(job.start.job_id, piece))
+            self._send(channel.Output(job.start.job_id, piece, stream))
 
     # -- a job's life ----------------------------------------------------
 
@@ -327,9 +328,9 @@ class Worker:
     def _spawn(self, job: RunningJob, argv: list, env: dict, cwd: str) -> None:
         start = job.start
         with self.job_fds(job) as (stdin_fd, join_fds):
-            pid, out_r = start_tool(argv, env, cwd, start.limits, self.spawn_method, stdin_fd, not start.network,
-                                    join_fds)
-        self.running(job, pid, out_r)
+            pid, readers = start_tool(argv, env, cwd, start.limits, self.spawn_method, stdin_fd, not start.network,
+                                      join_fds, start.separate_stderr)
+        self.running(job, pid, readers)
 
     @contextlib.contextmanager
     def job_fds(self, job: RunningJob):
@@ -349,12 +350,16 @@ class Worker:
             for fd in fds:
                 os.close(fd)
 
-    def running(self, job: RunningJob, pid: int, out_r: int) -> None:
-        os.set_blocking(out_r, False)
-        job.pid, job.fd = pid, out_r
+    def running(self, job: RunningJob, pid: int, readers: list) -> None:
+        """The tool ``pid`` runs; ``readers`` are its output pipes' read ends,
+        one per Capture of the job, in the same order."""
+        job.pid = pid
         self.by_leader[pid] = job
-        self.jobs_by_fd[out_r] = job
-        self.sel.register(out_r, selectors.EVENT_READ, self._on_output)
+        for fd, capture in zip(readers, job.captures, strict=True):
+            os.set_blocking(fd, False)
+            job.pipes[fd] = capture
+            self.jobs_by_fd[fd] = job
+            self.sel.register(fd, selectors.EVENT_READ, self._on_output)
         self._send(channel.Spawned(job.start.job_id, pid, pid))
 
     def job_env(self, job: RunningJob) -> dict:
@@ -366,11 +371,14 @@ class Worker:
         return job.tmpdir if job.start.cwd is None else job.start.cwd
 
     def close_output(self, job: RunningJob) -> None:
-        if job.fd is not None:
-            self.sel.unregister(job.fd)
-            del self.jobs_by_fd[job.fd]
-            os.close(job.fd)
-            job.fd = None
+        for fd in list(job.pipes):
+            self._close_pipe(job, fd)
+
+    def _close_pipe(self, job: RunningJob, fd: int) -> None:
+        self.sel.unregister(fd)
+        del self.jobs_by_fd[fd]
+        del job.pipes[fd]
+        os.close(fd)
 
     def _end(self, job: RunningJob, reason: str) -> None:
         """Timeout or cancel: the one kill path, then wait for the reap."""
@@ -423,7 +431,7 @@ class Worker:
             trashed = self._discard(job.tmpdir)  # the script in it too
         elif job.script is not None:
             _unlink(job.script)
-        self._send(channel.Finished(job.start.job_id, self._result(job)))
+        self._send(channel.Finished(job.start.job_id, job.result()))
         if trashed is not None:
             if job.script is not None:  # most often all it holds: one rmdir then does
                 _unlink(os.path.join(trashed, os.path.basename(job.script)))
@@ -464,21 +472,6 @@ class Worker:
         except OSError:
             return False
         return (marker_of(pid) or "").strip() in self.kept_markers
-
-    def _result(self, job: RunningJob) -> Result:
-        capture = job.capture
-        return Result(
-            status=job.status(),
-            output=capture.output,
-            exit_code=None if job.end_reason or job.error else job.exit_code,
-            timed_out=job.end_reason == "timeout",
-            cancelled=job.end_reason == "cancel",
-            duration_s=time.monotonic() - job.started,
-            output_chars=capture.total,
-            timeout=job.start.timeout,
-            error=job.error,
-            error_lines=tuple(capture.error_lines),
-        )
 
     def _shutdown(self) -> None:
         """Everything below the worker dies first, then every job still

@@ -11,7 +11,8 @@ import sys
 
 CALLER_SIDE = {"execpool.supervisor", "execpool.config", "execpool.lifecycle", "execpool.dispatch",
                "execpool.future", "execpool.drain", "execpool.batch", "execpool.tools", "execpool.loop",
-               "execpool.cli", "execpool.records", "execpool.lifeline"}
+               "execpool.cli", "execpool.records", "execpool.stats", "execpool.jobfiles", "execpool.lifeline",
+               "execpool.serve", "execpool.httpjobs", "execpool.admission"}
 WORKER_SIDE = {"execpool.worker", "execpool.handover", "execpool.running", "execpool.spawn", "execpool.template",
                "execpool.warm", "execpool.capture", "execpool._spawn"}
 SHARED = {"execpool.channel", "execpool.jobs", "execpool.result", "execpool.checks", "execpool.proctree",
@@ -54,5 +55,6 @@ def test_every_module_has_a_side():
 
     import execpool
 
-    modules = {f"execpool.{info.name}" for info in pkgutil.iter_modules(execpool.__path__)} - {"execpool._shim", "execpool.__main__"}
+    modules = {f"execpool.{info.name}" for info in pkgutil.iter_modules(execpool.__path__)}
+    modules -= {"execpool._shim", "execpool.__main__"}
     assert modules == CALLER_SIDE | WORKER_SIDE | SHARED, modules ^ (CALLER_SIDE | WORKER_SIDE | SHARED)

@@ -44,7 +44,8 @@ CORPUS = {
 
 def normalized(result) -> tuple:
     """Each run's file has a name of its own; nothing else may differ."""
-    return re.sub(r"\.execpool-\w+\.py", "JOB.py", result.output), result.exit_code
+    return (re.sub(r"\.execpool-\w+\.py", "JOB.py", result.output),
+            re.sub(r"\.execpool-\w+\.py", "JOB.py", result.stderr), result.exit_code)
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +61,20 @@ def test_warm_output_is_byte_identical_to_cold(warm_pool, name, tmp_path):
     warm = warm_pool.run(PythonJob(code, cwd=str(tmp_path), stdin="line one\nline two\n", warm=True))
     assert normalized(warm) == normalized(cold)
     assert warm.text.startswith("Exit code") == cold.text.startswith("Exit code")
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_warm_streams_kept_apart_are_byte_identical_to_cold(warm_pool, name, tmp_path):
+    """With ``separate_stderr`` a spare's fd 2 is a pipe of its own, as a
+    cold start's is: tracebacks, ``SystemExit`` messages and stderr prints
+    land there, and nothing else does."""
+    code = CORPUS[name]
+    cold = warm_pool.run(PythonJob(code, cwd=str(tmp_path), stdin="line one\nline two\n", separate_stderr=True))
+    warm = warm_pool.run(PythonJob(code, cwd=str(tmp_path), stdin="line one\nline two\n", separate_stderr=True,
+                                   warm=True))
+    assert normalized(warm) == normalized(cold)
+    assert (warm.output_chars, warm.stderr_chars, warm.output_bytes) == (
+        cold.output_chars, cold.stderr_chars, cold.output_bytes)
 
 
 @pytest.fixture(scope="module")

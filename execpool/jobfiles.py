@@ -1,0 +1,120 @@
+"""Files into a job's directory before it runs, and out of it after.
+
+Runs in the caller (the service, execpool/serve.py). A request may bring
+files for its job (``files``: relative path -> bytes) and ask for files back
+(``fetch_files``). Both are confined to the job's own directory, a fresh one
+the caller made: a path is relative, has no ``..`` and no empty or ``.``
+part (``check_path``, before anything runs), and every component is opened
+relative to the one before it with ``O_NOFOLLOW`` -- a symlink the job
+planted (to ``/etc/shadow``, to another job's directory) is refused, never
+followed. A file read back must be a regular file (a FIFO would block the
+reader, a device would never end) and at most ``max_bytes`` long.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Dict, Iterable, Mapping, Optional
+
+from . import checks
+
+#: Bytes of one fetched file, by default: what a JSON answer can carry
+#: without the service holding much more than a Result already does.
+DEFAULT_FETCH_MAX_BYTES = 16 * 1024 * 1024
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class JobFileError(ValueError):
+    """A path that would leave the job's directory, or a file that cannot be
+    written there; the message names the path."""
+
+
+def check_path(path: object) -> str:
+    """``path`` if it names something inside a job's directory, else
+    JobFileError. Checked before the job runs, so a bad path runs nothing."""
+    try:
+        checks.text("file path", path)
+    except (TypeError, ValueError) as exc:
+        raise JobFileError(str(exc)) from None
+    assert isinstance(path, str)
+    if os.path.isabs(path):
+        raise JobFileError(f"file path {path!r} is absolute; give it relative to the job's directory")
+    parts = path.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise JobFileError(f"file path {path!r} must be a plain relative path (no '..', '.' or empty parts)")
+    return path
+
+
+def write_files(directory: str, files: Mapping[str, bytes]) -> None:
+    """Create each file (and its parent directories) in ``directory``,
+    which nothing else writes to yet."""
+    for path, data in files.items():
+        *parents, name = check_path(path).split("/")
+        fd = os.open(directory, _DIR_FLAGS)
+        try:
+            for part in parents:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                fd = _step(fd, part, path)
+            try:
+                out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                              dir_fd=fd)
+            except OSError as exc:
+                raise JobFileError(f"cannot create {path!r}: {exc.strerror}") from None
+            with open(out, "wb") as f:
+                f.write(data)
+        finally:
+            os.close(fd)
+
+
+def read_files(directory: str, paths: Iterable[str], max_bytes: int = DEFAULT_FETCH_MAX_BYTES
+               ) -> Dict[str, bytes]:
+    """The regular files among ``paths`` that the job left in ``directory``,
+    each at most ``max_bytes``; what is missing, a symlink (anywhere on its
+    path), not a regular file or too big is left out."""
+    found = {}
+    for path in paths:
+        data = _read_one(directory, check_path(path), max_bytes)
+        if data is not None:
+            found[path] = data
+    return found
+
+
+def _read_one(directory: str, path: str, max_bytes: int) -> Optional[bytes]:
+    *parents, name = path.split("/")
+    try:
+        fd = os.open(directory, _DIR_FLAGS)
+    except OSError:
+        return None
+    try:
+        for part in parents:
+            fd = _step(fd, part, path)
+        try:
+            file_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        except OSError:
+            return None
+        with open(file_fd, "rb") as f:
+            info = os.fstat(file_fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+                return None
+            data = f.read(max_bytes + 1)
+            return data if len(data) <= max_bytes else None
+    except JobFileError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _step(fd: int, part: str, path: str) -> int:
+    """The directory ``part`` inside ``fd``, never through a symlink. On
+    success ``fd`` is closed; on failure it stays the caller's to close."""
+    try:
+        inner = os.open(part, _DIR_FLAGS, dir_fd=fd)
+    except OSError as exc:
+        raise JobFileError(f"{path!r}: {part!r} is not a directory inside the job's ({exc.strerror})") from None
+    os.close(fd)
+    return inner
