@@ -267,7 +267,7 @@ class _Service:
         done: asyncio.Queue = asyncio.Queue()
         running = set()
         try:
-            for number, item in enumerate(jobs, 1):
+            for item in jobs:
                 if isinstance(item, dict):  # an invalid line's record
                     yield json.dumps(item) + "\n"
                     continue
@@ -275,7 +275,7 @@ class _Service:
                     held.take()
                 else:
                     await self.slot(None, bounded=False)
-                running.add(asyncio.ensure_future(self._batch_one(item, number, done)))
+                running.add(asyncio.ensure_future(self._batch_one(item, done)))
                 while not done.empty():
                     yield await self._next_record(done, running)
             while running:
@@ -284,8 +284,8 @@ class _Service:
             for task in running:
                 task.cancel()
 
-    async def _batch_one(self, item: Tuple[JobRequest, Optional[str]], number: int, done: asyncio.Queue) -> None:
-        job_request, expected = item
+    async def _batch_one(self, item: Tuple[JobRequest, Optional[str], int], done: asyncio.Queue) -> None:
+        job_request, expected, number = item
         result, files = await self.run(job_request, "v1_batch", None)
         answer = (httpjobs.record(job_request, result, files, number) if expected is None
                   else httpjobs.test_record(job_request, result, expected))
@@ -391,21 +391,23 @@ async def _until_done_or_gone(future, request: Optional[Request]) -> Result:
 
 
 def _batch_jobs(body: bytes, defaults: ServiceDefaults) -> list:
-    """What a ``/v1/batch`` body runs: ``(JobRequest, expected or None)``
-    per job, and for a line that is no job its ``invalid`` record, in order."""
-    stripped = body.strip()
-    if stripped.startswith(b"{") and b"\n" not in stripped:
-        obj = httpjobs.parse_json(stripped)
-        if isinstance(obj, dict) and "tests" in obj:
-            tests = obj["tests"]
-            return [(request, tests[request.ident]["expected"])
-                    for request in httpjobs.tests_requests(obj, defaults)]
+    """What a ``/v1/batch`` body runs: ``(JobRequest, expected or None,
+    line number)`` per job, and for a line that is no job its ``invalid``
+    record, in order. A body that is one JSON object with ``tests`` (pretty
+    printed or not) is a program against its tests; anything else is NDJSON."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        obj = None  # NDJSON has more than one value: each line is read below
+    if isinstance(obj, dict) and "tests" in obj:
+        requests = httpjobs.tests_requests(obj, defaults)
+        return [(request, obj["tests"][request.ident]["expected"], request.ident + 1) for request in requests]
     items: list = []
     for number, line in enumerate(body.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            items.append((httpjobs.run_request(httpjobs.parse_json(line), defaults), None))
+            items.append((httpjobs.run_request(httpjobs.parse_json(line), defaults), None, number))
         except BadRequest as exc:
             items.append({"id": None, "status": "invalid", "exit_code": None, "output": "", "output_chars": 0,
                           "duration_s": 0.0, "line": number, "error": str(exc)})

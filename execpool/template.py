@@ -356,7 +356,9 @@ class SpareSupply:
         while (spare := self.pop()) is not None:
             spare.close()
 
-    def _on_template(self, _fd: int) -> None:
+    def _on_template(self, fd: int) -> None:
+        if self.template is None or self.template.sock.fileno() != fd:
+            return  # an event from the select batch in which the template was lost
         try:
             spare = self.template.receive()
         except BlockingIOError:

@@ -70,6 +70,12 @@ READ_SIZE = 1 << 16
 #: stopped, though it may pass the cap for up to one interval.
 PROCESS_COUNT_INTERVAL_S = 0.02
 
+#: A tool that cannot be forked for want of process slots (EAGAIN) is tried
+#: this many times, reaping between tries: bounded, since the worker's other
+#: jobs wait meanwhile.
+SPAWN_ATTEMPTS = 5
+SPAWN_RETRY_S = 0.02
+
 #: A killed leader that is not reaped by then (stuck in the kernel) no longer
 #: holds up its Result.
 REAP_GRACE_S = 1.0
@@ -328,8 +334,19 @@ class Worker:
     def _spawn(self, job: RunningJob, argv: list, env: dict, cwd: str) -> None:
         start = job.start
         with self.job_fds(job) as (stdin_fd, join_fds):
-            pid, readers = start_tool(argv, env, cwd, start.limits, self.spawn_method, stdin_fd, not start.network,
-                                      join_fds, start.separate_stderr)
+            for attempt in range(SPAWN_ATTEMPTS):
+                try:
+                    pid, readers = start_tool(argv, env, cwd, start.limits, self.spawn_method, stdin_fd,
+                                              not start.network, join_fds, start.separate_stderr)
+                    break
+                except BlockingIOError:
+                    # EAGAIN: the process cap (a cgroup's pids.max, RLIMIT_NPROC)
+                    # is full -- often of a killed job's processes, which count
+                    # until they are reaped. Reap, give the dying a moment, retry.
+                    if attempt == SPAWN_ATTEMPTS - 1:
+                        raise
+                    self._reap()
+                    time.sleep(SPAWN_RETRY_S)
         self.running(job, pid, readers)
 
     @contextlib.contextmanager

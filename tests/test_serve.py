@@ -181,23 +181,24 @@ def test_a_stream_whose_client_goes_away_kills_the_whole_tree(server):
 
 
 def test_batch_streams_records_and_invalid_lines_do_not_fail_it(server):
-    lines = [json.dumps({"id": 1, "shell": "echo one"}), "not json", json.dumps({"id": 2, "python": "exit(4)"}),
+    lines = [json.dumps({"id": 1, "shell": "echo one"}), "", "not json", json.dumps({"id": 2, "python": "exit(4)"}),
              json.dumps({"id": 3, "shell": "echo three"})]
     answer = server.client.post("/v1/batch", content="\n".join(lines).encode())
     assert answer.headers["content-type"].startswith("application/x-ndjson")
     records = [json.loads(line) for line in answer.text.splitlines()]
     by_id = {r["id"]: r for r in records if r["status"] != "invalid"}
     assert by_id[1]["output"] == "one\n" and by_id[2]["exit_code"] == 4 and by_id[3]["status"] == "ok"
+    assert [by_id[i]["line"] for i in (1, 2, 3)] == [1, 4, 5], "records name their input line"
     invalid = [r for r in records if r["status"] == "invalid"]
-    assert len(invalid) == 1 and invalid[0]["line"] == 2 and "JSON" in invalid[0]["error"]
+    assert len(invalid) == 1 and invalid[0]["line"] == 3 and "JSON" in invalid[0]["error"]
 
 
 def test_batch_of_tests_says_which_passed(server):
     body = {"code": "import sys\nn = int(input())\nprint(n * 2)\nprint('noise', file=sys.stderr)",
             "tests": [{"stdin": "2\n", "expected": "4"}, {"stdin": "5\n", "expected": "11\n"},
                       {"stdin": "x\n", "expected": "0"}]}
-    records = sorted((json.loads(line) for line in server.client.post("/v1/batch", json=body).text.splitlines()),
-                     key=lambda r: r["id"])
+    answer = server.client.post("/v1/batch", content=json.dumps(body, indent=2).encode())  # pretty printed
+    records = sorted((json.loads(line) for line in answer.text.splitlines()), key=lambda r: r["id"])
     assert [r["passed"] for r in records] == [True, False, False]
     assert records[0]["stderr"] == "noise\n" and records[2]["status"] == "error"
 
