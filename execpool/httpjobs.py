@@ -142,6 +142,13 @@ def record(request: JobRequest, result: Result, files: Mapping[str, bytes], numb
     return answer
 
 
+def invalid_record(ident: Any, number: int, reason: str) -> dict:
+    """The record of a job that could not run as asked (a bad line, a file
+    that could not be written), with the reason in ``error``."""
+    return {"id": ident, "status": "invalid", "exit_code": None, "output": "", "output_chars": 0,
+            "duration_s": 0.0, "line": number, "error": reason}
+
+
 def test_record(request: JobRequest, result: Result, expected: str) -> dict:
     answer = result_record(request.ident, request.ident + 1, result)
     answer["stderr"] = result.stderr

@@ -23,6 +23,10 @@ from . import checks
 #: without the service holding much more than a Result already does.
 DEFAULT_FETCH_MAX_BYTES = 16 * 1024 * 1024
 
+#: Levels a file path may have: plenty for a project, and a request cannot
+#: make the service build a tree deeper than this.
+MAX_DEPTH = 32
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -44,6 +48,9 @@ def check_path(path: object) -> str:
     parts = path.split("/")
     if any(part in ("", ".", "..") for part in parts):
         raise JobFileError(f"file path {path!r} must be a plain relative path (no '..', '.' or empty parts)")
+    if len(parts) > MAX_DEPTH or any(len(part.encode("utf-8")) > 255 for part in parts):
+        raise JobFileError(f"file path {path[:80]!r} is more than {MAX_DEPTH} levels deep or has a name over "
+                           "255 bytes")
     return path
 
 
@@ -60,13 +67,12 @@ def write_files(directory: str, files: Mapping[str, bytes]) -> None:
                 except FileExistsError:
                     pass
                 fd = _step(fd, part, path)
-            try:
-                out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                              dir_fd=fd)
-            except OSError as exc:
-                raise JobFileError(f"cannot create {path!r}: {exc.strerror}") from None
+            out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                          dir_fd=fd)
             with open(out, "wb") as f:
                 f.write(data)
+        except OSError as exc:
+            raise JobFileError(f"cannot create {path!r}: {exc.strerror}") from None
         finally:
             os.close(fd)
 
@@ -97,10 +103,11 @@ def _read_one(directory: str, path: str, max_bytes: int) -> Optional[bytes]:
             file_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
         except OSError:
             return None
+        info = os.fstat(file_fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+            os.close(file_fd)
+            return None
         with open(file_fd, "rb") as f:
-            info = os.fstat(file_fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
-                return None
             data = f.read(max_bytes + 1)
             return data if len(data) <= max_bytes else None
     except JobFileError:

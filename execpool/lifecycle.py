@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from typing import Optional
 from . import cgroups, channel, lifeline
 from .config import PoolConfig
 from .future import JobHandle
+from .dirs import remove_tree
 from .proctree import JOB_MARKER_ENV, kill_tree
 from .result import Result, Status, describe_exit
 from .stats import StatsRecorder
@@ -269,7 +269,7 @@ class Workers:
             os.close(from_worker_r)
             if group is not None:
                 group.remove()
-            shutil.rmtree(jobs_dir, ignore_errors=True)
+            remove_tree(jobs_dir)
             self.lifeline.gone(token)
             raise
         finally:
@@ -293,6 +293,9 @@ class Workers:
         return worker
 
     def _clean_up(self, worker: WorkerProcess, lost: dict[int, JobHandle], replace: bool) -> None:
+        """Whatever goes wrong here, the dead worker's jobs get their INFRA
+        Results: a future left pending would hang its caller for good."""
+        code = None
         try:
             if replace:
                 self._replace(worker)
@@ -302,6 +305,9 @@ class Workers:
                 worker.proc.kill()
                 code = worker.proc.wait()
             self._release(worker, bool(lost))
+        except Exception as exc:  # noqa: BLE001 - logged; the jobs still end below
+            logger.error("execpool: cleaning up after worker %d failed", worker.pid, exc_info=exc)
+        finally:
             if worker.fault is not None:
                 cause = f"it broke the channel protocol ({worker.fault}) and was killed"
             else:
@@ -312,7 +318,6 @@ class Workers:
                 handle.finish(Result(status=Status.INFRA, error=error, worker_pid=worker.pid,
                                      worker_exit_code=code))
             worker.close()
-        finally:
             with self._cleaned:
                 self._cleanups.discard(threading.current_thread())
                 self._cleaned.notify_all()
@@ -349,7 +354,7 @@ class Workers:
         if had_jobs or worker.pgids:
             kill_tree(worker.pgids.values(), marker=worker.token)
         cgroups.remove_tree(cgroups.worker_bases(worker.token))
-        shutil.rmtree(worker.jobs_dir, ignore_errors=True)
+        remove_tree(worker.jobs_dir)
         if destroyed:
             self.lifeline.gone(worker.token)
 

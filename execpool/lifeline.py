@@ -47,7 +47,6 @@ import logging
 import os
 import re
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -56,6 +55,7 @@ import time
 from typing import Optional
 
 from . import _linux, cgroups, channel
+from .dirs import remove_tree
 from .proctree import is_stopped, kill_tree, stat_fields
 
 logger = logging.getLogger("execpool")
@@ -187,7 +187,7 @@ def _clean_up(known: list) -> None:
             cgroups.WorkerGroup(worker.cgroup).destroy(GROUP_EMPTY_TIMEOUT_S)
         kill_tree(marker=worker.token)
         cgroups.remove_tree(cgroups.worker_bases(worker.token))
-        shutil.rmtree(worker.jobs_dir, ignore_errors=True)
+        remove_tree(worker.jobs_dir)
         worker.forget()
 
 

@@ -43,7 +43,6 @@ import ipaddress
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -61,8 +60,9 @@ from starlette.routing import Route
 
 from . import httpjobs
 from .admission import DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT_S, Admission, ClientGone, Rejected
+from .dirs import remove_tree
 from .httpjobs import DEFAULT_HEARTBEAT_S, DEFAULT_MAX_BODY_MB, BadRequest, JobRequest, ServiceDefaults
-from .jobfiles import read_files, write_files
+from .jobfiles import JobFileError, read_files, write_files
 from .jobs import Limits, ShellJob
 from .result import Result, Status
 from .stats import DURATION_BUCKETS_S
@@ -131,7 +131,7 @@ class _Service:
         self._memory_by_cgroup: Optional[bool] = None
 
     def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        remove_tree(self.root)
 
     # -- the plumbing every route shares ---------------------------------------------
 
@@ -178,10 +178,13 @@ class _Service:
             return
         directory = tempfile.mkdtemp(dir=self.root)
         try:
-            write_files(directory, job_request.files)
+            try:
+                write_files(directory, job_request.files)
+            except JobFileError as exc:
+                raise BadRequest(f'"files": {exc}') from None
             yield _with_cwd(job_request.job, directory), lambda: read_files(directory, job_request.fetch)
         finally:
-            shutil.rmtree(directory, ignore_errors=True)
+            remove_tree(directory)
 
     async def run(self, job_request: JobRequest, route: str, request: Optional[Request]) -> Tuple[Result, dict]:
         """Run one admitted job (its slot is released here) and fetch its files."""
@@ -212,7 +215,10 @@ class _Service:
             return JSONResponse({"detail": f"execpool is busy ({exc.reason}); retry"}, status_code=504)
         except ClientGone:
             return Response(status_code=499)
-        result, files = await self.run(job_request, "run_code", request)
+        try:
+            result, files = await self.run(job_request, "run_code", request)
+        except BadRequest as exc:
+            return JSONResponse(httpjobs.sandbox_error(str(exc)))
         return JSONResponse(httpjobs.sandbox_fusion_answer(result, files))
 
     # -- execpool's own ---------------------------------------------------------------------
@@ -286,9 +292,12 @@ class _Service:
 
     async def _batch_one(self, item: Tuple[JobRequest, Optional[str], int], done: asyncio.Queue) -> None:
         job_request, expected, number = item
-        result, files = await self.run(job_request, "v1_batch", None)
-        answer = (httpjobs.record(job_request, result, files, number) if expected is None
-                  else httpjobs.test_record(job_request, result, expected))
+        try:
+            result, files = await self.run(job_request, "v1_batch", None)
+            answer = (httpjobs.record(job_request, result, files, number) if expected is None
+                      else httpjobs.test_record(job_request, result, expected))
+        except BadRequest as exc:  # its files could not be written: this job's record says so
+            answer = httpjobs.invalid_record(job_request.ident, number, str(exc))
         await done.put((asyncio.current_task(), answer))
 
     @staticmethod
@@ -409,8 +418,7 @@ def _batch_jobs(body: bytes, defaults: ServiceDefaults) -> list:
         try:
             items.append((httpjobs.run_request(httpjobs.parse_json(line), defaults), None, number))
         except BadRequest as exc:
-            items.append({"id": None, "status": "invalid", "exit_code": None, "output": "", "output_chars": 0,
-                          "duration_s": 0.0, "line": number, "error": str(exc)})
+            items.append(httpjobs.invalid_record(None, number, str(exc)))
     if not items:
         raise BadRequest("the body has no jobs (NDJSON: one job object per line)")
     return items

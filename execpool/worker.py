@@ -52,6 +52,7 @@ from typing import Optional
 from . import _linux, channel
 from .cgroups import Cgroups, JobGroup
 from .proctree import JOB_MARKER_ENV, child_pids, count_tree, is_zombie, kill_tree, marker_of
+from .dirs import remove_tree
 from .handover import WarmJobs
 from .running import RunningJob
 from .spawn import DEVNULL, memfd_holding, start_tool
@@ -519,7 +520,7 @@ def _remove(path: str) -> None:
     except FileNotFoundError:
         pass
     except OSError:
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)
 
 
 def _unlink(path: str) -> None:

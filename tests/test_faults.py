@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import hostile
-from execpool import ExecPool, Limits, ShellJob, dispatch
+from execpool import ExecPool, Limits, PythonJob, ShellJob, dispatch
 from helpers import all_dead, marked_processes, open_fds, pids_in, wait_for, worker_records
 
 
@@ -246,3 +246,50 @@ def test_a_worker_takes_its_configuration_as_its_first_message_and_nothing_else(
                           python=sys.executable, stdin=None, warm=False, network=True)
     code, got = _bare_worker(start, tmp_path)
     assert got is None and code == 0, "a worker told to run a job before it was configured runs nothing"
+
+
+DEADLINE_S = 30.0
+
+#: Builds a directory tree deeper than Python 3.11's rmtree can recurse, in
+#: the job's own directory, with a locked (mode 0) level and a symlink out.
+DEEP_TREE = ("import os\nos.symlink('/etc', 'out')\nfor i in range(3000):\n    os.mkdir('a')\n    os.chdir('a')\n"
+             "    if i == 1500:\n        os.chmod('.', 0o700)\nopen('f', 'w').write('x')\nprint('built')")
+
+
+def test_a_job_that_builds_a_very_deep_tree_kills_nothing_and_leaves_nothing():
+    """Regression (red team): Python 3.11's shutil.rmtree recurses per level,
+    and its RecursionError -- which ignore_errors does not catch -- killed the
+    worker removing such a job's directory, and with it every other job there."""
+    with ExecPool(workers=1) as pool:
+        worker = pool.worker_pids[0]
+        bystander = pool.submit(ShellJob("sleep 1; echo still here"))
+        result = pool.run(PythonJob(DEEP_TREE, timeout=60))
+        assert result.output == "built\n", result.text
+        assert bystander.result(DEADLINE_S).output == "still here\n"
+        assert pool.run(ShellJob("echo after")).output == "after\n"
+        assert pool.worker_pids == [worker], "the worker died"
+        jobs_dir = worker_records(pool)[0].jobs_dir
+        assert wait_for(lambda: os.listdir(jobs_dir) in ([], [".trash"]) and not os.listdir(
+            os.path.join(jobs_dir, ".trash")), DEADLINE_S), os.listdir(jobs_dir)
+    assert os.path.isdir("/etc"), "the symlink out was never followed"
+
+
+def test_remove_tree_removes_any_depth_and_follows_no_symlink(tmp_path):
+    from execpool.dirs import remove_tree
+
+    top = tmp_path / "top"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY)
+    for _ in range(3000):  # deeper than a path may be long: built through descriptors
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+    (top / "loop").symlink_to(tmp_path)
+    (top / ".execpool-hoisted-0").mkdir()  # a name the hoisting would pick
+    (top / ".execpool-hoisted-0" / "taken").write_text("x")
+    keep = tmp_path / "keep"
+    keep.write_text("not in the tree")
+    assert remove_tree(str(top))
+    assert not top.exists() and keep.read_text() == "not in the tree"

@@ -412,3 +412,25 @@ def test_sigterm_lets_running_jobs_finish_within_the_grace_then_kills_the_rest(t
     finally:
         gate.touch()
         s.stop()
+
+
+def test_files_that_cannot_be_written_or_fetched_are_answered_not_500(server):
+    """Regressions (red team): a path that is both a file and a directory, a
+    name over 255 bytes, or a fetched directory gave 500s, hung a batch and
+    leaked a descriptor per request."""
+    c = server.client
+    for files in ({"a": b64(b""), "a/b": b64(b"")}, {"x" * 300: b64(b"")}, {"/".join(["d"] * 40): b64(b"")}):
+        answer = c.post("/v1/run", json={"shell": "true", "files": files})
+        assert answer.status_code == 400 and "files" in answer.json()["detail"], answer.text
+        sf = c.post("/run_code", json={"code": "true", "language": "bash", "files": files})
+        assert sf.status_code == 200 and sf.json()["status"] == "SandboxError", sf.text
+    lines = [json.dumps({"id": 1, "shell": "echo one"}),
+             json.dumps({"id": 2, "shell": "true", "files": {"a": b64(b""), "a/b": b64(b"")}}),
+             json.dumps({"id": 3, "shell": "echo three"})]
+    records = [json.loads(line) for line in c.post("/v1/batch", content="\n".join(lines).encode()).text.splitlines()]
+    assert sorted((r["id"], r["status"]) for r in records) == [(1, "ok"), (2, "invalid"), (3, "ok")]
+    fds = len(os.listdir(f"/proc/{server.proc.pid}/fd"))
+    for _ in range(20):
+        fetched = c.post("/v1/run", json={"shell": "mkdir d", "fetch_files": ["d"]}).json()
+        assert fetched["files"] == {}
+    assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) <= fds + 2, "a fetched directory leaked descriptors"

@@ -1,0 +1,96 @@
+"""Removing a directory a job filled, however it filled it.
+
+Shared: the worker removes its jobs' directories, the pool and the lifeline
+a dead worker's, the service its requests'. A job decides what is in them:
+Python 3.11's ``shutil.rmtree`` recurses once per level, so a job that made
+a tree 3000 directories deep made it raise ``RecursionError`` -- which
+``ignore_errors`` does not catch -- in the worker (killing it, and every
+other job it ran) and in the pool's cleanup. ``remove_tree`` instead hoists
+the contents of each subdirectory one level up and removes it, pass after
+pass: no recursion, two descriptors open at a time, no path longer than a
+name, and never a symlink followed.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def remove_tree(path: str) -> bool:
+    """Remove ``path`` and everything in it; False if something stayed
+    (the caller logs or leaves it for a later sweep, never raises)."""
+    try:
+        top = os.open(path, _DIR_FLAGS)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return _quietly(os.unlink, path)
+    names = itertools.count()
+    try:
+        while True:
+            subdirs = []
+            with os.scandir(top) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        subdirs.append(entry.name)
+                    else:
+                        _quietly(os.unlink, entry.name, dir_fd=top)
+            if not subdirs:
+                break
+            for name in subdirs:
+                if not _hoist(top, name, names):
+                    return False
+    except OSError:
+        return False
+    finally:
+        os.close(top)
+    return _quietly(os.rmdir, path)
+
+
+def _hoist(top: int, name: str, names: "itertools.count[int]") -> bool:
+    """Move what ``name`` holds up into ``top`` and remove ``name``; a job
+    may have left it unreadable (mode 0), which its owner can undo."""
+    _quietly(os.chmod, name, 0o700, dir_fd=top, follow_symlinks=False)
+    try:
+        inner = os.open(name, _DIR_FLAGS, dir_fd=top)
+    except OSError:
+        return False
+    try:
+        with os.scandir(inner) as entries:
+            children = [entry.name for entry in entries]
+        for child in children:
+            _rename_up(inner, child, top, names)
+    except OSError:
+        return False
+    finally:
+        os.close(inner)
+    return _quietly(os.rmdir, name, dir_fd=top)
+
+
+def _rename_up(inner: int, child: str, top: int, names: "itertools.count[int]") -> None:
+    """``child`` into ``top`` under a fresh name; a name the job took
+    already (it chose the tree's names) is skipped, a few times over."""
+    for _ in range(64):
+        try:
+            os.rename(child, f".execpool-hoisted-{next(names)}", src_dir_fd=inner, dst_dir_fd=top)
+            return
+        except (FileExistsError, IsADirectoryError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+    raise OSError(errno.EEXIST, "no free name to hoist into", child)
+
+
+def _quietly(call, *args, **kwargs) -> bool:
+    try:
+        call(*args, **kwargs)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
