@@ -28,14 +28,17 @@ def pool():
         yield p
 
 
-def test_a_future_of_a_result_that_the_standard_tools_take(pool):
-    futures = [pool.submit(PythonJob(f"import time; time.sleep({0.3 - i * 0.1}); print({i})")) for i in range(3)]
+def test_a_future_of_a_result_that_the_standard_tools_take(pool, tmp_path):
+    gate = tmp_path / "gate"
+    held = f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)\n"
+    futures = [pool.submit(PythonJob(held + "print(0)")), pool.submit(PythonJob(held + "print(1)")),
+               pool.submit(PythonJob("print(2)"))]
     assert all(isinstance(f, Future) and isinstance(f, JobFuture) for f in futures)
-    done, _ = wait(futures, timeout=DEADLINE_S, return_when=FIRST_COMPLETED)
-    assert done
+    done, pending = wait(futures, timeout=DEADLINE_S, return_when=FIRST_COMPLETED)
+    assert done == {futures[2]} and len(pending) == 2, "only the job that waits for nothing has ended"
+    gate.touch()
     order = [f.result().output for f in as_completed(futures, timeout=DEADLINE_S)]
-    assert sorted(order) == ["0\n", "1\n", "2\n"]
-    assert order[0] == "2\n", "the shortest job ends first"
+    assert order[0] == "2\n" and sorted(order) == ["0\n", "1\n", "2\n"]
     assert all(isinstance(f.result(), Result) and f.result().status is Status.OK for f in futures)
 
 
