@@ -1,7 +1,6 @@
 import os
 import sys
 import threading
-import time
 
 import psutil
 import pytest
@@ -10,6 +9,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from execpool import ExecPool  # noqa: E402
 from execpool.spawn import SPAWN_METHODS  # noqa: E402
+from helpers import wait_for  # noqa: E402
 
 #: How long a test module's last processes, threads and descriptors may
 #: take to go once it is done (a pool's close is bounded well below this).
@@ -64,11 +64,8 @@ def leaves_nothing_behind(request):
         now = _leftovers()
         return tuple(sorted(n - b) for n, b in zip(now, before))
 
-    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    wait_for(lambda: not any(extra()), LEFTOVER_GRACE_S, interval=0.02)
     left = extra()
-    while any(left) and time.monotonic() < deadline:
-        time.sleep(0.02)
-        left = extra()
     children, threads, fds = left
     if any(left):
         described = [f"fd {fd} -> {_target(fd)}" for fd in fds]
