@@ -62,15 +62,18 @@ class Admission:
         return self.in_flight >= self.max_in_flight and len(self._waiters) >= self.max_queue
 
     async def acquire(self, disconnected: Optional[Callable[[], Awaitable[None]]] = None, *,
-                      bounded: bool = True) -> float:
+                      bounded: bool = True, since: Optional[float] = None) -> float:
         """Take a slot; return how long the request waited for it.
 
         ``disconnected`` completes when the client goes away (ClientGone).
         ``bounded=False`` is for the later jobs of a batch already answering:
         they wait their turn without a queue limit or timeout, since a
-        stream of records cannot turn into a 503 halfway.
+        stream of records cannot turn into a 503 halfway. ``since`` (a
+        ``time.monotonic()``) is when the request arrived: the queue timeout
+        counts from then, so reading its body is part of its wait.
         """
         started = time.monotonic()
+        timeout = self.queue_timeout - (0.0 if since is None else max(0.0, started - since))
         if self.in_flight < self.max_in_flight and not self._waiters:
             self.in_flight += 1
             return 0.0
@@ -82,7 +85,7 @@ class Admission:
         granted = False
         try:
             waiting = {turn} if watcher is None else {turn, watcher}
-            done, _ = await asyncio.wait(waiting, timeout=self.queue_timeout if bounded else None,
+            done, _ = await asyncio.wait(waiting, timeout=max(0.0, timeout) if bounded else None,
                                          return_when=asyncio.FIRST_COMPLETED)
             if turn in done:
                 granted = True  # release() handed the slot over

@@ -32,7 +32,8 @@ from .batch import run_tagged
 from .jobs import PythonJob, ShellJob
 from . import checks
 from .admission import DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT_S
-from .httpjobs import DEFAULT_GRACE_S, DEFAULT_HEARTBEAT_S, DEFAULT_MAX_BODY_MB, ServiceDefaults
+from .httpjobs import (DEFAULT_GRACE_S, DEFAULT_HEARTBEAT_S, DEFAULT_MAX_BODY_MB, DEFAULT_READ_TIMEOUT_S,
+                       ServiceDefaults)
 from .records import STATUSES, RecordsError, ResultsFile, json_type, line_key, result_record
 from .result import Result, Status
 from .supervisor import ExecPool
@@ -167,8 +168,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """``execpool serve``'s options; the service itself (execpool/serve.py,
-    Starlette and uvicorn) is imported only when it runs."""
+    """``execpool serve``'s options; the service itself (execpool/server.py
+    and serve.py, Starlette and uvicorn) is imported only when it runs."""
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other "
                                                             "needs a token)")
     parser.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free port)")
@@ -183,6 +184,9 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-file", help="file holding the bearer token (or set EXECPOOL_TOKEN)")
     parser.add_argument("--max-body-mb", type=_positive_int, default=DEFAULT_MAX_BODY_MB,
                         help=f"largest request body (default {DEFAULT_MAX_BODY_MB} MiB)")
+    parser.add_argument("--read-timeout", type=_seconds, default=DEFAULT_READ_TIMEOUT_S,
+                        help=f"seconds a request's headers, then its body, may take to arrive "
+                             f"(default {DEFAULT_READ_TIMEOUT_S:g})")
     parser.add_argument("--grace", type=_seconds, default=DEFAULT_GRACE_S,
                         help=f"seconds running jobs get at shutdown (default {DEFAULT_GRACE_S:g})")
     parser.add_argument("--timeout", type=_seconds, default=ServiceDefaults.timeout,
@@ -656,7 +660,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "batch":
         return _batch(args)
     if args.command == "serve":
-        from .serve import main as serve
+        from .server import main as serve
 
         return serve(args)
     try:

@@ -35,6 +35,15 @@ DEFAULT_MAX_BODY_MB = 64
 DEFAULT_HEARTBEAT_S = 10.0
 #: How long running jobs get to finish when the service is told to stop.
 DEFAULT_GRACE_S = 10.0
+#: Seconds a request's headers, and then its body, may take to arrive: a
+#: client that trickles them would hold a connection for ever.
+DEFAULT_READ_TIMEOUT_S = 30.0
+
+#: Jobs in one /v1/batch, and files one job may bring or fetch: enough for
+#: any real use; past them a small body would cost the service far more
+#: than it weighs (a record per line, a file per entry).
+MAX_BATCH_JOBS = 10_000
+MAX_FILES = 1_000
 
 #: Keys of an execpool job body (the batch input line's, without ``cwd``).
 RUN_KEYS = ("id", "python", "shell", "timeout", "stdin", "env", "files", "fetch_files")
@@ -120,6 +129,8 @@ def tests_requests(obj: dict, defaults: ServiceDefaults) -> List[JobRequest]:
     tests = obj.get("tests")
     if not isinstance(tests, list) or not tests:
         raise BadRequest('"tests" must be a non-empty array of {"stdin", "expected"} objects')
+    if len(tests) > MAX_BATCH_JOBS:
+        raise BadRequest(f'"tests" has more than {MAX_BATCH_JOBS} tests; split them')
     requests = []
     for number, test in enumerate(tests):
         if not isinstance(test, dict) or not isinstance(test.get("expected"), str):
@@ -266,6 +277,8 @@ def _files(files: object, field: str) -> Dict[str, bytes]:
         return {}
     if not isinstance(files, dict):
         raise BadRequest(f'"{field}" must be an object of path: base64, not {json_type(files)}')
+    if len(files) > MAX_FILES:
+        raise BadRequest(f'"{field}" has more than {MAX_FILES} files')
     decoded = {}
     for path, value in files.items():
         try:
@@ -286,10 +299,12 @@ def _fetch(paths: object) -> tuple:
         return ()
     if not isinstance(paths, list):
         raise BadRequest(f'"fetch_files" must be an array of paths, not {json_type(paths)}')
+    if len(paths) > MAX_FILES:
+        raise BadRequest(f'"fetch_files" has more than {MAX_FILES} paths')
     for path in paths:
         try:
             check_path(path)
         except JobFileError as exc:
             raise BadRequest(f'"fetch_files": {exc}') from None
-    return tuple(paths)
+    return tuple(dict.fromkeys(paths))  # each once: a path asked a thousand times is read once
 

@@ -77,16 +77,20 @@ def write_files(directory: str, files: Mapping[str, bytes]) -> None:
             os.close(fd)
 
 
-def read_files(directory: str, paths: Iterable[str], max_bytes: int = DEFAULT_FETCH_MAX_BYTES
-               ) -> Dict[str, bytes]:
+def read_files(directory: str, paths: Iterable[str], max_bytes: int = DEFAULT_FETCH_MAX_BYTES, *,
+               max_total_bytes: Optional[int] = None) -> Dict[str, bytes]:
     """The regular files among ``paths`` that the job left in ``directory``,
-    each at most ``max_bytes``; what is missing, a symlink (anywhere on its
-    path), not a regular file or too big is left out."""
-    found = {}
+    each at most ``max_bytes`` and together at most ``max_total_bytes``
+    (what the answer can carry); what is missing, a symlink (anywhere on
+    its path), not a regular file, too big or past the total is left out."""
+    found: Dict[str, bytes] = {}
+    left = max_total_bytes
     for path in paths:
-        data = _read_one(directory, check_path(path), max_bytes)
+        data = _read_one(directory, check_path(path), max_bytes if left is None else min(max_bytes, left))
         if data is not None:
             found[path] = data
+            if left is not None:
+                left -= len(data)
     return found
 
 

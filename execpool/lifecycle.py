@@ -130,6 +130,7 @@ class Workers:
         self._startup_failures = 0
         self._cleanups: set[threading.Thread] = set()
         self._cleaned = threading.Condition(self.lock)
+        self._scratch: dict[str, str] = {}  # token -> directory (scratch_dir)
         # Before any worker, so that it is in none of their groups and knows them all.
         self.lifeline = lifeline.Lifeline(self._process_env())
 
@@ -232,7 +233,23 @@ class Workers:
         deadline = time.monotonic() + timeout
         with self._cleaned:
             self._cleaned.wait_for(lambda: not self._cleanups, max(0.0, deadline - time.monotonic()))
+            scratch, self._scratch = self._scratch, {}
+        for token, directory in scratch.items():
+            remove_tree(directory)
+            self.lifeline.gone(token)
         self.lifeline.close(timeout)
+
+    def scratch_dir(self) -> str:
+        """A new directory (0700) of the pool's, removed by ``close`` --
+        or, should the owner die first, by the lifeline, like a worker's."""
+        token = secrets.token_hex(6)
+        with self.lock:
+            if self.closed:
+                raise PoolClosedError("this ExecPool is closed")
+            directory = tempfile.mkdtemp(prefix=f"execpool-{token}-scratch-")
+            self.lifeline.worker(token, None, directory)
+            self._scratch[token] = directory
+        return directory
 
     # -- one worker's life ------------------------------------------------
 

@@ -10,7 +10,8 @@
        /metrics from prometheus-client and pool.stats()
 
 Runs in the service's process, on uvicorn's event loop: one process, one
-pool, one loop. The routes only await: a job is a ``JobFuture`` wrapped for
+pool, one loop (execpool/server.py is the command that starts it, listens
+and shuts it down). The routes only await: a job is a ``JobFuture`` wrapped for
 asyncio, a stream is ``pool.astream``; no thread per request.
 
 Why Starlette (and not a framework that validates through its own models):
@@ -28,51 +29,67 @@ What it guarantees, with the options of ``execpool serve``:
 - a client that goes away -- waiting or running -- cancels its job, tree and
   all;
 - off loopback only with a token; 401 runs nothing;
-- SIGTERM/SIGINT: no new requests, running ones get ``--grace`` s, the rest
-  are cancelled, the pool is closed, nothing survives.
+- what a request may cost is bounded: body size, the time its body takes
+  to arrive, jobs per batch, files per job, bytes fetched; parsing big
+  bodies and file I/O run on threads;
+- at shutdown (``stop_jobs``) every job still running is cancelled and its
+  request answered with the ``cancelled`` record.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
 import hmac
-import ipaddress
+import importlib.resources
 import json
 import logging
 import os
-import signal
-import socket
-import sys
 import tempfile
-from typing import Any, AsyncIterator, Callable, Dict, Mapping, Optional, Tuple
+import threading
+import time
+from typing import Any, AsyncIterator, Callable, Dict, Mapping, Optional, Set, Tuple
 
-import uvicorn
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from . import httpjobs
 from .admission import DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT_S, Admission, ClientGone, Rejected
 from .dirs import remove_tree
-from .httpjobs import DEFAULT_HEARTBEAT_S, DEFAULT_MAX_BODY_MB, BadRequest, JobRequest, ServiceDefaults
+from .future import JobFuture
+from .httpjobs import (DEFAULT_HEARTBEAT_S, DEFAULT_MAX_BODY_MB, DEFAULT_READ_TIMEOUT_S, BadRequest, JobRequest,
+                       ServiceDefaults)
 from .jobfiles import JobFileError, read_files, write_files
 from .jobs import Limits, ShellJob
 from .result import Result, Status
 from .stats import DURATION_BUCKETS_S
 from .supervisor import ExecPool
 
-#: Routes anyone may call, token or not: liveness, readiness, SandboxFusion's ping.
-OPEN_PATHS = ("/healthz", "/readyz", "/v1/ping")
+#: Routes anyone may call, token or not: liveness, readiness, SandboxFusion's
+#: ping, and the page (static: it runs nothing itself, and its requests to
+#: /v1/stream carry the token the person types in) with the icon browsers
+#: ask for beside it (else every visit would count as a refused token).
+OPEN_PATHS = ("/", "/favicon.ico", "/healthz", "/readyz", "/v1/ping")
+
+#: The page may run only its own inline script and talk only to this
+#: server: the output it shows is a tool's, so nothing else may load.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store",
+}
 
 
 logger = logging.getLogger("execpool")
+
+#: shared/SERVE.md §6: one file, no build step, no external assets.
+_PAGE = importlib.resources.files("execpool").joinpath("page.html").read_text(encoding="utf-8")
 
 
 class _Metrics:
@@ -118,7 +135,8 @@ class _Service:
     """The app's state and routes: one pool, its admission, its metrics."""
 
     def __init__(self, pool: ExecPool, *, max_in_flight: int, max_queue: int, queue_timeout: float,
-                 token: Optional[str], max_body_bytes: int, defaults: ServiceDefaults, heartbeat_s: float) -> None:
+                 token: Optional[str], max_body_bytes: int, defaults: ServiceDefaults, heartbeat_s: float,
+                 read_timeout: float) -> None:
         self.pool = pool
         self.admission = Admission(max_in_flight, max_queue, queue_timeout)
         self.metrics = _Metrics(pool, self.admission)
@@ -126,12 +144,27 @@ class _Service:
         self.max_body_bytes = max_body_bytes
         self.defaults = defaults
         self.heartbeat_s = heartbeat_s
-        # Directories of jobs that bring or fetch files: made here, 0700.
-        self.root = tempfile.mkdtemp(prefix="execpool-serve-")
+        self.read_timeout = read_timeout
+        # Directories of jobs that bring or fetch files: the pool's, so that
+        # they go with it even when this process is SIGKILLed.
+        self.root = pool.scratch_dir()
         self._memory_by_cgroup: Optional[bool] = None
+        # For stop_jobs(), on the loop: the jobs that run now, and for the
+        # streams (their jobs are pool.astream's) an event apiece that
+        # cancels one -- apiece, as a stream whose client leaves sets its own.
+        self._jobs: Set[JobFuture] = set()
+        self._streams: Set[threading.Event] = set()
+        self._stopping = False
 
-    def close(self) -> None:
-        remove_tree(self.root)
+    def stop_jobs(self) -> None:
+        """Cancel every job running or about to: the service is stopping
+        and the grace is over. Each request still gets its answer -- the
+        ``cancelled`` record -- and later ones are cancelled as they start."""
+        self._stopping = True
+        for future in list(self._jobs):
+            future.cancel()
+        for event in self._streams:
+            event.set()
 
     # -- the plumbing every route shares ---------------------------------------------
 
@@ -142,10 +175,17 @@ class _Service:
         return hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode())
 
     async def body(self, request: Request) -> bytes:
-        """The body, or _TooLarge past the limit (read no further)."""
+        """The body, or _TooLarge past the limit (read no further), or
+        _TooSlow when it does not arrive within the read timeout."""
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise _TooLarge()
+        try:
+            return await asyncio.wait_for(self._read(request), self.read_timeout)
+        except asyncio.TimeoutError:
+            raise _TooSlow() from None
+
+    async def _read(self, request: Request) -> bytes:
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
@@ -155,8 +195,11 @@ class _Service:
         return b"".join(chunks)
 
     async def slot(self, request: Optional[Request], *, bounded: bool = True) -> None:
+        """A slot to run one job in, waiting in the queue if need be; the
+        queue's timeout counts from the request's arrival."""
+        arrived = None if request is None else request.scope.get("state", {}).get("arrived")
         waited = await self.admission.acquire(None if request is None else lambda: _disconnected(request),
-                                              bounded=bounded)
+                                              bounded=bounded, since=arrived)
         self.metrics.queue_wait.observe(waited)
 
     def memory_by_cgroup(self) -> bool:
@@ -167,32 +210,52 @@ class _Service:
             self._memory_by_cgroup = probe.status is Status.OK
         return self._memory_by_cgroup
 
-    @contextlib.contextmanager
-    def placed(self, job_request: JobRequest):
+    @contextlib.asynccontextmanager
+    async def placed(self, job_request: JobRequest):
         """The job, in a directory of its own holding its files when the
-        request brings or fetches any (else where the pool puts it), and a
-        function that reads back the files to fetch; the directory goes
-        when the job is done with."""
+        request brings or fetches any (else where the pool puts it), and the
+        directory (or None). The directory goes when the job is done with.
+        Files are written, read and removed on threads: a job can leave a
+        tree that takes long to remove, and the loop serves everyone."""
         if not job_request.needs_directory:
-            yield job_request.job, dict
+            yield job_request.job, None
             return
         directory = tempfile.mkdtemp(dir=self.root)
         try:
             try:
-                write_files(directory, job_request.files)
+                await asyncio.to_thread(write_files, directory, job_request.files)
             except JobFileError as exc:
                 raise BadRequest(f'"files": {exc}') from None
-            yield _with_cwd(job_request.job, directory), lambda: read_files(directory, job_request.fetch)
+            yield _with_cwd(job_request.job, directory), directory
         finally:
-            remove_tree(directory)
+            # Shielded: a cancelled request still has its directory removed.
+            await asyncio.shield(asyncio.to_thread(remove_tree, directory))
 
-    async def run(self, job_request: JobRequest, route: str, request: Optional[Request]) -> Tuple[Result, dict]:
+    async def fetched(self, job_request: JobRequest, directory: Optional[str]) -> Dict[str, bytes]:
+        if directory is None or not job_request.fetch:
+            return {}
+        return await asyncio.to_thread(read_files, directory, job_request.fetch,
+                                       max_total_bytes=self.max_body_bytes)
+
+    def submit(self, job) -> JobFuture:  # type: ignore[no-untyped-def]
+        future = self.pool.submit(job)
+        self._jobs.add(future)
+        if self._stopping:
+            future.cancel()
+        return future
+
+    async def run(self, job_request: JobRequest, route: str, request: Optional[Request]
+                  ) -> Tuple[Result, Dict[str, bytes]]:
         """Run one admitted job (its slot is released here) and fetch its files."""
         try:
-            with self.placed(job_request) as (job, fetch):
-                result = await _until_done_or_gone(self.pool.submit(job), request)
+            async with self.placed(job_request) as (job, directory):
+                future = self.submit(job)
+                try:
+                    result = await _until_done_or_gone(future, request)
+                finally:
+                    self._jobs.discard(future)
                 self.metrics.job(route, job.kind, result)
-                return result, fetch()
+                return result, await self.fetched(job_request, directory)
         finally:
             self.admission.release()
 
@@ -203,9 +266,11 @@ class _Service:
 
     async def run_code(self, request: Request) -> Response:
         try:
-            obj = httpjobs.parse_json(await self.body(request))
-            job_request = httpjobs.sandbox_fusion_request(obj, self.defaults, await asyncio.to_thread(
-                self.memory_by_cgroup) if _asks_memory(obj) else False)
+            body = await self.body(request)
+            obj = await _off_loop(body, httpjobs.parse_json, body)
+            memory_by_cgroup = await asyncio.to_thread(self.memory_by_cgroup) if _asks_memory(obj) else False
+            job_request = await _off_loop(body, httpjobs.sandbox_fusion_request, obj, self.defaults,
+                                          memory_by_cgroup)
         except BadRequest as exc:
             return JSONResponse(httpjobs.sandbox_error(str(exc)))
         try:
@@ -223,14 +288,18 @@ class _Service:
 
     # -- execpool's own ---------------------------------------------------------------------
 
+    async def job_request(self, request: Request) -> JobRequest:
+        body = await self.body(request)
+        return await _off_loop(body, lambda: httpjobs.run_request(httpjobs.parse_json(body), self.defaults))
+
     async def v1_run(self, request: Request) -> Response:
-        job_request = httpjobs.run_request(httpjobs.parse_json(await self.body(request)), self.defaults)
+        job_request = await self.job_request(request)
         await self.slot(request)
         result, files = await self.run(job_request, "v1_run", request)
         return JSONResponse(httpjobs.record(job_request, result, files))
 
     async def v1_stream(self, request: Request) -> Response:
-        job_request = httpjobs.run_request(httpjobs.parse_json(await self.body(request)), self.defaults)
+        job_request = await self.job_request(request)
         await self.slot(request)
         held = _Held(self.admission)
         return _SlotResponse(held, self._events(job_request, held), media_type="text/event-stream",
@@ -241,8 +310,13 @@ class _Service:
         generator: the stream's cleanup cancels the job (its tree dies)."""
         held.take()
         try:
-            with self.placed(job_request) as (job, fetch):
-                stream = self.pool.astream(job, tool_name=job.kind, heartbeat_interval_s=self.heartbeat_s)
+            async with self.placed(job_request) as (job, directory):
+                stop = threading.Event()
+                if self._stopping:
+                    stop.set()
+                self._streams.add(stop)
+                stream = self.pool.astream(job, tool_name=job.kind, heartbeat_interval_s=self.heartbeat_s,
+                                           cancel_event=stop)
                 try:
                     async for event in stream:
                         if event["type"] == "heartbeat":
@@ -250,18 +324,19 @@ class _Service:
                         else:
                             yield f"data: {json.dumps(event)}\n\n"
                 finally:
+                    self._streams.discard(stop)
                     await stream.aclose()
                 result = stream.result
                 assert result is not None
                 self.metrics.job("v1_stream", job.kind, result)
-                answer = httpjobs.record(job_request, result, fetch())
+                answer = httpjobs.record(job_request, result, await self.fetched(job_request, directory))
             yield f"event: result\ndata: {json.dumps(answer)}\n\n"
         finally:
             self.admission.release()
 
     async def v1_batch(self, request: Request) -> Response:
         body = await self.body(request)
-        jobs = _batch_jobs(body, self.defaults)
+        jobs = await _off_loop(body, _batch_jobs, body, self.defaults)
         await self.slot(request)  # the first job's: a batch that cannot start is a 503, not a stream of them
         held = _Held(self.admission)
         return _SlotResponse(held, self._records(jobs, held), media_type="application/x-ndjson")
@@ -308,6 +383,12 @@ class _Service:
 
     # -- health and metrics -------------------------------------------------------------------
 
+    async def page(self, request: Request) -> Response:
+        return HTMLResponse(_PAGE, headers=PAGE_HEADERS)
+
+    async def no_icon(self, request: Request) -> Response:
+        return Response(status_code=204)
+
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -329,6 +410,10 @@ class _Service:
 
 class _TooLarge(Exception):
     """A body over the service's limit."""
+
+
+class _TooSlow(Exception):
+    """A body that did not arrive within the read timeout."""
 
 
 class _Held:
@@ -367,6 +452,18 @@ def _with_cwd(job, directory: str):
     return dataclasses.replace(job, cwd=directory)
 
 
+#: Bodies larger than this are parsed on a thread: the loop serves everyone.
+_OFF_LOOP_BYTES = 256 << 10
+
+
+async def _off_loop(body: bytes, function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)``, on a thread when ``body`` is big enough that
+    parsing it would hold up the loop."""
+    if len(body) > _OFF_LOOP_BYTES:
+        return await asyncio.to_thread(function, *args)
+    return function(*args)
+
+
 def _asks_memory(obj: object) -> bool:
     limit = obj.get("memory_limit_MB") if isinstance(obj, dict) else None
     return isinstance(limit, int) and not isinstance(limit, bool) and limit > 0
@@ -403,7 +500,9 @@ def _batch_jobs(body: bytes, defaults: ServiceDefaults) -> list:
     """What a ``/v1/batch`` body runs: ``(JobRequest, expected or None,
     line number)`` per job, and for a line that is no job its ``invalid``
     record, in order. A body that is one JSON object with ``tests`` (pretty
-    printed or not) is a program against its tests; anything else is NDJSON."""
+    printed or not) is a program against its tests; anything else is NDJSON,
+    of at most ``MAX_BATCH_JOBS`` lines (counted before any is read: a
+    body of newlines must not become millions of records)."""
     try:
         obj = json.loads(body)
     except (ValueError, RecursionError):
@@ -411,8 +510,10 @@ def _batch_jobs(body: bytes, defaults: ServiceDefaults) -> list:
     if isinstance(obj, dict) and "tests" in obj:
         requests = httpjobs.tests_requests(obj, defaults)
         return [(request, obj["tests"][request.ident]["expected"], request.ident + 1) for request in requests]
+    if body.count(b"\n") >= httpjobs.MAX_BATCH_JOBS:
+        raise BadRequest(f"the batch has more than {httpjobs.MAX_BATCH_JOBS} lines; split it")
     items: list = []
-    for number, line in enumerate(body.splitlines(), 1):
+    for number, line in enumerate(body.split(b"\n"), 1):
         if not line.strip():
             continue
         try:
@@ -427,13 +528,18 @@ def _batch_jobs(body: bytes, defaults: ServiceDefaults) -> list:
 def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue: int = DEFAULT_MAX_QUEUE,
                queue_timeout: float = DEFAULT_QUEUE_TIMEOUT_S, token: Optional[str] = None,
                max_body_mb: int = DEFAULT_MAX_BODY_MB, defaults: ServiceDefaults = ServiceDefaults(),
-               heartbeat_s: float = DEFAULT_HEARTBEAT_S) -> Starlette:
+               heartbeat_s: float = DEFAULT_HEARTBEAT_S, read_timeout: float = DEFAULT_READ_TIMEOUT_S
+               ) -> Starlette:
     """The ASGI app around ``pool``, for mounting in your own server. The
-    pool stays yours: close it after the app is done."""
+    pool stays yours: close it after the app is done (that also removes
+    the app's directories). ``read_timeout`` bounds the time a request's
+    body may take to arrive (headers are the server's business: ``execpool
+    serve`` gives them the same limit)."""
     service = _Service(pool, max_in_flight=max_in_flight or 2 * (os.cpu_count() or 2), max_queue=max_queue,
                        queue_timeout=queue_timeout, token=token, max_body_bytes=max_body_mb << 20,
-                       defaults=defaults, heartbeat_s=heartbeat_s)
+                       defaults=defaults, heartbeat_s=heartbeat_s, read_timeout=read_timeout)
     routes = [
+        Route("/", service.page), Route("/favicon.ico", service.no_icon),
         Route("/healthz", service.healthz), Route("/readyz", service.readyz), Route("/metrics", service.metrics_text),
         Route("/v1/ping", service.ping), Route("/openapi.json", service.openapi),
         Route("/run_code", service.run_code, methods=["POST"]),
@@ -451,11 +557,16 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
         return _refused(service, exc.reason, 503, f"execpool is busy ({exc.reason}); retry",
                         {"Retry-After": str(exc.retry_after)})
 
-    async def gone(request: Request, exc: Exception) -> Response:
-        return Response(status_code=499)  # nobody reads it: the client left while waiting
+    async def too_slow(request: Request, exc: Exception) -> Response:
+        return _refused(service, "read_timeout", 408, f"the body did not arrive within {read_timeout:g} s",
+                        {"Connection": "close"})
 
-    app = Starlette(routes=routes, exception_handlers={BadRequest: bad_request, _TooLarge: too_large,
-                                                       Rejected: busy, ClientGone: gone})
+    async def gone(request: Request, exc: Exception) -> Response:
+        return Response(status_code=499)  # nobody reads it: the client left while waiting or sending
+
+    app = Starlette(routes=routes, exception_handlers={
+        BadRequest: bad_request, _TooLarge: too_large, _TooSlow: too_slow, Rejected: busy, ClientGone: gone,
+        ClientDisconnect: gone})
     app.state.service = service
     app.add_middleware(_Auth, service=service)
     return app
@@ -475,6 +586,7 @@ class _Auth:
         self.service = service
 
     async def __call__(self, scope: Dict[str, Any], receive: Callable, send: Callable) -> None:
+        scope.setdefault("state", {})["arrived"] = time.monotonic()  # the queue timeout counts from here
         if scope["type"] == "http" and not self.service.authorized(Request(scope)):
             self.service.rejected("auth")
             await JSONResponse({"detail": "a valid 'Authorization: Bearer <token>' header is required"},
@@ -505,6 +617,7 @@ OPENAPI: dict = {
         "/run_code": {"post": {"summary": "SandboxFusion's run_code (RunCodeRequest -> RunCodeResponse)",
                                "responses": {"200": {"description": "RunCodeResponse"},
                                              "504": {"description": "overloaded: retry"}}}},
+        "/": {"get": {"summary": "a page to run code by hand (it talks to /v1/stream)"}},
         "/v1/ping": {"get": {"summary": "SandboxFusion's ping: \"pong\""}},
         "/healthz": {"get": {"summary": "the process answers"}},
         "/readyz": {"get": {"summary": "workers are alive and the queue is not full (else 503)"}},
@@ -523,82 +636,3 @@ OPENAPI: dict = {
     }}},
 }
 
-
-# -- the command ------------------------------------------------------------------------------
-
-
-def _token(args: argparse.Namespace) -> Optional[str]:
-    if args.token_file:
-        with open(args.token_file, encoding="utf-8") as f:
-            token = f.read().strip()
-        if not token:
-            raise ValueError(f"the token file {args.token_file} is empty")
-        return token
-    return os.environ.get("EXECPOOL_TOKEN") or None
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def main(args: argparse.Namespace) -> int:
-    """``execpool serve``: exits 0 after a clean shutdown, 2 for bad usage."""
-    token = _token(args)
-    if token is None and not _loopback(args.host):
-        print(f"execpool serve: refusing to bind {args.host} without a token: anyone who can reach it could run "
-              "code here. Give --token-file PATH or set EXECPOOL_TOKEN.", file=sys.stderr)
-        return 2
-    preload = tuple(name.strip() for name in args.preload.split(",") if name.strip())
-    defaults = ServiceDefaults(timeout=args.timeout, max_timeout=args.max_timeout, warm=args.warm,
-                               network=args.network)
-    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
-    # IPPROTO_TCP, not 0: asyncio turns TCP_NODELAY on only for sockets
-    # that say they are TCP, and without it every answer on a kept-alive
-    # connection waits ~40 ms for the client's delayed ACK.
-    with socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((args.host, args.port))
-        # The token is in this process's memory and maybe its environment:
-        # tools running as the same user must not read them through /proc.
-        with ExecPool(workers=args.workers, preload=preload, non_dumpable=True) as pool:
-            app = create_app(pool, max_in_flight=args.max_in_flight, max_queue=args.max_queue,
-                             queue_timeout=args.queue_timeout, token=token, max_body_mb=args.max_body_mb,
-                             defaults=defaults, heartbeat_s=args.heartbeat)
-            try:
-                server = _Server(uvicorn.Config(app, log_level="warning", lifespan="off",
-                                                       timeout_graceful_shutdown=args.grace))
-                asyncio.run(_serve(server, sock))
-            finally:
-                app.state.service.close()
-    return 0
-
-
-class _Server(uvicorn.Server):
-    """uvicorn, but a SIGTERM or SIGINT only starts its graceful shutdown:
-    uvicorn raises the signal again once it has stopped, which would end
-    this process before it closed its pool."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-
-async def _serve(server: uvicorn.Server, sock: socket.socket) -> None:
-    task = asyncio.ensure_future(server.serve(sockets=[sock]))
-    while not server.started and not task.done():
-        await asyncio.sleep(0.01)
-    if server.started:
-        host, port = sock.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
-        print(f"execpool serve: ready at http://{shown}:{port}", flush=True)
-    await task

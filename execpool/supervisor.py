@@ -305,6 +305,15 @@ class ExecPool:
         (execpool/stats.py). The service's /metrics exports the same."""
         return self._stats.snapshot(self.running_jobs)
 
+    def scratch_dir(self) -> str:
+        """A new private directory that lasts as long as the pool: for files
+        a caller puts in front of its jobs or reads back after them (a job
+        gets it as ``cwd=``). It is removed when the pool closes and, should
+        this process die without closing it, by the pool's lifeline -- a
+        ``tempfile`` directory would outlive a SIGKILLed owner."""
+        self._check_open()
+        return self._workers.scratch_dir()
+
     @property
     def running_jobs(self) -> int:
         """Jobs submitted to a worker and not yet ended."""

@@ -374,3 +374,41 @@ def _name(pid: int) -> str:
         return " ".join(psutil.Process(pid).cmdline())[:60]
     except psutil.Error:
         return "gone"
+
+
+#: An owner with a scratch directory holding a file (and a tree) of a job's.
+SCRATCH_OWNER = textwrap.dedent("""
+    import sys
+    from execpool import ExecPool, ShellJob
+    pool = ExecPool(workers=1)
+    scratch = pool.scratch_dir()
+    assert pool.run(ShellJob("mkdir -p a/b/c && echo x > a/b/c/f", timeout=30, cwd=scratch)).exit_code == 0
+    print(scratch, flush=True)
+    sys.stdin.read()
+""")
+
+
+def test_a_scratch_directory_goes_with_close_and_with_a_sigkilled_owner(tmp_path, doomed):
+    """The service keeps the files of its requests' jobs in scratch
+    directories: a SIGKILLed server left them in /tmp (red team)."""
+    tmpdir = tmp_path / "owner-tmp"
+    tmpdir.mkdir()
+    with ExecPool(workers=1) as pool:
+        scratch = pool.scratch_dir()
+        assert os.stat(scratch).st_mode & 0o777 == 0o700
+        assert pool.run(ShellJob("echo x > f", timeout=30, cwd=scratch)).exit_code == 0
+    assert not os.path.exists(scratch)
+    with pytest.raises(RuntimeError):
+        pool.scratch_dir()
+    with open(tmp_path / "owner.err", "wb") as err:
+        owner = subprocess.Popen([sys.executable, "-c", SCRATCH_OWNER], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=err, cwd=REPO,
+                                 env={**os.environ, "TMPDIR": str(tmpdir)}, text=True)
+    try:
+        scratch = owner.stdout.readline().strip()
+        assert scratch, (tmp_path / "owner.err").read_text()[-2000:]
+        assert os.path.exists(os.path.join(scratch, "a/b/c/f"))
+        remember(doomed, [p.pid for p in psutil.Process(owner.pid).children()])
+        _kill_and_expect_nothing_left(owner, [proc.pid for proc in doomed], tmpdir)
+    finally:
+        _let_go(owner, doomed)

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -28,15 +29,29 @@ class Server:
     """``python -m execpool serve ARGS`` on a free loopback port."""
 
     def __init__(self, *args: str, env: dict | None = None) -> None:
+        # Its log goes to a file: a pipe nobody reads would stop a server
+        # that logs much.
+        self.stderr = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen([sys.executable, "-m", "execpool", "serve", "--port", "0", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True, cwd=REPO,
                                      env={**os.environ, **(env or {})})
         line = self.proc.stdout.readline()
         if "ready at " not in line:
             self.proc.kill()
-            raise AssertionError(f"the server did not start: {line!r} {self.proc.stderr.read()[-2000:]}")
+            self.proc.wait()
+            log = self.log()
+            self.proc.stdout.close()
+            self.stderr.close()
+            raise AssertionError(f"the server did not start: {line!r} {log[-2000:]}")
         self.url = line.split("ready at ", 1)[1].strip()
         self.client = httpx.Client(base_url=self.url, timeout=DEADLINE_S)
+
+    def log(self) -> str:
+        """What the server wrote to stderr so far (all of it, once stopped)."""
+        if self.stderr.closed:
+            return self.logged
+        self.stderr.seek(0)
+        return self.stderr.read()
 
     def descendants(self) -> list:
         try:
@@ -55,7 +70,8 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
             self.proc.stdout.close()
-            self.proc.stderr.close()
+            self.logged = self.log()
+            self.stderr.close()
 
 
 @pytest.fixture(scope="module")
@@ -289,6 +305,10 @@ def test_a_token_guards_every_route_but_health_and_a_401_runs_nothing(tmp_path):
                                  headers=headers).status_code == 401
             assert s.client.get("/metrics", headers=headers).status_code == 401
         assert s.client.get("/healthz").status_code == 200 and s.client.get("/v1/ping").json() == "pong"
+        # The page and the icon a browser asks for beside it need no token (the page's runs do).
+        assert s.client.get("/").status_code == 200 and s.client.get("/favicon.ico").status_code == 204
+        metrics = s.client.get("/metrics", headers={"Authorization": "Bearer s3cret-token"}).text
+        assert 'execpool_rejected_total{reason="auth"} 9.0' in metrics
         ok = s.client.post("/v1/run", json={"shell": "echo in"}, headers={"Authorization": "Bearer s3cret-token"})
         assert ok.json()["output"] == "in\n"
         assert not marker.exists(), "a request without the token ran"
@@ -408,6 +428,9 @@ def test_sigterm_lets_running_jobs_finish_within_the_grace_then_kills_the_rest(t
         quick.join(DEADLINE_S)
         stuck.join(DEADLINE_S)
         assert answers["quick"].json()["output"] == "ok\n"
+        # Cut short by the shutdown, still answered: its cancelled record (was a 500).
+        stuck_record = answers["stuck"].json()
+        assert stuck_record["status"] == "cancelled" and "cancelled" in stuck_record["error"], stuck_record
         assert all_dead([sleeper] + [p.pid for p in below], timeout=5.0)
     finally:
         gate.touch()

@@ -1,0 +1,199 @@
+"""``execpool serve``, the command: one pool, the app (execpool/serve.py)
+on uvicorn, the sockets it listens on, and its shutdown.
+
+Runs in the service's process. What it adds to the app is what only the
+process that owns the listening sockets can do:
+
+- refuse to listen beyond loopback without a token;
+- on loopback, hold the port on both 127.0.0.1 and ::1, so that no job can
+  take ``[::1]:PORT`` and answer the clients that say ``localhost``;
+- give up on connections that do not send their request headers in time
+  (uvicorn has no such limit: a client that trickles a header byte every
+  few seconds would hold its connection for ever);
+- SIGTERM / SIGINT: stop listening, give running jobs ``--grace`` seconds,
+  then cancel what still runs (each request is answered with its
+  ``cancelled`` record), close the pool, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import errno
+import ipaddress
+import os
+import signal
+import socket
+import sys
+from typing import List, Optional
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .httpjobs import ServiceDefaults
+from .serve import create_app
+from .supervisor import ExecPool
+
+#: After the grace, cancelled jobs still answer their requests: this long.
+ANSWER_CANCELLED_S = 5.0
+#: Ports tried for a loopback service on port 0 whose ::1 twin was taken.
+_PORT_TRIES = 16
+
+
+def main(args: argparse.Namespace) -> int:
+    """``execpool serve``: exits 0 after a clean shutdown, 2 for bad usage."""
+    try:
+        token = _token(args)
+    except (OSError, ValueError) as exc:
+        print(f"execpool serve: {exc}", file=sys.stderr)
+        return 2
+    if token is None and not _loopback(args.host):
+        print(f"execpool serve: refusing to bind {args.host} without a token: anyone who can reach it could run "
+              "code here. Give --token-file PATH or set EXECPOOL_TOKEN.", file=sys.stderr)
+        return 2
+    try:
+        sockets = _listen(args.host, args.port)
+    except OSError as exc:
+        print(f"execpool serve: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
+        return 2
+    preload = tuple(name.strip() for name in args.preload.split(",") if name.strip())
+    defaults = ServiceDefaults(timeout=args.timeout, max_timeout=args.max_timeout, warm=args.warm,
+                               network=args.network)
+    try:
+        # The token is in this process's memory and maybe its environment:
+        # tools running as the same user must not read them through /proc.
+        with ExecPool(workers=args.workers, preload=preload, non_dumpable=True) as pool:
+            app = create_app(pool, max_in_flight=args.max_in_flight, max_queue=args.max_queue,
+                             queue_timeout=args.queue_timeout, token=token, max_body_mb=args.max_body_mb,
+                             defaults=defaults, heartbeat_s=args.heartbeat, read_timeout=args.read_timeout)
+            _HeadersInTime.timeout = args.read_timeout
+            config = uvicorn.Config(app, http=_HeadersInTime, log_level="warning", lifespan="off",
+                                    timeout_graceful_shutdown=args.grace + ANSWER_CANCELLED_S)
+            asyncio.run(_serve(_Server(config), sockets, app.state.service, args.grace))
+    finally:
+        for sock in sockets:
+            sock.close()
+    return 0
+
+
+def _token(args: argparse.Namespace) -> Optional[str]:
+    if args.token_file:
+        with open(args.token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+        if not token:
+            raise ValueError(f"the token file {args.token_file} is empty")
+        return token
+    return os.environ.get("EXECPOOL_TOKEN") or None
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _listen(host: str, port: int) -> List[socket.socket]:
+    """The listening sockets: ``host``'s, and on loopback ::1's (or
+    127.0.0.1's) on the same port as well, where this machine has it."""
+    if host == "localhost" or host in ("127.0.0.1", "::1"):
+        first = "::1" if host == "::1" else "127.0.0.1"
+        twin = "127.0.0.1" if first == "::1" else "::1"
+        for _ in range(_PORT_TRIES if port == 0 else 1):
+            main_socket = _bound(first, port)
+            try:
+                return [main_socket, _bound(twin, main_socket.getsockname()[1])]
+            except OSError as exc:
+                if exc.errno == errno.EADDRNOTAVAIL or (exc.errno == errno.EAFNOSUPPORT):
+                    return [main_socket]  # no such loopback here: nobody can squat on it either
+                main_socket.close()
+                if exc.errno != errno.EADDRINUSE or port != 0:
+                    raise
+        raise OSError(errno.EADDRINUSE, "no free port on both 127.0.0.1 and ::1")
+    return [_bound(host, port)]
+
+
+def _bound(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP, not 0: asyncio turns TCP_NODELAY on only for sockets
+    # that say they are TCP, and without it every answer on a kept-alive
+    # connection waits ~40 ms for the client's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class _HeadersInTime(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, with a deadline for each request's
+    headers: ``timeout`` seconds from the connection, or from the end of
+    the answer before. (The body has its own, in the app.) The idle test
+    is the protocol's own, the one its ``shutdown`` uses."""
+
+    timeout: float = 30.0
+
+    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+        super().connection_made(transport)
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._headers_due = self.loop.call_later(self.timeout, self._headers_late)
+
+    def _disarm(self) -> None:
+        due = getattr(self, "_headers_due", None)
+        if due is not None:
+            due.cancel()
+
+    def _headers_late(self) -> None:
+        if self.cycle is None or self.cycle.response_complete:
+            self.timeout_keep_alive_handler()  # closes the connection, as an idle one's end
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, but a SIGTERM or SIGINT only starts its graceful shutdown:
+    uvicorn raises the signal again once it has stopped, which would end
+    this process before it closed its pool."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[no-untyped-def]
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+async def _serve(server: uvicorn.Server, sockets: List[socket.socket], service, grace: float) -> None:
+    """Serve until told to stop; then the grace, then cancel what runs."""
+    task = asyncio.ensure_future(server.serve(sockets=sockets))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if server.started:
+        host, port = sockets[0].getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        print(f"execpool serve: ready at http://{shown}:{port}", flush=True)
+    while not server.should_exit and not task.done():
+        await asyncio.sleep(0.05)  # uvicorn itself looks at should_exit every 0.1 s
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(asyncio.shield(task), grace)
+    service.stop_jobs()
+    await task

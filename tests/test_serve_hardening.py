@@ -1,0 +1,198 @@
+"""``execpool serve`` against clients and jobs that mean harm: slow or
+vanishing clients, bodies that cost far more than they weigh, a job that
+squats on the service's port, a server SIGKILLed with files on disk, a
+shutdown that cuts jobs short. Each test was red before its fix; each
+server is the real command on a loopback port, run as root (the service's
+own user: nothing here needs another)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+from execpool.admission import Admission, Rejected
+from execpool.httpjobs import MAX_BATCH_JOBS, MAX_FILES
+from helpers import all_dead, alive, wait_for
+from test_serve import DEADLINE_S, REPO, Server, b64
+
+#: A job that waits for a file the test creates.
+def _gated(gate) -> str:
+    return f"while [ ! -e {gate} ]; do sleep 0.01; done"
+
+
+def _address(server: Server) -> tuple:
+    url = httpx.URL(server.url)
+    return url.host, url.port
+
+
+def _raw(server: Server, data: bytes) -> socket.socket:
+    sock = socket.create_connection(_address(server), timeout=DEADLINE_S)
+    sock.sendall(data)
+    return sock
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    chunks = []
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+@pytest.fixture(scope="module")
+def slow_server():
+    s = Server("--workers", "1", "--read-timeout", "0.5", "--max-body-mb", "1")
+    yield s
+    assert s.stop() == 0
+
+
+def test_a_client_that_trickles_its_headers_or_body_is_cut_off(slow_server):
+    """Red team: a connection that never finished its headers, or its body,
+    was held for ever (uvicorn has no such deadline)."""
+    headers = _raw(slow_server, b"POST /v1/run HTTP/1.1\r\nHost: x\r\n")
+    body = _raw(slow_server, b"POST /v1/run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 100\r\n\r\n{\"shell\": ")
+    idle = _raw(slow_server, b"")
+    with headers, body, idle:
+        assert _read_all(headers) == b"", "a connection without its headers is closed, unanswered"
+        answer = _read_all(body)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+        assert b"0.5 s" in answer
+        assert _read_all(idle) == b""
+    assert 'execpool_rejected_total{reason="read_timeout"} 1.0' in slow_server.client.get("/metrics").text
+    # A client that keeps its connection and sends its next request in time is served.
+    with httpx.Client(base_url=slow_server.url) as client:
+        for _ in range(3):
+            assert client.post("/v1/run", json={"shell": "echo hi"}).json()["output"] == "hi\n"
+
+
+def test_fetching_is_bounded_in_count_and_in_bytes(slow_server):
+    """Red team: ``fetch_files`` could name one 16 MiB file a thousand
+    times, all read on the event loop; now each path is read once and the
+    files together fit what an answer may carry (here 1 MiB)."""
+    answer = slow_server.client.post("/v1/run", json={
+        "shell": "head -c 700000 /dev/zero > a; head -c 700000 /dev/zero > b; echo x > c",
+        "fetch_files": ["a"] * 50 + ["b", "c"]}).json()
+    assert answer["status"] == "ok"
+    assert sorted(answer["files"]) == ["a", "c"], "b does not fit beside a; c does"
+    assert len(answer["files"]["a"]) == len(b64(b"\0" * 700000))
+
+
+def test_a_client_gone_while_sending_its_body_costs_no_traceback():
+    """Red team: each half-sent body logged a ClientDisconnect traceback, a
+    log flood anyone could cause."""
+    s = Server("--workers", "1")
+    try:
+        for _ in range(5):
+            with _raw(s, b"POST /v1/run HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"sh"):
+                pass
+        assert s.client.post("/v1/run", json={"shell": "echo after"}).json()["output"] == "after\n"
+    finally:
+        assert s.stop() == 0
+    assert "Traceback" not in s.log(), s.log()[-2000:]
+
+
+def test_batches_and_file_lists_past_their_limits_are_refused_before_anything_runs(tmp_path):
+    marker = tmp_path / "ran"
+    s = Server("--workers", "1")
+    try:
+        c = s.client
+        lines = b"\n" * MAX_BATCH_JOBS + json.dumps({"shell": f"touch {marker}"}).encode()
+        answer = c.post("/v1/batch", content=lines)
+        assert answer.status_code == 400 and str(MAX_BATCH_JOBS) in answer.json()["detail"]
+        tests = {"code": f"open({str(marker)!r}, 'w')", "tests": [{"expected": ""}] * (MAX_BATCH_JOBS + 1)}
+        answer = c.post("/v1/batch", json=tests)
+        assert answer.status_code == 400 and '"tests"' in answer.json()["detail"]
+        many = {f"f{i}": b64(b"") for i in range(MAX_FILES + 1)}
+        answer = c.post("/v1/run", json={"shell": f"touch {marker}", "files": many})
+        assert answer.status_code == 400 and '"files"' in answer.json()["detail"]
+        answer = c.post("/v1/run", json={"shell": f"touch {marker}", "fetch_files": list(many)})
+        assert answer.status_code == 400 and '"fetch_files"' in answer.json()["detail"]
+        assert not marker.exists()
+        # Within the limits, the same shapes run.
+        fine = c.post("/v1/batch", content=b"\n" * 100 + json.dumps({"shell": "echo ok"}).encode())
+        assert json.loads(fine.text)["output"] == "ok\n"
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_job_cannot_take_the_services_port_on_the_other_loopback(tmp_path):
+    """Red team: the service held 127.0.0.1:PORT only; a job could bind
+    [::1]:PORT and answer every client that says ``localhost`` (and read
+    its token). Both loopbacks are held now."""
+    s = Server("--workers", "1")
+    try:
+        port = _address(s)[1]
+        squat = (f"import socket\ns = socket.socket(socket.AF_INET6)\n"
+                 f"s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)\n"
+                 f"try:\n    s.bind(('::1', {port}))\n    print('bound')\nexcept OSError as e:\n    print(e.errno)")
+        answer = s.client.post("/v1/run", json={"python": squat}).json()
+        assert answer["output"] == f"{errno.EADDRINUSE}\n", answer
+        with httpx.Client(base_url=f"http://[::1]:{port}") as v6:
+            assert v6.get("/v1/ping").json() == "pong", "the service answers on ::1 too"
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_sigkilled_server_leaves_no_job_directory_behind(tmp_path):
+    """Red team: the directories of jobs that brought files stayed in /tmp
+    after a SIGKILL of the server; they are the pool's now, which its
+    lifeline removes."""
+    tmpdir, gate = tmp_path / "server-tmp", tmp_path / "gate"
+    tmpdir.mkdir()
+    s = Server("--workers", "1", env={"TMPDIR": str(tmpdir)})
+    answers = []
+    try:
+        body = {"shell": f"cat in.txt; mkdir -p a/b/c; {_gated(gate)}", "files": {"in.txt": b64(b"x")}}
+        thread = threading.Thread(target=lambda: answers.append(_post_or_error(s, body)))
+        thread.start()
+        assert wait_for(lambda: s.client.get("/readyz").json()["in_flight"] == 1, DEADLINE_S)
+        assert any(name.startswith("execpool-") and "scratch" in name for name in os.listdir(tmpdir))
+        below = [p.pid for p in s.descendants()]
+        s.proc.kill()
+        s.proc.wait()
+        thread.join(DEADLINE_S)
+        assert all_dead(below, timeout=5.0), [pid for pid in below if alive(pid)]
+        assert wait_for(lambda: not os.listdir(tmpdir), 5.0), os.listdir(tmpdir)
+    finally:
+        gate.touch()
+        s.stop()
+
+
+def _post_or_error(s: Server, body: dict):
+    try:
+        return s.client.post("/v1/run", json=body)
+    except httpx.HTTPError as exc:
+        return exc
+
+
+def test_the_queue_timeout_counts_from_the_requests_arrival():
+    """p99 at 256 clients was over the queue timeout: the time spent before
+    the queue (reading the body) was not counted."""
+    async def scenario():
+        admission = Admission(max_in_flight=1, max_queue=4, queue_timeout=5.0)
+        await admission.acquire()
+        started = time.monotonic()
+        with pytest.raises(Rejected) as late:
+            await admission.acquire(since=started - 5.0)
+        assert late.value.reason == "queue_timeout" and time.monotonic() - started < 1.0
+        waiter = asyncio.ensure_future(admission.acquire(since=time.monotonic()))
+        await asyncio.sleep(0)
+        assert admission.queue_depth == 1
+        admission.release()
+        assert await asyncio.wait_for(waiter, DEADLINE_S) >= 0.0
+    asyncio.run(scenario())
