@@ -211,6 +211,19 @@ def _parked_spares(pool: ExecPool) -> list:
     return _helpers(pool, SPARE_NAME)
 
 
+def _descriptors(pid: int) -> list:
+    try:
+        return [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return []
+
+
+def _holds_only_its_socket(pid: int) -> bool:
+    targets = _descriptors(pid)
+    sockets = [t for t in targets if t.startswith("socket:")]
+    return len(sockets) == 1 and set(targets) - {os.devnull} == set(sockets)
+
+
 def test_each_warm_job_runs_exactly_once_in_its_spare():
     # A hand-over once ran the job a second time in a fresh fork when the
     # spare had closed its socket before the worker's last (empty) send.
@@ -223,13 +236,15 @@ def test_each_warm_job_runs_exactly_once_in_its_spare():
 def test_a_warm_job_takes_a_spare_parked_by_the_ones_before():
     with ExecPool(workers=1) as pool:
         pool.run(PythonJob("pass", warm=True))
-        assert wait_for(lambda: len(_parked_spares(pool)) == WARM_SPARES)
+        # A spare takes its name before it has handed its socket over and
+        # let go of the template's channel: wait until each is parked, with
+        # nothing of the worker's or the template's channel -- /dev/null and
+        # its own socket. (Read as soon as there were enough names, a spare
+        # still setting up showed three sockets.)
+        assert wait_for(lambda: len(_parked_spares(pool)) == WARM_SPARES
+                        and all(_holds_only_its_socket(spare.pid) for spare in _parked_spares(pool))), \
+            {spare.pid: _descriptors(spare.pid) for spare in _parked_spares(pool)}
         spares = {spare.pid for spare in _parked_spares(pool)}
-        for spare in spares:
-            # Nothing of the worker's or the template's channel: /dev/null and its own socket.
-            targets = [os.readlink(f"/proc/{spare}/fd/{fd}") for fd in os.listdir(f"/proc/{spare}/fd")]
-            assert sorted(set(targets) - {os.devnull}) == [t for t in targets if t.startswith("socket:")]
-            assert len([t for t in targets if t.startswith("socket:")]) == 1
         # A job ending with no job left does not take the template or a spare for a stray.
         assert pool.run(ShellJob("true")).exit_code == 0
         result = pool.run(PythonJob("import os, sys\nprint(os.getpid())\nsys.exit(3)", warm=True))
