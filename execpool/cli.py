@@ -32,8 +32,8 @@ from .batch import run_tagged
 from .jobs import PythonJob, ShellJob
 from . import checks
 from .admission import DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT_S
-from .httpjobs import (DEFAULT_GRACE_S, DEFAULT_HEARTBEAT_S, DEFAULT_MAX_BODY_MB, DEFAULT_READ_TIMEOUT_S,
-                       ServiceDefaults)
+from .httpjobs import (DEFAULT_GRACE_S, DEFAULT_HEARTBEAT_S, DEFAULT_MAX_BODY_MB, DEFAULT_MAX_CONNECTIONS,
+                       DEFAULT_READ_TIMEOUT_S, ServiceDefaults)
 from .records import STATUSES, RecordsError, ResultsFile, json_type, line_key, result_record
 from .result import Result, Status
 from .supervisor import ExecPool
@@ -184,6 +184,9 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-file", help="file holding the bearer token (or set EXECPOOL_TOKEN)")
     parser.add_argument("--max-body-mb", type=_positive_int, default=DEFAULT_MAX_BODY_MB,
                         help=f"largest request body (default {DEFAULT_MAX_BODY_MB} MiB)")
+    parser.add_argument("--max-connections", type=_positive_int, default=DEFAULT_MAX_CONNECTIONS,
+                        help=f"open connections at most; more are closed at once (default {DEFAULT_MAX_CONNECTIONS}, "
+                             "or what the descriptor limit leaves room for)")
     parser.add_argument("--read-timeout", type=_seconds, default=DEFAULT_READ_TIMEOUT_S,
                         help=f"seconds a request's headers, then its body, may take to arrive "
                              f"(default {DEFAULT_READ_TIMEOUT_S:g})")

@@ -14,8 +14,8 @@ name, and never a symlink followed.
 from __future__ import annotations
 
 import errno
-import itertools
 import os
+import secrets
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -29,7 +29,6 @@ def remove_tree(path: str) -> bool:
         return True
     except OSError:
         return _quietly(os.unlink, path)
-    names = itertools.count()
     try:
         while True:
             subdirs = []
@@ -42,7 +41,7 @@ def remove_tree(path: str) -> bool:
             if not subdirs:
                 break
             for name in subdirs:
-                if not _hoist(top, name, names):
+                if not _hoist(top, name):
                     return False
     except OSError:
         return False
@@ -51,7 +50,7 @@ def remove_tree(path: str) -> bool:
     return _quietly(os.rmdir, path)
 
 
-def _hoist(top: int, name: str, names: "itertools.count[int]") -> bool:
+def _hoist(top: int, name: str) -> bool:
     """Move what ``name`` holds up into ``top`` and remove ``name``; a job
     may have left it unreadable (mode 0), which its owner can undo."""
     _quietly(os.chmod, name, 0o700, dir_fd=top, follow_symlinks=False)
@@ -63,7 +62,7 @@ def _hoist(top: int, name: str, names: "itertools.count[int]") -> bool:
         with os.scandir(inner) as entries:
             children = [entry.name for entry in entries]
         for child in children:
-            _rename_up(inner, child, top, names)
+            _rename_up(inner, child, top)
     except OSError:
         return False
     finally:
@@ -71,12 +70,13 @@ def _hoist(top: int, name: str, names: "itertools.count[int]") -> bool:
     return _quietly(os.rmdir, name, dir_fd=top)
 
 
-def _rename_up(inner: int, child: str, top: int, names: "itertools.count[int]") -> None:
-    """``child`` into ``top`` under a fresh name; a name the job took
-    already (it chose the tree's names) is skipped, a few times over."""
+def _rename_up(inner: int, child: str, top: int) -> None:
+    """``child`` into ``top`` under a fresh name. The job chose the tree's
+    names, so the fresh ones are random: names counted from 0 it took in
+    advance (64 of them made the tree impossible to remove)."""
     for _ in range(64):
         try:
-            os.rename(child, f".execpool-hoisted-{next(names)}", src_dir_fd=inner, dst_dir_fd=top)
+            os.rename(child, f".execpool-hoisted-{secrets.token_hex(8)}", src_dir_fd=inner, dst_dir_fd=top)
             return
         except (FileExistsError, IsADirectoryError, NotADirectoryError):
             continue

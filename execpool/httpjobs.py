@@ -39,14 +39,25 @@ DEFAULT_GRACE_S = 10.0
 #: client that trickles them would hold a connection for ever.
 DEFAULT_READ_TIMEOUT_S = 30.0
 
+#: Connections the service keeps open at most: each is a descriptor, and a
+#: job can open thousands of connections to the server it runs under.
+DEFAULT_MAX_CONNECTIONS = 4096
+
 #: Jobs in one /v1/batch, and files one job may bring or fetch: enough for
 #: any real use; past them a small body would cost the service far more
 #: than it weighs (a record per line, a file per entry).
 MAX_BATCH_JOBS = 10_000
 MAX_FILES = 1_000
+#: A job's own environment: Linux refuses more than ~2 MiB of arguments and
+#: environment together (and any one string over 128 KiB).
+MAX_ENV_VARS = 1_000
+MAX_ENV_CHARS = 256 << 10
 
 #: Keys of an execpool job body (the batch input line's, without ``cwd``).
 RUN_KEYS = ("id", "python", "shell", "timeout", "stdin", "env", "files", "fetch_files")
+
+#: The largest ``memory_limit_MB`` taken (1 PiB): a cap, not a wish.
+MAX_MEMORY_LIMIT_MB = 1 << 30
 
 #: SandboxFusion's languages that run here, and what runs them.
 SANDBOX_FUSION_LANGUAGES = ("python", "bash")
@@ -64,6 +75,13 @@ class JobRequest:
     ident: Any = None
     files: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
     fetch: tuple = ()
+
+    @property
+    def size(self) -> int:
+        """Roughly what submitting the job costs, in characters: its code,
+        stdin and environment."""
+        job = self.job
+        return len(job.source) + len(job.stdin or "") + sum(len(k) + len(v) for k, v in (job.env or {}).items())
 
     @property
     def needs_directory(self) -> bool:
@@ -110,6 +128,10 @@ def run_request(obj: object, defaults: ServiceDefaults, *, separate_stderr: bool
     env = obj.get("env")
     if env is not None and not isinstance(env, dict):
         raise BadRequest(f'"env" must be an object, not {json_type(env)}')
+    if env and (len(env) > MAX_ENV_VARS or sum(len(k) + len(str(v)) for k, v in env.items()) > MAX_ENV_CHARS):
+        # A tool could not start with it anyway (execve's E2BIG), after
+        # costing the server far more than the body weighed.
+        raise BadRequest(f'"env" is over {MAX_ENV_VARS} variables or {MAX_ENV_CHARS} characters')
     job = _job(kind, obj[kind], defaults, timeout=obj.get("timeout", defaults.timeout), stdin=obj.get("stdin"),
                env=env, separate_stderr=separate_stderr, source_field=kind)
     return JobRequest(job, ident, _files(obj.get("files"), "files"), _fetch(obj.get("fetch_files")))
@@ -185,6 +207,8 @@ def sandbox_fusion_request(obj: object, defaults: ServiceDefaults, memory_by_cgr
     if isinstance(memory_mb, bool) or not isinstance(memory_mb, int):
         raise BadRequest(f'"memory_limit_MB" must be an integer, not {json_type(memory_mb)}')
     limits = defaults.limits
+    if memory_mb > MAX_MEMORY_LIMIT_MB:
+        raise BadRequest(f'"memory_limit_MB" is over {MAX_MEMORY_LIMIT_MB}')
     if memory_mb > 0:
         cap = memory_mb << 20
         limits = (dataclasses.replace(limits, memory=cap) if memory_by_cgroup

@@ -49,6 +49,13 @@ from .stats import StatsRecorder
 #: interpreter or the package is broken: stop respawning and say so.
 MAX_STARTUP_FAILURES = 3
 
+#: A replacement worker that cannot be started (no descriptors, no memory,
+#: no process slots -- all of which a job can take for a while) is tried
+#: again after this, doubling up to the most: a pool never gives up on a
+#: passing shortage.
+RESPAWN_BACKOFF_S = 0.05
+RESPAWN_BACKOFF_MAX_S = 2.0
+
 #: Characters reserved for a job marker (a 12-character token, "/", a job id).
 _MARKER_ROOM = 48
 
@@ -130,6 +137,7 @@ class Workers:
         self._startup_failures = 0
         self._cleanups: set[threading.Thread] = set()
         self._cleaned = threading.Condition(self.lock)
+        self._closing = threading.Event()  # wakes a replacement waiting to try again
         self._scratch: dict[str, str] = {}  # token -> directory (scratch_dir)
         # Before any worker, so that it is in none of their groups and knows them all.
         self.lifeline = lifeline.Lifeline(self._process_env())
@@ -218,6 +226,7 @@ class Workers:
         with self.lock:
             self.closed = True
             workers = list(self.all)
+        self._closing.set()
         for worker in workers:
             worker.send(channel.Shutdown())
         for worker in workers:
@@ -314,13 +323,13 @@ class Workers:
         Results: a future left pending would hang its caller for good."""
         code = None
         try:
-            if replace:
-                self._replace(worker)
             try:
                 code = worker.proc.wait(EXIT_WAIT_S)
             except subprocess.TimeoutExpired:
                 worker.proc.kill()
                 code = worker.proc.wait()
+            # Before the replacement: what the dead worker's jobs left may
+            # hold the very descriptors or memory a new worker needs.
             self._release(worker, bool(lost))
         except Exception as exc:  # noqa: BLE001 - logged; the jobs still end below
             logger.error("execpool: cleaning up after worker %d failed", worker.pid, exc_info=exc)
@@ -335,27 +344,43 @@ class Workers:
                 handle.finish(Result(status=Status.INFRA, error=error, worker_pid=worker.pid,
                                      worker_exit_code=code))
             worker.close()
+            try:
+                if replace:
+                    self._replace(worker)
+            except Exception as exc:  # noqa: BLE001 - logged; the pool goes on with the workers it has
+                logger.error("execpool: replacing worker %d failed", worker.pid, exc_info=exc)
             with self._cleaned:
                 self._cleanups.discard(threading.current_thread())
                 self._cleaned.notify_all()
 
     def _replace(self, worker: WorkerProcess) -> None:
+        """Start the dead worker's successor, trying again while the machine
+        is short of what it takes (a job can exhaust descriptors or process
+        slots for a while): a pool whose last worker died must not stay
+        without one. Only a worker that dies before it is ready, again and
+        again, means the pool is broken."""
         with self.lock:
-            if self.closed:
-                return
             if not worker.ready.is_set():
                 self._startup_failures += 1
                 if self._startup_failures >= MAX_STARTUP_FAILURES:
                     self.broken = (f"execpool workers cannot start: {sys.executable} -m execpool.worker "
                                    f"exited with {describe_exit(worker.proc.poll())} before it was ready")
                     return
-            try:
-                self.all.append(self._spawn())
-                self._stats.worker_restarted()
-            except OSError as exc:
-                logger.error("execpool: cannot start a replacement worker: %s", exc)
-                if not self.all:
-                    self.broken = f"execpool cannot start a worker: {exc}"
+        backoff = RESPAWN_BACKOFF_S
+        while True:
+            with self.lock:
+                if self.closed:
+                    return
+                try:
+                    self.all.append(self._spawn())
+                    self._stats.worker_restarted()
+                    return
+                except OSError as exc:
+                    logger.error("execpool: cannot start a replacement worker (trying again in %g s): %s",
+                                 backoff, exc)
+            if self._closing.wait(backoff):
+                return
+            backoff = min(2 * backoff, RESPAWN_BACKOFF_MAX_S)
 
     def _release(self, worker: WorkerProcess, had_jobs: bool) -> None:
         """Whatever an exited worker's jobs left, gone before their directory

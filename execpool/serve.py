@@ -49,7 +49,7 @@ import os
 import tempfile
 import threading
 import time
-from typing import Any, AsyncIterator, Callable, Dict, Mapping, Optional, Set, Tuple
+from typing import Any, AsyncIterator, Callable, Dict, Mapping, Optional, Sequence, Set, Tuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
@@ -65,7 +65,7 @@ from .dirs import remove_tree
 from .future import JobFuture
 from .httpjobs import (DEFAULT_HEARTBEAT_S, DEFAULT_MAX_BODY_MB, DEFAULT_READ_TIMEOUT_S, BadRequest, JobRequest,
                        ServiceDefaults)
-from .jobfiles import JobFileError, read_files, write_files
+from .jobfiles import DEFAULT_FETCH_MAX_BYTES, JobFileError, read_files, write_files
 from .jobs import Limits, ShellJob
 from .result import Result, Status
 from .stats import DURATION_BUCKETS_S
@@ -76,6 +76,9 @@ from .supervisor import ExecPool
 #: /v1/stream carry the token the person types in) with the icon browsers
 #: ask for beside it (else every visit would count as a refused token).
 OPEN_PATHS = ("/", "/favicon.ico", "/healthz", "/readyz", "/v1/ping")
+
+#: What a ``Host`` header may say to a server that listens on loopback.
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 
 #: The page may run only its own inline script and talk only to this
 #: server: the output it shows is a tool's, so nothing else may load.
@@ -203,11 +206,14 @@ class _Service:
         self.metrics.queue_wait.observe(waited)
 
     def memory_by_cgroup(self) -> bool:
-        """Whether a job's memory cap can be a cgroup here; asked once, of
-        the pool itself (a job with the cap either starts or is INFRA)."""
+        """Whether a job's memory cap can be a cgroup here; asked of the
+        pool itself (a job with the cap either starts or is INFRA), and
+        remembered unless the probe's worker died under it."""
         if self._memory_by_cgroup is None:
             probe = self.pool.run(ShellJob("true", timeout=10, limits=Limits(memory=256 << 20)))
-            self._memory_by_cgroup = probe.status is Status.OK
+            if probe.status is not Status.INFRA or probe.worker_pid is None:
+                self._memory_by_cgroup = probe.status is Status.OK
+            return probe.status is Status.OK
         return self._memory_by_cgroup
 
     @contextlib.asynccontextmanager
@@ -220,7 +226,7 @@ class _Service:
         if not job_request.needs_directory:
             yield job_request.job, None
             return
-        directory = tempfile.mkdtemp(dir=self.root)
+        directory = self._new_directory()
         try:
             try:
                 await asyncio.to_thread(write_files, directory, job_request.files)
@@ -231,14 +237,39 @@ class _Service:
             # Shielded: a cancelled request still has its directory removed.
             await asyncio.shield(asyncio.to_thread(remove_tree, directory))
 
+    def _new_directory(self) -> str:
+        """A job's directory under the root; a job that ran as this
+        process's user may have moved the root away: it is made again (the
+        lifeline knows its path), and failing that the request is refused."""
+        for _ in range(2):
+            try:
+                return tempfile.mkdtemp(dir=self.root)
+            except FileNotFoundError:
+                with contextlib.suppress(OSError):
+                    os.mkdir(self.root, 0o700)
+            except OSError as exc:
+                logger.error("execpool serve: cannot make a job directory in %s: %s", self.root, exc)
+                break
+        raise Rejected("no_directory", 1)
+
     async def fetched(self, job_request: JobRequest, directory: Optional[str]) -> Dict[str, bytes]:
         if directory is None or not job_request.fetch:
             return {}
         return await asyncio.to_thread(read_files, directory, job_request.fetch,
-                                       max_total_bytes=self.max_body_bytes)
+                                       max_total_bytes=min(self.max_body_bytes, DEFAULT_FETCH_MAX_BYTES))
 
-    def submit(self, job) -> JobFuture:  # type: ignore[no-untyped-def]
-        future = self.pool.submit(job)
+    async def submit(self, job_request: JobRequest, job) -> JobFuture:  # type: ignore[no-untyped-def]
+        """Start the job -- on a thread when it is big, since submitting
+        checks and pickles it -- or Rejected when the pool has no worker
+        to run it right now (one is being replaced)."""
+        try:
+            if job_request.size > _OFF_LOOP_BYTES:
+                future = await asyncio.to_thread(self.pool.submit, job)
+            else:
+                future = self.pool.submit(job)
+        except RuntimeError as exc:
+            logger.warning("execpool serve: cannot start a job: %s", exc)
+            raise Rejected("no_workers", 1) from None
         self._jobs.add(future)
         if self._stopping:
             future.cancel()
@@ -246,18 +277,45 @@ class _Service:
 
     async def run(self, job_request: JobRequest, route: str, request: Optional[Request]
                   ) -> Tuple[Result, Dict[str, bytes]]:
-        """Run one admitted job (its slot is released here) and fetch its files."""
+        """Run one admitted job and fetch its files (the slot stays the
+        caller's to release)."""
+        async with self.placed(job_request) as (job, directory):
+            future = await self.submit(job_request, job)
+            try:
+                result = await _until_done_or_gone(future, request)
+            finally:
+                self._jobs.discard(future)
+            self.metrics.job(route, job.kind, result)
+            return result, await self.fetched(job_request, directory)
+
+    async def answer(self, job_request: JobRequest, route: str, request: Request,
+                     build: Callable[[Result, Dict[str, bytes]], Tuple[int, dict]]) -> Response:
+        """Run a job on the slot the route took and answer ``build(result,
+        files)``. The slot is released once the answer is sent -- a client
+        that does not read holds its slot, not a pile of answers -- and an
+        answer carrying big files is built on a thread."""
+        held = _Held(self.admission)
         try:
-            async with self.placed(job_request) as (job, directory):
-                future = self.submit(job)
-                try:
-                    result = await _until_done_or_gone(future, request)
-                finally:
-                    self._jobs.discard(future)
-                self.metrics.job(route, job.kind, result)
-                return result, await self.fetched(job_request, directory)
-        finally:
-            self.admission.release()
+            result, files = await self.run(job_request, route, request)
+            big = sum(map(len, files.values())) > _OFF_LOOP_BYTES
+
+            def render() -> Tuple[int, bytes]:
+                status, content = build(result, files)
+                return status, json.dumps(content).encode()
+
+            status, content = await asyncio.to_thread(render) if big else render()
+        except BaseException:
+            held.release()
+            raise
+        if len(content) <= _OFF_LOOP_BYTES:
+            response: Response = _SlotAnswer(content, status_code=status, media_type="application/json")
+            response.held = held  # type: ignore[attr-defined]
+            return response
+        # In pieces: each waits until the client has taken the one before,
+        # so the slot is held until the answer is nearly all sent (in one
+        # piece, it would sit in the connection's buffer, slot released).
+        return _SlotResponse(held, _pieces(content), status_code=status, media_type="application/json",
+                             headers={"Content-Length": str(len(content))})
 
     def rejected(self, reason: str) -> None:
         self.metrics.rejected.labels(reason).inc()
@@ -275,16 +333,14 @@ class _Service:
             return JSONResponse(httpjobs.sandbox_error(str(exc)))
         try:
             await self.slot(request)
+            return await self.answer(job_request, "run_code", request, _sandbox_fusion_answer)
         except Rejected as exc:
             self.rejected(exc.reason)
             return JSONResponse({"detail": f"execpool is busy ({exc.reason}); retry"}, status_code=504)
         except ClientGone:
             return Response(status_code=499)
-        try:
-            result, files = await self.run(job_request, "run_code", request)
         except BadRequest as exc:
             return JSONResponse(httpjobs.sandbox_error(str(exc)))
-        return JSONResponse(httpjobs.sandbox_fusion_answer(result, files))
 
     # -- execpool's own ---------------------------------------------------------------------
 
@@ -295,8 +351,8 @@ class _Service:
     async def v1_run(self, request: Request) -> Response:
         job_request = await self.job_request(request)
         await self.slot(request)
-        result, files = await self.run(job_request, "v1_run", request)
-        return JSONResponse(httpjobs.record(job_request, result, files))
+        return await self.answer(job_request, "v1_run", request,
+                                 lambda result, files: (200, httpjobs.record(job_request, result, files)))
 
     async def v1_stream(self, request: Request) -> Response:
         job_request = await self.job_request(request)
@@ -329,7 +385,9 @@ class _Service:
                 result = stream.result
                 assert result is not None
                 self.metrics.job("v1_stream", job.kind, result)
-                answer = httpjobs.record(job_request, result, await self.fetched(job_request, directory))
+                files = await self.fetched(job_request, directory)
+                answer = await asyncio.to_thread(httpjobs.record, job_request, result, files) if files else \
+                    httpjobs.record(job_request, result, files)
             yield f"event: result\ndata: {json.dumps(answer)}\n\n"
         finally:
             self.admission.release()
@@ -373,6 +431,10 @@ class _Service:
                       else httpjobs.test_record(job_request, result, expected))
         except BadRequest as exc:  # its files could not be written: this job's record says so
             answer = httpjobs.invalid_record(job_request.ident, number, str(exc))
+        except Rejected as exc:  # no worker, or no directory, for it now
+            answer = httpjobs.invalid_record(job_request.ident, number, f"execpool is busy ({exc.reason})")
+        finally:
+            self.admission.release()
         await done.put((asyncio.current_task(), answer))
 
     @staticmethod
@@ -434,26 +496,51 @@ class _Held:
             self.admission.release()
 
 
-class _SlotResponse(StreamingResponse):
-    """A streamed answer that returns its route's slot however it ends."""
+class _ReleasesSlot:
+    """An answer that returns its route's slot once sent, however that ends."""
 
-    def __init__(self, held: _Held, content: AsyncIterator[str], **kwargs: Any) -> None:
-        super().__init__(content, **kwargs)
-        self.held = held
+    held: _Held
 
     async def __call__(self, scope: Any, receive: Callable, send: Callable) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send)  # type: ignore[misc]
         finally:
             self.held.release()
+
+
+class _SlotResponse(_ReleasesSlot, StreamingResponse):
+    """A streamed answer (SSE, NDJSON) on a slot."""
+
+    def __init__(self, held: _Held, content: AsyncIterator[Any], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.held = held
+
+
+class _SlotAnswer(_ReleasesSlot, Response):
+    """A JSON answer on a slot."""
+
+
+async def _pieces(content: bytes) -> AsyncIterator[bytes]:
+    view = memoryview(content)
+    for start in range(0, len(view), _OFF_LOOP_BYTES):
+        yield view[start:start + _OFF_LOOP_BYTES]
+
+
+def _sandbox_fusion_answer(result: Result, files: Dict[str, bytes]) -> Tuple[int, dict]:
+    """SandboxFusion's answer; a job cancelled by the server's shutdown is
+    a 504 (its clients retry that) rather than a run that looks killed."""
+    if result.status is Status.CANCELLED:
+        return 504, {"detail": "execpool is stopping; retry"}
+    return 200, httpjobs.sandbox_fusion_answer(result, files)
 
 
 def _with_cwd(job, directory: str):
     return dataclasses.replace(job, cwd=directory)
 
 
-#: Bodies larger than this are parsed on a thread: the loop serves everyone.
-_OFF_LOOP_BYTES = 256 << 10
+#: Bodies (and answers) larger than this are parsed (built) on a thread:
+#: the loop serves everyone.
+_OFF_LOOP_BYTES = 64 << 10
 
 
 async def _off_loop(body: bytes, function: Callable[..., Any], *args: Any) -> Any:
@@ -528,13 +615,15 @@ def _batch_jobs(body: bytes, defaults: ServiceDefaults) -> list:
 def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue: int = DEFAULT_MAX_QUEUE,
                queue_timeout: float = DEFAULT_QUEUE_TIMEOUT_S, token: Optional[str] = None,
                max_body_mb: int = DEFAULT_MAX_BODY_MB, defaults: ServiceDefaults = ServiceDefaults(),
-               heartbeat_s: float = DEFAULT_HEARTBEAT_S, read_timeout: float = DEFAULT_READ_TIMEOUT_S
-               ) -> Starlette:
+               heartbeat_s: float = DEFAULT_HEARTBEAT_S, read_timeout: float = DEFAULT_READ_TIMEOUT_S,
+               allowed_hosts: Optional[Sequence[str]] = None) -> Starlette:
     """The ASGI app around ``pool``, for mounting in your own server. The
     pool stays yours: close it after the app is done (that also removes
     the app's directories). ``read_timeout`` bounds the time a request's
     body may take to arrive (headers are the server's business: ``execpool
-    serve`` gives them the same limit)."""
+    serve`` gives them the same limit). ``allowed_hosts``: the names (no
+    port) a request's ``Host`` may say; ``LOOPBACK_NAMES`` for a server on
+    loopback, None for any."""
     service = _Service(pool, max_in_flight=max_in_flight or 2 * (os.cpu_count() or 2), max_queue=max_queue,
                        queue_timeout=queue_timeout, token=token, max_body_bytes=max_body_mb << 20,
                        defaults=defaults, heartbeat_s=heartbeat_s, read_timeout=read_timeout)
@@ -568,7 +657,7 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
         BadRequest: bad_request, _TooLarge: too_large, _TooSlow: too_slow, Rejected: busy, ClientGone: gone,
         ClientDisconnect: gone})
     app.state.service = service
-    app.add_middleware(_Auth, service=service)
+    app.add_middleware(_Guard, service=service, allowed_hosts=allowed_hosts)
     return app
 
 
@@ -578,21 +667,53 @@ def _refused(service: _Service, reason: str, status: int, detail: str,
     return JSONResponse({"detail": detail}, status_code=status, headers=dict(headers or {}))
 
 
-class _Auth:
-    """A missing or wrong token is a 401 before any route (or body) is read."""
+class _Guard:
+    """Before any route (or body) is read: requests from web pages of other
+    origins are refused (a page anywhere could otherwise POST code to a
+    tokenless server on the visitor's loopback: browsers send such a
+    request without asking), so are requests for a host this server is not
+    (``allowed_hosts``: a page that rebinds its name to 127.0.0.1 is
+    same-origin with itself, but says its own name), and a missing or
+    wrong token is a 401."""
 
-    def __init__(self, app: Callable, service: _Service) -> None:
+    def __init__(self, app: Callable, service: _Service, allowed_hosts: Optional[Sequence[str]]) -> None:
         self.app = app
         self.service = service
+        self.allowed_hosts = None if allowed_hosts is None else frozenset(allowed_hosts)
 
     async def __call__(self, scope: Dict[str, Any], receive: Callable, send: Callable) -> None:
         scope.setdefault("state", {})["arrived"] = time.monotonic()  # the queue timeout counts from here
-        if scope["type"] == "http" and not self.service.authorized(Request(scope)):
-            self.service.rejected("auth")
-            await JSONResponse({"detail": "a valid 'Authorization: Bearer <token>' header is required"},
-                               status_code=401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        request = Request(scope)
+        host = request.headers.get("host", "")
+        if self.allowed_hosts is not None and _hostname(host) not in self.allowed_hosts:
+            refusal = _refused(self.service, "host", 421, f"this server does not answer for the host {host!r}")
+        elif not _same_origin(request.headers.get("origin"), host):
+            refusal = _refused(self.service, "cross_origin", 403,
+                               "requests from web pages of other origins are refused")
+        elif not self.service.authorized(request):
+            refusal = _refused(self.service, "auth", 401, "a valid 'Authorization: Bearer <token>' header is required",
+                               {"WWW-Authenticate": "Bearer"})
+        else:
+            await self.app(scope, receive, send)
+            return
+        await refusal(scope, receive, send)
+
+
+def _hostname(host: str) -> str:
+    """The name in a ``Host`` header, without its port (IPv6 in brackets kept)."""
+    if host.startswith("["):
+        return host[:host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _same_origin(origin: Optional[str], host: str) -> bool:
+    """No ``Origin`` (a program, not a page) or the page's own origin."""
+    if origin is None:
+        return True
+    return origin in (f"http://{host}", f"https://{host}")
 
 
 OPENAPI: dict = {

@@ -5,8 +5,14 @@ Runs in the service's process. What it adds to the app is what only the
 process that owns the listening sockets can do:
 
 - refuse to listen beyond loopback without a token;
-- on loopback, hold the port on both 127.0.0.1 and ::1, so that no job can
-  take ``[::1]:PORT`` and answer the clients that say ``localhost``;
+- hold the port on both address families (127.0.0.1 and ::1, or 0.0.0.0
+  and ::), so that no job can take the other one and answer the clients
+  that say ``localhost``;
+- on loopback, answer only requests whose ``Host`` is a loopback name (a web
+  page that rebinds its own name to 127.0.0.1 is refused);
+- take as many descriptors as the machine allows, and close connections
+  past ``--max-connections`` at once: a job that opens thousands of
+  connections to the server must not leave it without descriptors;
 - give up on connections that do not send their request headers in time
   (uvicorn has no such limit: a client that trickles a header byte every
   few seconds would hold its connection for ever);
@@ -23,6 +29,7 @@ import contextlib
 import errno
 import ipaddress
 import os
+import resource
 import signal
 import socket
 import sys
@@ -32,13 +39,18 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .httpjobs import ServiceDefaults
-from .serve import create_app
+from .serve import LOOPBACK_NAMES, create_app
 from .supervisor import ExecPool
 
 #: After the grace, cancelled jobs still answer their requests: this long.
 ANSWER_CANCELLED_S = 5.0
-#: Ports tried for a loopback service on port 0 whose ::1 twin was taken.
+#: Ports tried for a service on port 0 whose other-family twin was taken.
 _PORT_TRIES = 16
+#: Each address's twin in the other family.
+_TWINS = {"127.0.0.1": "::1", "::1": "127.0.0.1", "0.0.0.0": "::", "::": "0.0.0.0"}
+#: Descriptors kept for everything but connections: the pool, its jobs'
+#: pipes, files being written and read.
+_SPARE_FDS = 512
 
 
 def main(args: argparse.Namespace) -> int:
@@ -52,6 +64,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"execpool serve: refusing to bind {args.host} without a token: anyone who can reach it could run "
               "code here. Give --token-file PATH or set EXECPOOL_TOKEN.", file=sys.stderr)
         return 2
+    max_connections = _connection_room(args.max_connections)
     try:
         sockets = _listen(args.host, args.port)
     except OSError as exc:
@@ -66,8 +79,10 @@ def main(args: argparse.Namespace) -> int:
         with ExecPool(workers=args.workers, preload=preload, non_dumpable=True) as pool:
             app = create_app(pool, max_in_flight=args.max_in_flight, max_queue=args.max_queue,
                              queue_timeout=args.queue_timeout, token=token, max_body_mb=args.max_body_mb,
-                             defaults=defaults, heartbeat_s=args.heartbeat, read_timeout=args.read_timeout)
+                             defaults=defaults, heartbeat_s=args.heartbeat, read_timeout=args.read_timeout,
+                             allowed_hosts=LOOPBACK_NAMES if _loopback(args.host) else None)
             _HeadersInTime.timeout = args.read_timeout
+            _HeadersInTime.max_connections = max_connections
             config = uvicorn.Config(app, http=_HeadersInTime, log_level="warning", lifespan="off",
                                     timeout_graceful_shutdown=args.grace + ANSWER_CANCELLED_S)
             asyncio.run(_serve(_Server(config), sockets, app.state.service, args.grace))
@@ -96,12 +111,24 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def _connection_room(wanted: int) -> int:
+    """Raise this process's descriptor limit as far as it may go; the
+    connections it leaves room for (at most ``wanted``)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return max(16, min(wanted, soft - _SPARE_FDS))
+
+
 def _listen(host: str, port: int) -> List[socket.socket]:
-    """The listening sockets: ``host``'s, and on loopback ::1's (or
-    127.0.0.1's) on the same port as well, where this machine has it."""
-    if host == "localhost" or host in ("127.0.0.1", "::1"):
-        first = "::1" if host == "::1" else "127.0.0.1"
-        twin = "127.0.0.1" if first == "::1" else "::1"
+    """The listening sockets: ``host``'s, and its twin's in the other
+    family on the same port, where this machine has that family."""
+    first = "127.0.0.1" if host == "localhost" else host
+    twin = _TWINS.get(first)
+    if twin is not None:
         for _ in range(_PORT_TRIES if port == 0 else 1):
             main_socket = _bound(first, port)
             try:
@@ -140,9 +167,13 @@ class _HeadersInTime(H11Protocol):
     is the protocol's own, the one its ``shutdown`` uses."""
 
     timeout: float = 30.0
+    max_connections: int = 4096
 
     def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
         super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            transport.abort()  # past the cap: its descriptor back at once, no answer
+            return
         self._arm()
 
     def on_response_complete(self) -> None:

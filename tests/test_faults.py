@@ -293,3 +293,64 @@ def test_remove_tree_removes_any_depth_and_follows_no_symlink(tmp_path):
     keep.write_text("not in the tree")
     assert remove_tree(str(top))
     assert not top.exists() and keep.read_text() == "not in the tree"
+
+
+def test_remove_tree_cannot_be_blocked_by_taking_the_names_it_hoists_into(tmp_path):
+    """Red team: hoisting tried ``.execpool-hoisted-0`` to ``-63``; a job
+    that made those 64 directories (not empty) beside and inside its tree
+    made its directory impossible to remove, for good."""
+    from execpool.dirs import remove_tree
+
+    top = tmp_path / "top"
+    for level in (top, top / "sub", top / "sub" / "deeper"):
+        level.mkdir()
+        for i in range(64):
+            (level / f".execpool-hoisted-{i}").mkdir()
+            (level / f".execpool-hoisted-{i}" / "x").write_text("x")
+    assert remove_tree(str(top))
+    assert not top.exists()
+
+
+#: A pool whose only worker dies while this process has no descriptor to
+#: spare: the replacement cannot start until some are freed.
+NO_DESCRIPTORS_OWNER = textwrap.dedent("""
+    import logging, os, signal, sys, threading, time
+    from execpool import ExecPool, ShellJob
+    failed = threading.Event()
+    class Seen(logging.Handler):
+        def emit(self, record):
+            if "cannot start a replacement worker" in record.getMessage():
+                failed.set()
+    logging.getLogger("execpool").addHandler(Seen())
+    pool = ExecPool(workers=1)
+    assert pool.run(ShellJob("true", timeout=30)).exit_code == 0
+    held = []
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    os.kill(pool.worker_pids[0], signal.SIGKILL)
+    assert failed.wait(30), "the replacement never failed"
+    for fd in held:
+        os.close(fd)
+    deadline, tick = time.monotonic() + 30, threading.Event()
+    while not pool.worker_pids and time.monotonic() < deadline:
+        tick.wait(0.01)  # the replacement's next try is at most 2 s away
+    print(pool.run(ShellJob("echo recovered", timeout=30)).output, end="", flush=True)
+    pool.close()
+""")
+
+
+def test_a_pool_whose_last_worker_cannot_be_replaced_for_a_while_recovers(tmp_path):
+    """Red team: a job exhausted the server's descriptors and killed the
+    workers; the failed respawn marked the pool broken for good (every later
+    request a 500). Now the replacement is retried until it starts."""
+    import resource
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    done = subprocess.run([sys.executable, "-c", NO_DESCRIPTORS_OWNER], capture_output=True, text=True,
+                          timeout=90, preexec_fn=low_limit, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert done.returncode == 0 and done.stdout == "recovered\n", done.stderr[-3000:]

@@ -63,8 +63,8 @@ def slow_server():
 def test_a_client_that_trickles_its_headers_or_body_is_cut_off(slow_server):
     """Red team: a connection that never finished its headers, or its body,
     was held for ever (uvicorn has no such deadline)."""
-    headers = _raw(slow_server, b"POST /v1/run HTTP/1.1\r\nHost: x\r\n")
-    body = _raw(slow_server, b"POST /v1/run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    headers = _raw(slow_server, b"POST /v1/run HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    body = _raw(slow_server, b"POST /v1/run HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                              b"Content-Length: 100\r\n\r\n{\"shell\": ")
     idle = _raw(slow_server, b"")
     with headers, body, idle:
@@ -98,7 +98,7 @@ def test_a_client_gone_while_sending_its_body_costs_no_traceback():
     s = Server("--workers", "1")
     try:
         for _ in range(5):
-            with _raw(s, b"POST /v1/run HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"sh"):
+            with _raw(s, b"POST /v1/run HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{\"sh"):
                 pass
         assert s.client.post("/v1/run", json={"shell": "echo after"}).json()["output"] == "after\n"
     finally:
@@ -196,3 +196,133 @@ def test_the_queue_timeout_counts_from_the_requests_arrival():
         admission.release()
         assert await asyncio.wait_for(waiter, DEADLINE_S) >= 0.0
     asyncio.run(scenario())
+
+
+def test_connections_past_the_cap_are_closed_at_once_and_the_service_goes_on():
+    """Red team: a job opened 21,000 connections to its own server, which
+    ran out of descriptors (and then could not replace a worker)."""
+    s = Server("--workers", "1", "--max-connections", "20")
+    sockets = []
+    try:
+        fds = len(os.listdir(f"/proc/{s.proc.pid}/fd"))
+        sockets = [socket.create_connection(_address(s), timeout=DEADLINE_S) for _ in range(60)]
+        closed = 0
+        for sock in sockets:
+            sock.settimeout(0.5)
+            try:
+                closed += sock.recv(1) == b""
+            except ConnectionResetError:
+                closed += 1
+            except socket.timeout:
+                pass  # held open: one of the 20 the server keeps
+        assert closed >= 40, closed
+        assert len(os.listdir(f"/proc/{s.proc.pid}/fd")) <= fds + 20 + 4
+    finally:
+        for sock in sockets:
+            sock.close()
+    try:
+        assert wait_for(lambda: _answers(s), DEADLINE_S), "the service stopped answering"
+    finally:
+        assert s.stop() == 0
+
+
+def _answers(s: Server) -> bool:
+    try:
+        return s.client.post("/v1/run", json={"shell": "echo up"}).json()["output"] == "up\n"
+    except httpx.HTTPError:
+        return False
+
+
+def test_web_pages_of_other_origins_and_other_host_names_are_refused(tmp_path):
+    """Red team: any web page could POST code to a tokenless server on the
+    visitor's loopback (a browser sends a text/plain POST without asking),
+    and a page rebinding its own name to 127.0.0.1 could read the answers."""
+    marker = tmp_path / "ran"
+    s = Server("--workers", "1")
+    try:
+        body = json.dumps({"shell": f"touch {marker}"})
+        page = s.client.post("/v1/run", content=body, headers={"Origin": "https://evil.example",
+                                                                "Content-Type": "text/plain"})
+        assert page.status_code == 403 and "origin" in page.json()["detail"]
+        rebound = s.client.post("/v1/run", content=body, headers={"Host": f"rebind.evil.example:{_address(s)[1]}"})
+        assert rebound.status_code == 421
+        assert not marker.exists()
+        # Programs (no Origin) and the service's own page (its own origin) are served.
+        own = s.client.post("/v1/run", json={"shell": "echo own"}, headers={"Origin": s.url})
+        assert own.json()["output"] == "own\n"
+        with httpx.Client(base_url=s.url.replace("127.0.0.1", "localhost")) as by_name:
+            assert by_name.post("/v1/run", json={"shell": "echo named"}).json()["output"] == "named\n"
+        metrics = s.client.get("/metrics").text
+        assert 'reason="cross_origin"} 1.0' in metrics and 'reason="host"} 1.0' in metrics
+    finally:
+        assert s.stop() == 0
+
+
+def test_an_answer_nobody_reads_holds_its_slot_not_the_servers_memory(tmp_path):
+    """Red team: the slot was freed before the answer was sent, so clients
+    that did not read their answers (16 MiB of fetched files each) piled
+    them up in the server: 4.4 GB in a minute."""
+    s = Server("--workers", "1", "--max-in-flight", "1", "--queue-timeout", "1")
+    try:
+        body = json.dumps({"shell": "head -c 12000000 /dev/urandom > big", "fetch_files": ["big"]}).encode()
+        sock = _raw(s, b"POST /v1/run HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        with sock:
+            assert wait_for(lambda: s.client.get("/readyz").json()["in_flight"] == 1, DEADLINE_S)
+            busy = s.client.post("/v1/run", json={"shell": "echo next"})
+            assert busy.status_code == 503, "the unread answer's slot went to another request"
+            head, _, rest = _read_all(sock).partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 ")
+            answer = json.loads(rest)
+            assert answer["status"] == "ok" and len(answer["files"]["big"]) == len(b64(b"\0" * 12000000))
+        assert wait_for(lambda: s.client.get("/readyz").json()["in_flight"] == 0, DEADLINE_S)
+        assert s.client.post("/v1/run", json={"shell": "echo next"}).json()["output"] == "next\n"
+    finally:
+        assert s.stop() == 0
+
+
+def test_env_and_memory_limits_past_their_bounds_are_refused_not_500(server_any):
+    s = server_any
+    huge_env = {f"K{i}": "v" for i in range(2000)}
+    answer = s.client.post("/v1/run", json={"shell": "true", "env": huge_env})
+    assert answer.status_code == 400 and '"env"' in answer.json()["detail"]
+    sf = s.client.post("/run_code", json={"code": "true", "language": "bash", "memory_limit_MB": 1 << 44})
+    assert sf.status_code == 200 and sf.json()["status"] == "SandboxError" and "memory_limit_MB" in sf.json()["message"]
+
+
+def test_a_job_that_moves_the_services_directory_away_does_not_break_later_requests(server_any, tmp_path):
+    """Red team: ``mv "$(dirname "$PWD")" elsewhere`` made every later
+    request with files a 500, until a restart."""
+    s = server_any
+    moved = tmp_path / "moved"
+    answer = s.client.post("/v1/run", json={"shell": f'mv "$(dirname "$PWD")" {moved}; echo moved',
+                                            "files": {"a": b64(b"x")}})
+    assert answer.status_code == 200 and answer.json()["output"] == "moved\n"
+    assert moved.is_dir()
+    later = s.client.post("/v1/run", json={"shell": "cat a", "files": {"a": b64(b"still\n")}})
+    assert later.status_code == 200 and later.json()["output"] == "still\n"
+
+
+@pytest.fixture(scope="module")
+def server_any():
+    s = Server("--workers", "1")
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.mark.parametrize("host, other", [("0.0.0.0", "::"), ("0.0.0.0", "::1")])
+def test_a_job_cannot_take_the_services_port_in_the_other_family_on_a_wildcard(host, other):
+    """Red team: with ``--host 0.0.0.0`` a job could bind ``[::1]:PORT`` (or
+    with ``::``, 127.0.0.1) and answer -- and read the token of -- clients
+    that say ``localhost``."""
+    s = Server("--host", host, "--workers", "1", env={"EXECPOOL_TOKEN": "t0ken"})
+    try:
+        port = int(s.url.rsplit(":", 1)[1])
+        squat = (f"import socket\ns = socket.socket(socket.AF_INET6)\n"
+                 f"s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)\n"
+                 f"try:\n    s.bind(({other!r}, {port}))\n    print('bound')\nexcept OSError as e:\n    print(e.errno)")
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/run", json={"python": squat},
+                            headers={"Authorization": "Bearer t0ken"}, timeout=DEADLINE_S).json()
+        assert answer["output"] == f"{errno.EADDRINUSE}\n", answer
+    finally:
+        assert s.stop() == 0
