@@ -320,17 +320,22 @@ class Workers:
 
     def _clean_up(self, worker: WorkerProcess, lost: dict[int, JobHandle], replace: bool) -> None:
         """Whatever goes wrong here, the dead worker's jobs get their INFRA
-        Results: a future left pending would hang its caller for good."""
+        Results: a future left pending would hang its caller for good. The
+        successor is started before they get them (a caller that submits
+        again at once finds it), unless the machine cannot start one yet:
+        then after, trying again until it can."""
         code = None
+        successor_due = replace
         try:
             try:
                 code = worker.proc.wait(EXIT_WAIT_S)
             except subprocess.TimeoutExpired:
                 worker.proc.kill()
                 code = worker.proc.wait()
-            # Before the replacement: what the dead worker's jobs left may
+            # Before the successor: what the dead worker's jobs left may
             # hold the very descriptors or memory a new worker needs.
             self._release(worker, bool(lost))
+            successor_due = replace and self._may_replace(worker) and not self._start_successor(None)
         except Exception as exc:  # noqa: BLE001 - logged; the jobs still end below
             logger.error("execpool: cleaning up after worker %d failed", worker.pid, exc_info=exc)
         finally:
@@ -344,41 +349,46 @@ class Workers:
                 handle.finish(Result(status=Status.INFRA, error=error, worker_pid=worker.pid,
                                      worker_exit_code=code))
             worker.close()
-            try:
-                if replace:
-                    self._replace(worker)
-            except Exception as exc:  # noqa: BLE001 - logged; the pool goes on with the workers it has
-                logger.error("execpool: replacing worker %d failed", worker.pid, exc_info=exc)
+            if successor_due:
+                self._keep_trying_successor()
             with self._cleaned:
                 self._cleanups.discard(threading.current_thread())
                 self._cleaned.notify_all()
 
-    def _replace(self, worker: WorkerProcess) -> None:
-        """Start the dead worker's successor, trying again while the machine
-        is short of what it takes (a job can exhaust descriptors or process
-        slots for a while): a pool whose last worker died must not stay
-        without one. Only a worker that dies before it is ready, again and
-        again, means the pool is broken."""
+    def _may_replace(self, worker: WorkerProcess) -> bool:
+        """Only a worker that dies before it is ready, again and again,
+        means the pool is broken: then it is not replaced."""
         with self.lock:
             if not worker.ready.is_set():
                 self._startup_failures += 1
                 if self._startup_failures >= MAX_STARTUP_FAILURES:
                     self.broken = (f"execpool workers cannot start: {sys.executable} -m execpool.worker "
                                    f"exited with {describe_exit(worker.proc.poll())} before it was ready")
-                    return
+                    return False
+        return True
+
+    def _start_successor(self, retry_in: Optional[float]) -> bool:
+        """One try; False when the machine cannot start a worker right now
+        (no descriptors, memory or process slots -- a job can take them all
+        for a while)."""
+        with self.lock:
+            if self.closed:
+                return True
+            try:
+                self.all.append(self._spawn())
+            except OSError as exc:
+                logger.error("execpool: cannot start a replacement worker%s: %s",
+                             "" if retry_in is None else f" (trying again in {retry_in:g} s)", exc)
+                return False
+        self._stats.worker_restarted()
+        return True
+
+    def _keep_trying_successor(self) -> None:
+        """Until a successor starts or the pool closes: a pool whose last
+        worker died must not stay without one."""
         backoff = RESPAWN_BACKOFF_S
-        while True:
-            with self.lock:
-                if self.closed:
-                    return
-                try:
-                    self.all.append(self._spawn())
-                    self._stats.worker_restarted()
-                    return
-                except OSError as exc:
-                    logger.error("execpool: cannot start a replacement worker (trying again in %g s): %s",
-                                 backoff, exc)
-            if self._closing.wait(backoff):
+        while not self._closing.wait(backoff):
+            if self._start_successor(min(2 * backoff, RESPAWN_BACKOFF_MAX_S)):
                 return
             backoff = min(2 * backoff, RESPAWN_BACKOFF_MAX_S)
 
