@@ -43,9 +43,16 @@ class Running:
         self._messages: queue.SimpleQueue = queue.SimpleQueue()
         self.future = pool.submit(job, on_event=self._messages.put)
         self.future.add_done_callback(self._messages.put)
-        self.worker = next(w for w in worker_records(pool) if self.future.job_id in w.jobs)
+        self._pool = pool
         self.output = ""
         self.result = None
+
+    @property
+    def worker(self):
+        """Looked up while the job runs (a quick job may be done, and in no
+        worker's records, by the time submit returns: under load it was)."""
+        assert self.result is None, "the job has ended: no worker runs it"
+        return next(w for w in worker_records(self._pool) if self.future.job_id in w.jobs)
 
     def _next(self, deadline: float) -> None:
         try:
