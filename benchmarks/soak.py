@@ -51,7 +51,16 @@ zombies; and every live process on the system carrying ``EXECPOOL_JOB``
 (those of this run are told apart by an extra variable every job of this run
 gets; others, e.g. a concurrent test run, are reported but not blamed on this
 run). Every process below this one just before ``pool.close()`` must be dead
-(or a zombie) within ``--settle`` seconds after it.
+(or a zombie) within ``--settle`` seconds after it. (The counting, and the
+memory checkpoints below, are in benchmarks/_leftovers.py.)
+
+What each job cost, as its worker measured it (CPU time, largest resident
+set, processes: ``Result.cpu_user_s`` and the rest), is kept for every job of
+the measured run and reported per kind -- the medians, and how they moved
+from the kind's first fifth of jobs to its last (a growth there means
+something grows under the jobs: a worker, a template) -- along with the
+jobs that grew most over their kind's median (benchmarks/_jobcost.py). A
+Result without these figures is a wrong result.
 
 A job that fails because the worker under it crashed is counted as wrong
 (its Result has ``error``); the table says how many such errors there were,
@@ -70,7 +79,7 @@ slope to each:
 * the Python heap, in bytes per job: a leak of Python objects, however
   small, grows it steadily, while the allocator's noise does not touch it.
   Over ``--heap-slope-max`` (default 256 bytes a job; the soak's own
-  bookkeeping is 8) is a leak.
+  bookkeeping is 36) is a leak.
 * the RSS, in KiB per 1000 jobs: what the heap cannot see (native memory).
   RSS moves by a few MiB with the allocator's moods, so it is a leak only
   when both the slope is over ``--rss-slope-max`` (default 4096 KiB per
@@ -91,11 +100,8 @@ from __future__ import annotations
 
 import argparse
 import array
-import ctypes
-import gc
 import os
 import random
-import statistics
 import sys
 import threading
 import time
@@ -108,15 +114,12 @@ from typing import Callable, Optional
 if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import psutil
-
 from benchmarks import _common as C
+from benchmarks import _jobcost
+from benchmarks._leftovers import (KIND_VAR, RUN_VAR, checkpoints_at, kill_leftovers, marked_processes,
+                                   rss_baseline, rss_checkpoint, settle, slope, traced_growth, window_drift)
 from execpool import TOOL_OUTPUT_STREAM_MAX_CHARS, ExecPool, PythonJob, Result, ShellJob
 from execpool.drain import STREAM_CAP_NOTICE
-
-RUN_VAR = "EXECPOOL_SOAK_RUN"
-KIND_VAR = "EXECPOOL_SOAK_KIND"
-MARKER_VAR = "EXECPOOL_JOB"
 
 FLOOD_CHARS = 5_000_000
 DEFAULT_MAX_OUTPUT_CHARS = 1_000_000  # the pool's default Result head
@@ -138,23 +141,18 @@ RSS_SLOPE_MAX_KIB_PER_1000 = 4096.0
 RSS_NOISE_MIB = 2.0
 LONG_JOBS, LONG_CONCURRENCY = 10_000, 32
 
-try:
-    _malloc_trim = ctypes.CDLL(None).malloc_trim  # glibc
-except (OSError, AttributeError):
-    _malloc_trim = None
-
-
 @dataclass
 class Outcome:
     index: int
     kind: str
     wall_s: float
     problem: Optional[str] = None
+    cost: Optional[tuple[float, int, int]] = None  # CPU s, max RSS bytes, processes
 
 
 @dataclass
 class Soak:
-    pool: ExecPool
+    pool: _jobcost.RecordingPool  # the ExecPool, keeping each thread's last Result
     run_id: str
 
     def env(self, kind: str) -> dict:
@@ -409,13 +407,18 @@ _leaked: list[bytes] = []
 
 def run_one(s: Soak, i: int, kind: str) -> Outcome:
     t0 = time.monotonic()
+    s.pool.take()
     try:
         problem = KINDS[kind][0](s, i)
     except Exception as exc:  # noqa: BLE001 - a raised exception is a wrong result
         problem = f"raised {type(exc).__name__}: {exc}"
+    result = s.pool.take()  # None for the kinds that close their stream before it ends
+    cost = None if result is None else _jobcost.job_cost(result)
+    if result is not None and cost is None and problem is None:
+        problem = "its Result has no cost figures (cpu_user_s, max_rss_bytes, processes)"
     if _leak["bytes"]:
         _leaked.append(os.urandom(_leak["bytes"]))
-    return Outcome(i, kind, time.monotonic() - t0, problem)
+    return Outcome(i, kind, time.monotonic() - t0, problem, cost)
 
 
 def run_batch(s: Soak, kinds: list[str], concurrency: int, first_index: int) -> list[Outcome]:
@@ -432,203 +435,25 @@ def run_batch(s: Soak, kinds: list[str], concurrency: int, first_index: int) -> 
 
 
 class Tally:
-    """Per kind, the wall times (8 bytes a job) and the wrong outcomes only:
-    a 10 000-job soak must not grow this process's RSS with its own records."""
+    """Per kind, the wall times (8 bytes a job), what each job cost (28) and
+    the wrong outcomes only: a 10 000-job soak must not grow this process's
+    RSS with its own records."""
 
     def __init__(self) -> None:
         self.walls: dict[str, array.array] = {}
+        self.cost = _jobcost.CostTally()
         self.wrong: list[Outcome] = []
 
     def add(self, outcomes: list[Outcome]) -> None:
         for o in outcomes:
             self.walls.setdefault(o.kind, array.array("d")).append(o.wall_s)
+            if o.cost is not None:
+                self.cost.add(o.kind, o.index, o.cost)
             if o.problem is not None:
                 self.wrong.append(o)
 
     def wrong_of(self, kind: str) -> int:
         return sum(o.kind == kind for o in self.wrong)
-
-
-# --- counting what is left ------------------------------------------------------------
-
-def fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def native_thread_count() -> int:
-    return len(os.listdir("/proc/self/task"))
-
-
-def is_zombie(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _has_job(env: Optional[dict]) -> bool:
-    """Carries a job's marker: workers and their warm template and spares
-    carry the variable too, blank (room a warm job stamps its marker into)."""
-    return bool(env and env.get(MARKER_VAR, "").strip())
-
-
-def marked_processes(run_id: str) -> dict:
-    """Live processes anywhere carrying EXECPOOL_JOB: of this run / of others."""
-    ours: list[dict] = []
-    others = 0
-    me = os.getpid()
-    for proc in psutil.process_iter():
-        if proc.pid == me:
-            continue
-        env = C.environ_of(proc)
-        if not _has_job(env):
-            continue
-        try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                continue
-            name = proc.name()
-        except psutil.Error:
-            continue
-        if env.get(RUN_VAR) == run_id:
-            ours.append({"pid": proc.pid, "name": name, "kind": env.get(KIND_VAR), "job": env.get(MARKER_VAR)})
-        else:
-            others += 1
-    return {"ours": ours, "others": others}
-
-
-def snapshot(pool: ExecPool, run_id: str) -> dict:
-    workers = set(pool.worker_pids)
-    zombies = tools = helpers = others = 0
-    for proc in C.descendants():
-        if proc.pid in workers:
-            continue
-        if is_zombie(proc):
-            zombies += 1
-            continue
-        env = C.environ_of(proc)
-        if _has_job(env):
-            tools += 1
-        elif C.is_pool_helper(proc):
-            helpers += 1
-        else:
-            others += 1
-    marked = marked_processes(run_id)
-    return {
-        "threads": threading.active_count(),
-        "native_threads": native_thread_count(),
-        "fds": fd_count(),
-        "rss_mb": round(psutil.Process().memory_info().rss / 2**20, 1),
-        "workers": len(workers),
-        "pool_helpers": helpers,
-        "tool_processes": tools,
-        "other_processes": others,
-        "zombies": zombies,
-        "marked_ours": len(marked["ours"]),
-        "marked_others": marked["others"],
-        "_marked_detail": marked["ours"][:10],
-    }
-
-
-def rss_checkpoint() -> dict:
-    """This process's RSS (MiB) after gc, untrimmed and after malloc_trim(0),
-    and the Python heap tracemalloc sees (bytes)."""
-    gc.collect()
-    raw = psutil.Process().memory_info().rss
-    if _malloc_trim is not None:
-        _malloc_trim(0)
-    trimmed = psutil.Process().memory_info().rss
-    point = {"raw_mib": round(raw / 2**20, 2), "trimmed_mib": round(trimmed / 2**20, 2), **_rss_parts()}
-    point["traced_bytes"] = tracemalloc.get_traced_memory()[0]
-    return point
-
-
-def checkpoints_at(jobs: int, segments: int) -> list[dict]:
-    """Where the checkpoints of a run fall (their ``jobs``), before it runs."""
-    return [{"jobs": jobs * (seg + 1) // segments} for seg in range(segments)]
-
-
-def rss_baseline(checkpoints: list[dict], warmup_jobs: float) -> int:
-    """Index of the first checkpoint at or past the RSS warm-up (never the last)."""
-    for i, point in enumerate(checkpoints[:-1]):
-        if point["jobs"] >= warmup_jobs:
-            return i
-    return len(checkpoints) - 2
-
-
-def window_drift(points: list[dict], key: str) -> float:
-    """Median of the last few checkpoints minus median of the first few: a
-    leak shows as the distance between them, while a single checkpoint that
-    caught the allocator holding one more buffer (+-2 MiB here) does not."""
-    n = max(1, min(3, len(points) // 3))
-    first = statistics.median(p[key] for p in points[:n])
-    last = statistics.median(p[key] for p in points[-n:])
-    return round(last - first, 2)
-
-
-def slope(points: list[dict], key: str) -> Optional[float]:
-    """Least-squares slope of ``key`` per job over the checkpoints."""
-    if len(points) < 2:
-        return None
-    xs = [p["jobs"] for p in points]
-    ys = [p[key] for p in points]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else None
-
-
-def _rss_parts() -> dict:
-    """Anonymous and file-backed resident memory (MiB), to tell heap growth
-    from library pages touched for the first time."""
-    parts = {}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(("RssAnon:", "RssFile:")):
-                    parts[line.split(":")[0][3:].lower() + "_mib"] = round(int(line.split()[1]) / 1024, 2)
-    except OSError:
-        pass
-    return parts
-
-
-def traced_growth(first: "tracemalloc.Snapshot", last: "tracemalloc.Snapshot", limit: int = 8) -> list[str]:
-    return [str(stat) for stat in last.compare_to(first, "lineno")[:limit]]
-
-
-STABLE_KEYS = ("threads", "native_threads", "fds", "workers", "tool_processes", "other_processes", "zombies",
-               "marked_ours")
-
-
-def settle(pool: ExecPool, run_id: str, seconds: float, target: Optional[dict] = None) -> dict:
-    """gc, then sample until the counts match ``target`` (or, without one,
-    stop changing for a few samples) or ``seconds`` pass."""
-    gc.collect()
-    deadline = time.monotonic() + seconds
-    snap = snapshot(pool, run_id)
-    stable = 0
-    while time.monotonic() < deadline:
-        if target is not None and all(snap[k] <= target[k] for k in STABLE_KEYS):
-            break
-        time.sleep(0.05)
-        gc.collect()
-        new = snapshot(pool, run_id)
-        same = all(new[k] == snap[k] for k in STABLE_KEYS)
-        snap = new
-        stable = stable + 1 if same else 0
-        if target is None and stable >= 5 and snap["marked_ours"] == 0 and snap["tool_processes"] == 0:
-            break
-    return snap
-
-
-def kill_leftovers(run_id: str, pids: list[int]) -> int:
-    """Leave nothing of this run behind, whatever the verdict."""
-    killed = 0
-    for pid in {entry["pid"] for entry in marked_processes(run_id)["ours"]} | set(pids):
-        try:
-            psutil.Process(pid).kill()
-            killed += 1
-        except psutil.Error:
-            pass
-    return killed
 
 
 # --- main ---------------------------------------------------------------------------
@@ -691,7 +516,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         C.emit_json({"benchmark": "soak", "ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return 2
     try:
-        soak = Soak(pool, run_id)
+        soak = Soak(_jobcost.RecordingPool(pool), run_id)
         warm = Tally()
         if args.warmup:
             warm.add(run_batch(soak, schedule(args.warmup, args.seed + 1, frozenset(skip)), args.concurrency, 0))
@@ -766,6 +591,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         [[k, len(v), tally.wrong_of(k), C.ms(C.median(v)), C.ms(C.quantile(v, 0.9)), C.ms(max(v))]
          for k, v in sorted(by_kind.items())],
     )
+    cost_by_kind, grew_most = tally.cost.by_kind(), tally.cost.grew_most()
+    C.print_table(
+        "What the jobs cost, as their workers measured it (medians per kind; early/late: the kind's first "
+        "and last fifth of jobs)",
+        ["kind", "jobs", "CPU ms", "max RSS MiB", "processes", "max", "CPU early->late", "RSS early->late"],
+        [[k, c["jobs"], c["cpu_ms"], c["max_rss_mib"], c["processes"], c["processes_max"],
+          f"{c['cpu_ms_early']} -> {c['cpu_ms_late']}", f"{c['max_rss_mib_early']} -> {c['max_rss_mib_late']}"]
+         for k, c in cost_by_kind.items()],
+    )
+    C.print_table("The jobs that grew most over their kind's median",
+                  ["job", "kind", "over", "x median", "CPU ms", "max RSS MiB", "processes"],
+                  [[g["job"], g["kind"], g["over"], g["times_median"], g["cpu_ms"], g["max_rss_mib"], g["processes"]]
+                   for g in grew_most])
     rows = []
     for key in ("threads", "native_threads", "fds", "rss_mb", "workers", "pool_helpers", "tool_processes",
                 "other_processes", "zombies", "marked_ours", "marked_others"):
@@ -823,6 +661,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "wrong_examples": [f"{o.index} {o.kind}: {o.problem}" for o in wrong[:5]],
         "kinds": {k: {"jobs": len(v), "wrong": tally.wrong_of(k), "median_ms": C.ms(C.median(v))}
                   for k, v in sorted(by_kind.items())},
+        "job_cost": {"by_kind": cost_by_kind, "grew_most": grew_most},
         "before": {k: v for k, v in before.items() if not k.startswith("_")},
         "after": {k: v for k, v in after.items() if not k.startswith("_")},
         "processes_below_at_close": len(below),

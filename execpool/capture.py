@@ -63,6 +63,11 @@ class Capture:
     def output(self) -> str:
         return "".join(self.head)
 
+    def release(self) -> None:
+        """Drop the kept head once the Result is out, before the worker
+        hands freed memory back (execpool/worker.py)."""
+        self.head = []
+
     def _keep(self, text: str) -> None:
         if not text:
             return

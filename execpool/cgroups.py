@@ -131,6 +131,31 @@ class JobGroup:
                 continue
         return False
 
+    def peak_memory(self) -> Optional[int]:
+        """The group's memory peak in bytes (v2 ``memory.peak``, v1
+        ``memory.max_usage_in_bytes``); None without a memory controller."""
+        name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
+        for path in self.paths:
+            try:
+                with open(os.path.join(path, name), "rb") as f:
+                    return int(f.read())
+            except (OSError, ValueError):
+                continue
+        return None
+
+    def cpu_seconds(self) -> Optional[tuple[float, float]]:
+        """(user, system) CPU seconds of every process that ran in the group,
+        reaped or not: v2 keeps ``cpu.stat`` in every group, controllers or
+        none. None on v1 (execpool's v1 groups are ``pids`` and ``memory``)."""
+        if self.version != 2:
+            return None
+        try:
+            with open(os.path.join(self.paths[0], "cpu.stat"), "rb") as f:
+                stat = dict(line.split() for line in f.read().splitlines() if line.count(b" ") == 1)
+            return int(stat[b"user_usec"]) / 1e6, int(stat[b"system_usec"]) / 1e6
+        except (OSError, KeyError, ValueError):
+            return None
+
     def remove(self) -> bool:
         """rmdir the group; False while a process of it is not yet reaped."""
         done = True

@@ -2,11 +2,14 @@
 
 Runs in the user's shell process and owns one ExecPool for the command's life.
 
-``execpool run [--timeout S] (--python CODE | --shell CMD | FILE.py)`` runs one
-tool, streamed live to the terminal, and exits with the tool's exit code, 124
-on timeout (as coreutils' ``timeout``), 128+N for a tool killed by signal N,
-130 when interrupted, and 1 with an ``Execution error:`` line when execpool
-itself could not run the tool.
+``execpool run [--timeout S] [--json] (--python CODE | --shell CMD | FILE.py)``
+runs one tool, streamed live to the terminal, and exits with the tool's exit
+code, 124 on timeout (as coreutils' ``timeout``), 128+N for a tool killed by
+signal N, 130 when interrupted, and 1 with an ``Execution error:`` line when
+execpool itself could not run the tool. With ``--json`` nothing is streamed:
+stdout gets one JSON line instead, the job's record as ``execpool batch``
+writes it (without ``id`` and ``line``), with what the job cost; the exit
+status is the same.
 
 ``execpool batch IN.jsonl [-o OUT.jsonl]`` runs one job per input line through
 ``batch.run_tagged`` and appends one record per job to OUT as each job ends.
@@ -34,7 +37,7 @@ from . import checks
 from .admission import DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT_S
 from .httpjobs import (DEFAULT_GRACE_S, DEFAULT_HEARTBEAT_S, DEFAULT_MAX_BODY_MB, DEFAULT_MAX_CONNECTIONS,
                        DEFAULT_READ_TIMEOUT_S, ServiceDefaults)
-from .records import STATUSES, RecordsError, ResultsFile, json_type, line_key, result_record
+from .records import NO_COST, STATUSES, RecordsError, ResultsFile, json_type, line_key, result_record
 from .result import Result, Status
 from .supervisor import ExecPool
 
@@ -122,6 +125,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="wall-clock limit in seconds, or 'none' (default 300)")
     run.add_argument("--cwd", metavar="DIR",
                      help="working directory to run in and keep (default: a fresh temporary one)")
+    run.add_argument("--json", action="store_true",
+                     help="print one JSON record (output, status, CPU time, memory, processes) instead of "
+                          "streaming the output")
     source = run.add_mutually_exclusive_group(required=True)
     source.add_argument("--python", metavar="CODE", help="Python code to run")
     source.add_argument("--shell", metavar="CMD", help="shell command to run with bash -c")
@@ -236,7 +242,7 @@ def _run(args: argparse.Namespace) -> int:
         try:
             while True:
                 event = next(stream)
-                if event["type"] == "tool_output":
+                if event["type"] == "tool_output" and not args.json:
                     sys.stdout.write(event["text"])
                     sys.stdout.flush()
         except StopIteration as stop:
@@ -244,7 +250,10 @@ def _run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             stream.close()
             return EXIT_INTERRUPTED
-    if result.timed_out or result.error is not None or result.empty_message is not None:
+    if args.json:
+        record = {key: value for key, value in result_record(None, 1, result).items() if key not in ("id", "line")}
+        print(json.dumps(record))
+    elif result.timed_out or result.error is not None or result.empty_message is not None:
         print(result.text, file=sys.stderr)
     return _exit_status(result)
 
@@ -367,7 +376,7 @@ def _make_job(line: _Line, defaults: _JobDefaults) -> tuple[Optional[Any], Optio
 
 def invalid_record(line: _Line, reason: str) -> dict:
     return {"id": line.id, "status": "invalid", "exit_code": None, "output": "", "output_chars": 0,
-            "duration_s": 0.0, "line": line.number, "error": reason}
+            "duration_s": 0.0, **NO_COST, "line": line.number, "error": reason}
 
 
 def _input_lines(f) -> Iterator[tuple[int, Optional[bytes]]]:

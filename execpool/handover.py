@@ -7,10 +7,11 @@ Runs in the worker process, on its one thread, as part of its loop
 one and the hand-over itself: the job's description as marshal data in a
 memfd, its stdin, its output pipes, its cgroup files and a *ready* pipe, in
 one ``SCM_RIGHTS`` message. The ready pipe says whether the spare took the
-job (``TAKEN``) or failed to start it (``TAKEN`` and then why); it is read
-only once the spare has exited, so a spare that never says anything blocks
-nobody. A spare killed after the hand-over but before it took the job ran
-none of it, and the job goes back to the head of the queue.
+job (``TAKEN``, with the CPU time it had spent before, which is not the
+job's) or failed to start it (that, and then why); it is read only once the
+spare has exited, so a spare that never says anything blocks nobody. A
+spare killed after the hand-over but before it took the job ran none of it,
+and the job goes back to the head of the queue.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import ContextManager, Optional, Protocol
 
 from .running import RunningJob
 from .spawn import memfd_holding, output_pipes
-from .template import MAX_CGROUP_FDS, REHEARSE_WHEN_IDLE_S, TAKEN, SpareSupply, WarmSpare, encode_job
+from .template import MAX_CGROUP_FDS, REHEARSE_WHEN_IDLE_S, SpareSupply, WarmSpare, encode_job, read_report
 
 
 class Host(Protocol):
@@ -103,11 +104,11 @@ class WarmJobs:
                 self.close_ready(job)
                 break
             job.report += data
-        failure = job.report[len(TAKEN):]
+        taken, job.spent_before, failure = read_report(job.report)
         if failure and job.error is None:
             job.error = f"cannot start the tool: {failure.decode('utf-8', 'replace')}"
             job.infra = True
-        return job.report.startswith(TAKEN)
+        return taken
 
     def close_ready(self, job: RunningJob) -> None:
         if job.ready_fd is not None:

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Union
 
 from .jobfiles import JobFileError, check_path
 from .jobs import Limits, PythonJob, ShellJob
-from .records import json_type, result_record
+from .records import NO_COST, json_type, result_record
 from .result import Result, Status
 
 Job = Union[PythonJob, ShellJob]
@@ -179,7 +179,7 @@ def invalid_record(ident: Any, number: int, reason: str) -> dict:
     """The record of a job that could not run as asked (a bad line, a file
     that could not be written), with the reason in ``error``."""
     return {"id": ident, "status": "invalid", "exit_code": None, "output": "", "output_chars": 0,
-            "duration_s": 0.0, "line": number, "error": reason}
+            "duration_s": 0.0, **NO_COST, "line": number, "error": reason}
 
 
 def test_record(request: JobRequest, result: Result, expected: str) -> dict:
@@ -229,15 +229,15 @@ def sandbox_fusion_answer(result: Result, files: Mapping[str, bytes]) -> dict:
     if result.status is Status.INFRA:
         return _sandbox_error(f"execpool could not run the code: {result.error}")
     if result.empty_message is not None:  # no code: what running an empty file gives
-        run = _run_result("Finished", 0.0, 0, "", "")
+        run = _run_result("Finished", 0.0, 0.0, 0, "", "")
         return {**_answer("Success", ""), "run_result": run, "files": fetched}
     if result.status is Status.TIMEOUT:
-        run = _run_result("TimeLimitExceeded", result.duration_s, None, result.output, result.stderr)
+        run = _run_result("TimeLimitExceeded", result.duration_s, result.cpu_s, None, result.output, result.stderr)
         return {**_answer("Failed", result.text), "run_result": run, "files": fetched}
     # A program killed over a cap (memory, processes) got SIGKILL: -9, as
     # SandboxFusion reports an out-of-memory kill.
     code = result.exit_code if result.exit_code is not None else -9
-    run = _run_result("Finished", result.duration_s, code, result.output, result.stderr)
+    run = _run_result("Finished", result.duration_s, result.cpu_s, code, result.output, result.stderr)
     top = "Success" if result.status is Status.OK else "Failed"
     return {**_answer(top, result.error or ""), "run_result": run, "files": fetched}
 
@@ -257,8 +257,12 @@ def _answer(status: str, message: str) -> dict:
             "executor_pod_name": None, "files": {}}
 
 
-def _run_result(status: str, seconds: float, code: Optional[int], stdout: str, stderr: str) -> dict:
-    return {"status": status, "execution_time": round(seconds, 6), "return_code": code,
+def _run_result(status: str, seconds: float, cpu_seconds: Optional[float], code: Optional[int], stdout: str,
+                stderr: str) -> dict:
+    """``execution_time`` is wall-clock, ``cpu_time`` the CPU of the job's
+    whole tree (``Result.cpu_s``), both in seconds as SandboxFusion's."""
+    return {"status": status, "execution_time": round(seconds, 6),
+            "cpu_time": None if cpu_seconds is None else round(cpu_seconds, 6), "return_code": code,
             "stdout": stdout, "stderr": stderr}
 
 

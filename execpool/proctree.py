@@ -82,14 +82,16 @@ def _killpg(pgid: int) -> None:
         pass
 
 
-def _kill_all(procs: Iterable[psutil.Process]) -> int:
+def _kill_all(procs: Iterable[psutil.Process], victims: Optional[set] = None) -> int:
     hit = 0
     for proc in procs:
         try:
             proc.kill()
             hit += 1
         except psutil.Error:
-            pass
+            continue
+        if victims is not None:
+            victims.add(proc.pid)
     return hit
 
 
@@ -240,9 +242,12 @@ def kill_tree(
     scope: Optional[int] = None,
     exclude: Iterable[int] = (),
     group: Optional[Any] = None,
+    victims: Optional[set] = None,
 ) -> int:
     """SIGKILL a job's whole tree; return how many processes were signalled
-    one by one (the group kill is not counted).
+    one by one (the group kill is not counted), and add their pids to
+    ``victims`` when given: the worker waits for them to be reaped, and
+    counts them as the job's, even those in a session of their own.
 
     ``leader`` is the tool's pid if it may still be alive (not yet reaped, so
     the pid cannot have been reused); it and its descendants are killed.
@@ -263,7 +268,7 @@ def kill_tree(
         outside = _as_processes(p for p in _subtree_pids(leader) if not _in_groups(p, pgids))
     for pgid in pgids:
         _killpg(pgid)
-    hit = _kill_all(outside)
+    hit = _kill_all(outside, victims)
     if group is not None:
         group.kill()
     if marker is None:
@@ -273,14 +278,14 @@ def kill_tree(
         found = _marked(marker, scope, skip, pgids)
         if not found:
             break
-        victims = list(found)
+        swept = list(found)
         for proc in found:
-            victims.extend(_descendants(proc.pid))
-        hit += _kill_all(victims)
-        skip.update(p.pid for p in victims)
+            swept.extend(_descendants(proc.pid))
+        hit += _kill_all(swept, victims)
+        skip.update(p.pid for p in swept)
         # A victim forking right now hands its child to the subreaper only
         # once it is dead; sweeping again before that would miss the child.
-        _wait_dead([p.pid for p in victims], _SWEEP_SETTLE_S)
+        _wait_dead([p.pid for p in swept], _SWEEP_SETTLE_S)
     return hit
 
 

@@ -48,6 +48,15 @@ def json_type(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 
+#: What a job cost, as its worker measured it: the Result's fields of these
+#: names (execpool/result.py says which are exact and which bounds). In the
+#: record of a line that ran no job they are null.
+COST_KEYS = ("cpu_user_s", "cpu_system_s", "max_rss_bytes", "peak_memory_bytes", "processes")
+
+#: The cost part of a record for a line that ran nothing.
+NO_COST = dict.fromkeys(COST_KEYS)
+
+
 def result_record(ident: Any, number: int, result: Result) -> dict:
     """The output line for a job that ran. ``error`` is the model-facing text
     when the job did not simply exit (timeout, cancelled, execpool error)."""
@@ -55,6 +64,7 @@ def result_record(ident: Any, number: int, result: Result) -> dict:
     return {
         "id": ident, "status": result.status.value, "exit_code": result.exit_code, "output": result.output,
         "output_chars": result.output_chars, "duration_s": round(result.duration_s, 4),
+        **{key: getattr(result, key) for key in COST_KEYS},
         "line": number, "error": None if plain_exit else result.text,
     }
 

@@ -98,6 +98,53 @@ class Result:
     ``INFRA`` failure, a limit); when a worker died under the job,
     ``worker_pid`` and ``worker_exit_code`` (negative: the signal, as in
     ``Popen.returncode``) say which and how.
+
+    What the job cost, as its worker measured it -- for cold, shell and warm
+    jobs alike, and for jobs that were killed (timeout, cancel, a limit):
+    the worker reaps the job's processes (the leader, and as a child
+    subreaper every process the job left behind, attributed by its session
+    or by the kill path) and adds up the kernel's ``wait4`` figures, each of
+    which covers a process *and every descendant it waited for*. A job that
+    never reached a worker, or whose worker died under it, has None in all
+    five (nobody measured it).
+
+    - ``cpu_user_s``, ``cpu_system_s``: CPU seconds of the job's processes.
+      Their sum comes from the kernel's per-task clock (nanoseconds, given
+      to the microsecond); the split between user and system is the
+      kernel's estimate from timer ticks. Exact when every process of the
+      job was reaped before the Result went out -- the worker waits for what
+      the job's end killed -- and a lower bound otherwise: a process that
+      left the job's session and group and ended on its own while the job
+      ran belongs to no job the worker can tell; one stuck in the kernel
+      past the worker's reap grace (a second), and what a
+      ``keep_background`` job leaves running, end after the Result. A warm
+      job's figures are its own: what its spare had spent before it took
+      the job is taken off. Where the job has a cgroup v2 group, its
+      ``cpu.stat`` is used when it says more (it counts every process that
+      ran in the group, reaped or not).
+    - ``max_rss_bytes``: the largest resident set of any one process of the
+      job. Exact above a floor, an upper bound at it: Linux carries a
+      process's high-water mark across ``exec`` and ``fork``, so the leader
+      of a cold job starts at the resident set of the worker that started
+      it (20-25 MB here; the worker resets its own mark before each start
+      and hands freed memory back after a job that made it hold a lot, so
+      what earlier jobs did to it does not count), a warm job's process at
+      its template's (the interpreter and the ``preload`` modules it really
+      shares: about 14 MB here), and a process the job forks at its
+      parent's. A small job reports that floor.
+    - ``peak_memory_bytes``: the peak of the job's memory cgroup (v2
+      ``memory.peak``, v1 ``memory.max_usage_in_bytes``): the whole tree's
+      memory at its highest, as the kernel charged it (anonymous memory, the
+      page cache of what the job read or wrote, kernel memory). Only for a
+      job that has a memory cgroup (``Limits(memory=...)``); else None.
+    - ``processes``: how many of the job's processes the worker reaped: the
+      leader, what the job left behind when it ended (killed then), the
+      orphans whose parent exited first, and the escaped daemons the kill
+      path found. A lower bound: a process reaped by its own parent inside
+      the job -- each command a shell runs and waits for -- ends without the
+      worker seeing it (Linux has no per-tree fork counter short of
+      privileged tracing); its CPU and memory are counted all the same,
+      through the parent that waited for it.
     """
 
     status: Status
@@ -116,6 +163,11 @@ class Result:
     stderr: str = ""
     stderr_chars: int = 0
     output_bytes: int = 0
+    cpu_user_s: Optional[float] = None
+    cpu_system_s: Optional[float] = None
+    max_rss_bytes: Optional[int] = None
+    peak_memory_bytes: Optional[int] = None
+    processes: Optional[int] = None
 
     @property
     def truncated(self) -> bool:
@@ -124,6 +176,13 @@ class Result:
     @property
     def ok(self) -> bool:
         return self.status is Status.OK
+
+    @property
+    def cpu_s(self) -> Optional[float]:
+        """User plus system CPU seconds; None when nobody measured them."""
+        if self.cpu_user_s is None or self.cpu_system_s is None:
+            return None
+        return self.cpu_user_s + self.cpu_system_s
 
     @property
     def signal_name(self) -> Optional[str]:

@@ -5,6 +5,7 @@ ended. Worker side: the loop (execpool/worker.py) and the warm hand-over
 
 from __future__ import annotations
 
+import resource
 import time
 from collections import deque
 from typing import Optional
@@ -13,6 +14,26 @@ from . import channel
 from .capture import MAX_ERROR_LINES, Capture
 from .cgroups import JobGroup
 from .result import Result, Status
+
+
+class Cost:
+    """What a job's processes used, added up as the worker reaps them: each
+    ``wait4`` figure covers one process and every descendant it waited for
+    (Result's docstring says what that makes exact and what a bound)."""
+
+    __slots__ = ("user", "system", "max_rss_kib", "processes")
+
+    def __init__(self) -> None:
+        self.user = 0.0
+        self.system = 0.0
+        self.max_rss_kib = 0
+        self.processes = 0
+
+    def add(self, usage: "resource.struct_rusage") -> None:
+        self.user += usage.ru_utime
+        self.system += usage.ru_stime
+        self.max_rss_kib = max(self.max_rss_kib, usage.ru_maxrss)
+        self.processes += 1
 
 
 class RunningJob:
@@ -46,12 +67,29 @@ class RunningJob:
         # A warm job's hand-over: the spare's ready pipe, what it said there.
         self.ready_fd: Optional[int] = None
         self.report = b""
+        self.cost = Cost()
+        # CPU seconds (user, system) its spare had spent before it took the
+        # job: in the spare's wait4 figures, but not the job's.
+        self.spent_before = (0.0, 0.0)
+        # What the job's cgroup says, read before the group goes.
+        self.group_cpu: Optional[tuple[float, float]] = None
+        self.peak_memory: Optional[int] = None
+        # Its tree's leftovers were killed: the Result waits (a bounded
+        # while) until the kill's victims are reaped, so they count.
+        self.swept = False
+        self.victims: set[int] = set()
 
     @property
     def eof(self) -> bool:
         """Every output pipe it had is closed: nothing more of its output can
         come, though a process of its tree may still run."""
         return not self.pipes
+
+    def held_chars(self) -> int:
+        """What of this job the worker held at once, in characters: its code,
+        its stdin, its kept output."""
+        start = self.start
+        return len(start.source) + len(start.stdin or "") + sum(capture.kept for capture in self.captures)
 
     def status(self) -> Status:
         """In the order Result.text reads its fields, so status and text agree."""
@@ -78,4 +116,14 @@ class RunningJob:
             stderr=self.stderr.output,
             stderr_chars=self.stderr.total,
             output_bytes=sum(capture.bytes for capture in self.captures),
+            **self._cost(),
         )
+
+    def _cost(self) -> dict:
+        user = max(0.0, self.cost.user - self.spent_before[0])
+        system = max(0.0, self.cost.system - self.spent_before[1])
+        if self.group_cpu is not None:
+            user, system = max(user, self.group_cpu[0]), max(system, self.group_cpu[1])
+        return {"cpu_user_s": round(user, 6), "cpu_system_s": round(system, 6),
+                "max_rss_bytes": self.cost.max_rss_kib * 1024, "peak_memory_bytes": self.peak_memory,
+                "processes": self.cost.processes}

@@ -106,6 +106,7 @@ class _Metrics:
                             ["route", "kind", "status"], registry=r)
         self.duration = Histogram("execpool_job_duration_seconds", "Run time of jobs", ["kind"],
                                   buckets=DURATION_BUCKETS_S, registry=r)
+        self.cpu = Counter("execpool_job_cpu_seconds", "CPU time of jobs' whole trees", ["kind"], registry=r)
         self.queue_wait = Histogram("execpool_queue_wait_seconds", "Time a request waited for a slot",
                                     buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0), registry=r)
         Gauge("execpool_jobs_in_flight", "Jobs running now", registry=r).set_function(lambda: admission.in_flight)
@@ -117,6 +118,8 @@ class _Metrics:
     def job(self, route: str, kind: str, result: Result) -> None:
         self.jobs.labels(route, kind, result.status.value).inc()
         self.duration.labels(kind).observe(result.duration_s)
+        if result.cpu_s is not None:
+            self.cpu.labels(kind).inc(result.cpu_s)
 
 
 class _PoolCollector:

@@ -16,6 +16,7 @@ of three ways:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import resource
 import signal
@@ -44,11 +45,57 @@ RLIMIT_FIELDS = ("address_space", "cpu_seconds", "file_size", "open_files")
 _RLIMITS = (resource.RLIMIT_AS, resource.RLIMIT_CPU, resource.RLIMIT_FSIZE, resource.RLIMIT_NOFILE)
 
 
+class _OwnMemory:
+    """What the worker does about its own memory for its tools' sake.
+
+    Linux carries a process's resident high-water mark across exec, and a
+    vfork (or fork) child's is its parent's: every tool's ``ru_maxrss``
+    starts at the worker's. So before each start the worker sets its own
+    mark back to what it holds at that moment (writing "5" to its
+    ``/proc/self/clear_refs``, opened once, before the worker makes itself
+    non-dumpable -- then only root could), and after a job that made it
+    hold a lot (a large output kept, a large stdin) it hands the freed heap
+    back to the kernel (``malloc_trim``), which glibc would otherwise keep
+    resident: a job that did that raises no later job's figure."""
+
+    clear_refs = -1
+    trim = None
+
+    @classmethod
+    def open(cls) -> None:
+        try:
+            cls.clear_refs = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            cls.clear_refs = -1  # no such file (no procfs): the floor is the worker's own peak
+        try:
+            cls.trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            cls.trim = None  # not glibc
+
+    @classmethod
+    def reset_peak(cls) -> None:
+        if cls.clear_refs >= 0:
+            try:
+                os.write(cls.clear_refs, b"5")
+            except OSError:
+                pass
+
+    @classmethod
+    def give_back(cls) -> None:
+        if cls.trim is not None:
+            cls.trim(0)
+
+
+keep_own_peak_resettable = _OwnMemory.open
+give_back_memory = _OwnMemory.give_back
+
+
 def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str, stdin_fd: int = -1,
                no_network: bool = False, join_fds: list = (), separate_stderr: bool = False) -> tuple[int, list]:
     """Start one tool with ``method`` "vfork" or "fork"; return its pid and
     the read ends of its output pipes (see :func:`output_pipes`)."""
     stdin_fd = DEVNULL if stdin_fd < 0 else stdin_fd
+    _OwnMemory.reset_peak()
     with output_pipes(separate_stderr) as (readers, out_w, err_w):
         if method == "vfork":
             envp = [f"{key}={value}" for key, value in env.items()]

@@ -36,6 +36,7 @@ import gc
 import importlib
 import marshal
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -60,6 +61,13 @@ MAX_CGROUP_FDS = 8
 #: A spare's first word on the ready pipe: it has the job. A spare that dies
 #: before saying it was killed while parked, and the job goes to another.
 TAKEN = b"\x01"
+
+#: Said with TAKEN, in the same write: the CPU seconds (user, system) the
+#: spare had spent until then -- its clone, its wait, its rehearsals. They
+#: are in its ``wait4`` figures but are not the job's, and the worker takes
+#: them off, so a warm job's CPU is its own. Written before any of the job's
+#: code runs, and the pipe is closed before it does: the job cannot forge it.
+_SPENT = struct.Struct("=dd")
 
 #: Worker -> parked spare: rehearse a warm start now (execpool/warm.py),
 #: taking the copy-on-write faults a job would take. Only a worker idle for
@@ -93,6 +101,19 @@ def decode_job(data: bytes) -> tuple[str, dict, str, tuple, bool]:
             and all(type(value) is int for value in rlimits)):
         raise ValueError("not a warm job description")
     return script, env, cwd, rlimits, no_network
+
+
+def _taken() -> bytes:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return TAKEN + _SPENT.pack(usage.ru_utime, usage.ru_stime)
+
+
+def read_report(report: bytes) -> tuple[bool, tuple[float, float], bytes]:
+    """What a spare said on its ready pipe: whether it took the job, the CPU
+    it had spent before, and the failure it reported after (b"" for none)."""
+    if not report.startswith(TAKEN) or len(report) < len(TAKEN) + _SPENT.size:
+        return False, (0.0, 0.0), report[len(TAKEN):]
+    return True, _SPENT.unpack_from(report, len(TAKEN)), report[len(TAKEN) + _SPENT.size:]
 
 
 def main(argv: list) -> NoReturn:
@@ -159,7 +180,7 @@ def _park(channel: socket.socket, worker_pid: int, name: str) -> NoReturn:
             os._exit(0)  # EOF: the worker let its spare go
         sock.close()
         description, stdin_fd, out_fd, err_fd, ready_w, *join_fds = fds
-        os.write(ready_w, TAKEN)
+        os.write(ready_w, _taken())
         script, env, cwd, rlimits, no_network = decode_job(_read_all(description))
         _linux.set_name(name)  # the interpreter's own, as a cold start has it
     except BaseException as exc:  # noqa: BLE001 - a broken hand-over is the job's start failure

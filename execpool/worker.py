@@ -14,7 +14,9 @@ One ``selectors`` loop waits on everything the worker owns:
   exits),
 - a self-pipe fed by ``signal.set_wakeup_fd``: SIGCHLD reaps every child --
   tool leaders and, because the worker is a child subreaper, any daemon that
-  escaped its group and was re-parented here -- so no zombie stays,
+  escaped its group and was re-parented here -- so no zombie stays; what each
+  reaped process used (``wait4``) is added to the cost of the job it belonged
+  to, which its Result carries,
 - one non-blocking output pipe per running tool (two for a job that keeps
   stderr apart; it ends at EOF on both),
 - the warm template's socket, where the spares the worker asked for arrive,
@@ -51,11 +53,11 @@ from typing import Optional
 
 from . import _linux, channel
 from .cgroups import Cgroups, JobGroup
-from .proctree import JOB_MARKER_ENV, child_pids, count_tree, is_zombie, kill_tree, marker_of
+from .proctree import JOB_MARKER_ENV, child_pids, count_tree, is_zombie, kill_tree, marker_of, stat_fields
 from .dirs import remove_tree
 from .handover import WarmJobs
 from .running import RunningJob
-from .spawn import DEVNULL, memfd_holding, start_tool
+from .spawn import DEVNULL, give_back_memory, keep_own_peak_resettable, memfd_holding, start_tool
 from .template import REHEARSE_WHEN_IDLE_S
 
 
@@ -77,15 +79,24 @@ PROCESS_COUNT_INTERVAL_S = 0.02
 SPAWN_ATTEMPTS = 5
 SPAWN_RETRY_S = 0.02
 
-#: A killed leader that is not reaped by then (stuck in the kernel) no longer
-#: holds up its Result.
+#: A job that made the worker hold this many characters (its kept output,
+#: its code and stdin) has the worker hand its freed heap back once the
+#: Result is out (execpool/spawn.py says why: the next tools' memory
+#: figures). Smaller jobs leave nothing worth a trim.
+TRIM_AFTER_CHARS = 4 << 20
+
+#: A killed process that is not reaped by then (stuck in the kernel) no
+#: longer holds up its job's Result -- nor is it in the Result's cost.
 REAP_GRACE_S = 1.0
 
 
 class Worker:
-    """The loop and everything it owns: the jobs by id, by leader pid and by
-    output fd (one or two per job), the deadline heap, and the process
-    groups kept alive for ``keep_background`` jobs until shutdown."""
+    """The loop and everything it owns: the jobs by id, by leader pid (until
+    it is reaped), by session (until the Result: the leader's pid names the
+    session and group of the job's processes) and by output fd (one or two
+    per job), the processes a job's kill took outside its session, the
+    deadline heap, and the process groups kept alive for ``keep_background``
+    jobs until shutdown."""
 
     def __init__(self, conn_in: Connection, conn_out: Connection, config: channel.WorkerConfig) -> None:
         self.conn_in = conn_in
@@ -105,6 +116,8 @@ class Worker:
         self.sel = selectors.DefaultSelector()
         self.jobs: dict[int, RunningJob] = {}
         self.by_leader: dict[int, RunningJob] = {}
+        self.by_session: dict[int, RunningJob] = {}
+        self.claimed: dict[int, RunningJob] = {}
         self.jobs_by_fd: dict[int, RunningJob] = {}
         self.timers: list[tuple[float, int, str]] = []
         self.kept_pgids: set[int] = set()
@@ -180,7 +193,7 @@ class Worker:
             if job is None:
                 continue
             if kind == "reap":
-                if job.end_reason and not job.reaped and now >= job.killed_at + REAP_GRACE_S:
+                if now >= job.killed_at + REAP_GRACE_S:
                     self._finish(job)
             elif job.end_reason is not None:
                 continue
@@ -232,25 +245,60 @@ class Worker:
         self._reap()
 
     def _reap(self) -> None:
+        """Reap every child that has exited and add what it used to its
+        job's cost. Each is looked at before it is reaped (WNOWAIT), while
+        its /proc stat still names its session and group. The jobs are
+        settled after the last reap, so that a leader's orphans, re-parented
+        here as it exited and reaped in the same round, are in its Result."""
+        touched = []
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
-                return
-            if pid == 0:
-                return
+                break
+            if info is None:
+                break
+            pid = info.si_pid
             job = self.by_leader.pop(pid, None)
-            if job is None:
-                if not self.warm.spares.exited(pid) and self.stale_groups:
-                    self.stale_groups = [group for group in self.stale_groups if not group.remove()]
-                continue  # an orphan re-parented to us, already killed or done
-            if job.start.warm and not self.warm.took(job) and job.end_reason is None:
-                self.warm.requeue(job)  # its spare died parked, before it took the job
+            owner = self._owner(pid) if job is None else None
+            try:
+                _pid, status, usage = os.wait4(pid, 0)
+            except ChildProcessError:
                 continue
-            job.exit_code = os.waitstatus_to_exitcode(status)
-            job.reaped = True
-            if job.eof or job.end_reason:
-                self._finish(job)
+            if job is not None:
+                if job.start.warm and not self.warm.took(job) and job.end_reason is None:
+                    self.by_session.pop(pid, None)  # what that spare used was not the job's either
+                    self.warm.requeue(job)  # its spare died parked, before it took the job
+                    continue
+                job.exit_code = os.waitstatus_to_exitcode(status)
+                job.reaped = True
+                job.cost.add(usage)
+                touched.append(job)
+            elif owner is not None:
+                owner.cost.add(usage)
+                owner.victims.discard(pid)
+                touched.append(owner)
+            elif not self.warm.spares.exited(pid) and self.stale_groups:
+                # the template, a spare, a stray, or a job's process reaped after its Result
+                self.stale_groups = [group for group in self.stale_groups if not group.remove()]
+        for job in touched:
+            self._settle(job)
+
+    def _owner(self, pid: int) -> Optional[RunningJob]:
+        """The running job a dead process other than a leader belonged to: by
+        its process group or session (a job's are its leader's pid), or, for
+        one that left both, by the kill that took it. None for the template,
+        a spare, and a process that left its job's session and group and was
+        not taken by the kill path (it ended on its own while the job ran, or
+        it cleared its environment too)."""
+        claimed = self.claimed.pop(pid, None)
+        if not self.by_session:
+            return claimed
+        for field in stat_fields(pid)[2:4]:  # pgrp, session
+            job = self.by_session.get(int(field))
+            if job is not None:
+                return job
+        return claimed
 
     def _on_output(self, fd: int) -> None:
         job = self.jobs_by_fd.get(fd)
@@ -268,8 +316,8 @@ class Worker:
             return
         self._consume(job, capture.stream, capture.finish())
         self._close_pipe(job, fd)
-        if job.eof and job.reaped:
-            self._finish(job)
+        if job.eof:
+            self._settle(job)
 
     def _consume(self, job: RunningJob, stream: str, text: str) -> None:
         """Forward live output only up to the stream's cap plus one
@@ -373,6 +421,7 @@ class Worker:
         one per Capture of the job, in the same order."""
         job.pid = pid
         self.by_leader[pid] = job
+        self.by_session[pid] = job
         for fd, capture in zip(readers, job.captures, strict=True):
             os.set_blocking(fd, False)
             job.pipes[fd] = capture
@@ -408,14 +457,51 @@ class Worker:
             return
         job.killed_at = time.monotonic()
         heapq.heappush(self.timers, (job.killed_at + REAP_GRACE_S, job.start.job_id, "reap"))
+        job.swept = True
         self._kill(job)
         self.close_output(job)
-        if job.reaped:
-            self._finish(job)
+        self._settle(job)
+
+    def _settle(self, job: RunningJob) -> None:
+        """Send the job's Result once its leader is reaped and its output
+        closed -- and, unless it keeps background processes, once what it
+        left running has been killed and reaped too, so that the Result
+        counts it: a matter of a SIGCHLD or two, bounded by REAP_GRACE_S."""
+        if job.start.job_id not in self.jobs or not job.reaped or not (job.eof or job.end_reason):
+            return
+        if job.pid is not None and not job.start.keep_background:
+            if not job.swept:
+                job.swept = True
+                job.killed_at = time.monotonic()
+                self._kill(job)
+                if self._tree_left(job):
+                    heapq.heappush(self.timers, (job.killed_at + REAP_GRACE_S, job.start.job_id, "reap"))
+                    return
+            elif self._tree_left(job) and time.monotonic() < job.killed_at + REAP_GRACE_S:
+                return
+        self._finish(job)
+
+    def _tree_left(self, job: RunningJob) -> bool:
+        """Whether a process the job's kill took is not reaped yet: one in its
+        process group (killpg reaches zombies too), or one it took elsewhere."""
+        try:
+            os.killpg(job.pid, 0)
+            return True
+        except ProcessLookupError:
+            pass
+        except OSError:
+            return False  # one the worker may not signal: it was not killed either
+        job.victims = {pid for pid in job.victims if _exists(pid)}
+        return bool(job.victims)
 
     def _kill(self, job: RunningJob) -> None:
+        victims: set = set()
         kill_tree([job.pid], leader=None if job.reaped else job.pid, marker=job.marker, scope=self.pid,
-                  exclude=self._not_strays(), group=job.group)
+                  exclude=self._not_strays(), group=job.group, victims=victims)
+        victims.discard(job.pid)
+        job.victims |= victims
+        for pid in victims:
+            self.claimed[pid] = job
 
     def _not_strays(self) -> set:
         """The worker's children that belong to no finished job: the leaders
@@ -433,13 +519,20 @@ class Worker:
         if job.ready_fd is not None:
             self.warm.took(job)
             self.warm.close_ready(job)
-        if job.end_reason is None and job.pid is not None:
-            if job.start.keep_background:
+        if job.pid is not None:
+            if self.by_session.get(job.pid) is job:
+                del self.by_session[job.pid]
+            if job.end_reason is None and job.start.keep_background:
                 self.kept_pgids.add(job.pid)
                 self.kept_markers.add(job.marker)
-            else:
+            elif job.end_reason is None and not job.swept:
                 self._kill(job)
+        for pid in job.victims:
+            if self.claimed.get(pid) is job:
+                del self.claimed[pid]
         if job.group is not None:
+            job.peak_memory = job.group.peak_memory()
+            job.group_cpu = job.group.cpu_seconds()
             if job.group.oom_killed() and job.end_reason is None:
                 job.error = f"the job went over its memory limit ({job.start.limits.memory} bytes) and was killed"
             if job.start.keep_background or not job.group.remove():
@@ -455,6 +548,10 @@ class Worker:
                 _unlink(os.path.join(trashed, os.path.basename(job.script)))
             _remove(trashed)
         self._sweep_strays()  # after the Result: the tree it belongs to is dead already
+        if job.held_chars() >= TRIM_AFTER_CHARS:
+            for capture in job.captures:
+                capture.release()
+            give_back_memory()
 
     def _discard(self, path: str) -> Optional[str]:
         """Take a private directory off its path now; return where it went,
@@ -493,11 +590,13 @@ class Worker:
 
     def _shutdown(self) -> None:
         """Everything below the worker dies first, then every job still
-        running gets its Result (INFRA: the pool was closed under it)."""
+        running gets its Result (INFRA: the pool was closed under it). A job
+        that had ended and was only waiting for its leftovers to be reaped
+        keeps its own outcome."""
         pgids = self.kept_pgids | {job.pid for job in self.jobs.values() if job.pid is not None}
         kill_tree(pgids, leader=self.pid, marker=self.token, scope=self.pid)
         for job in list(self.jobs.values()):
-            if job.end_reason is None:
+            if job.end_reason is None and not job.swept:
                 # execpool's doing, not the program's: INFRA, worth running again.
                 job.end_reason = "shutdown"
                 job.error = "the pool was closed while this job ran; its process tree was killed"
@@ -528,11 +627,22 @@ def _unlink(path: str) -> None:
         os.unlink(path)
 
 
+def _exists(pid: int) -> bool:
+    """Alive or a zombie not yet reaped -- and still the worker's to signal:
+    a pid that went to another user's process since is no victim of ours."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
 def main(argv: list) -> None:
     read_fd, write_fd = map(int, argv)
     for fd in (read_fd, write_fd):
         os.set_inheritable(fd, False)
     _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)
+    keep_own_peak_resettable()  # while /proc/self is still this process's own to open
     # Tools run as this user: without this, one could open /proc/<worker>/fd
     # and write into the channel. Exec makes each tool dumpable again.
     _linux.prctl(_linux.PR_SET_DUMPABLE, 0)

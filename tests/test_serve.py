@@ -246,6 +246,28 @@ def test_run_code_answers_sandbox_fusions_model(server):
     assert fed["run_result"]["stdout"] == "hey!\n"
 
 
+#: Burns ~0.3 s of CPU in a child process, then prints what it used.
+BURN_IN_CHILD = ("import subprocess, sys\n"
+                 "burn = 'import resource, time\\nend = time.process_time() + 0.3\\nwhile time.process_time() < end:"
+                 "\\n    pass\\nu = resource.getrusage(resource.RUSAGE_SELF)\\nprint(u.ru_utime + u.ru_stime)'\n"
+                 "subprocess.run([sys.executable, '-c', burn])\n")
+
+
+def test_run_code_fills_cpu_time_and_records_carry_what_the_job_cost(server):
+    """Issue 16: SandboxFusion's ``cpu_time`` (the whole tree's CPU), and
+    the five cost fields in execpool's records."""
+    burnt = run_code(server, code=BURN_IN_CHILD, language="python")["run_result"]
+    used = float(burnt["stdout"])
+    assert used >= 0.29 and burnt["cpu_time"] >= used, burnt
+    assert burnt["cpu_time"] <= burnt["execution_time"] * (os.cpu_count() or 1) + 0.05
+    slept = run_code(server, code="sleep 1", language="bash")["run_result"]
+    assert slept["execution_time"] >= 1.0 and slept["cpu_time"] < 0.25, slept
+    record = server.client.post("/v1/run", json={"python": BURN_IN_CHILD}).json()
+    assert record["cpu_user_s"] + record["cpu_system_s"] >= float(record["output"]) and record["processes"] >= 1
+    assert record["max_rss_bytes"] > 0 and record["peak_memory_bytes"] is None
+    assert "execpool_job_cpu_seconds_total" in server.client.get("/metrics").text
+
+
 def test_run_code_files_languages_and_bad_requests(server):
     answer = run_code(server, code="cat a.txt > b.txt; echo done", language="bash",
                       files={"a.txt": b64(b"payload"), "skip.txt": None}, fetch_files=["b.txt"])
