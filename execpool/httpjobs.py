@@ -336,3 +336,45 @@ def _fetch(paths: object) -> tuple:
             raise BadRequest(f'"fetch_files": {exc}') from None
     return tuple(dict.fromkeys(paths))  # each once: a path asked a thousand times is read once
 
+
+#: The routes, described for people (``GET /openapi.json``).
+OPENAPI: dict = {
+    "openapi": "3.1.0",
+    "info": {"title": "execpool serve", "version": "1",
+             "description": "Run Python and shell code in isolated processes. See shared/SERVE.md."},
+    "paths": {
+        "/v1/run": {"post": {"summary": "Run one job; answer its record",
+                             "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Job"}}}},
+                             "responses": {"200": {"description": "the job's record (as execpool batch writes it)"},
+                                           "400": {"description": "a field is wrong; the message names it"},
+                                           "401": {"description": "token missing or wrong"},
+                                           "413": {"description": "body too large"},
+                                           "503": {"description": "overloaded; see Retry-After"}}}},
+        "/v1/stream": {"post": {"summary": "Run one job; answer Server-Sent Events: data lines with tool_output "
+                                           "events, ': keep-alive' comments, then 'event: result' with the record",
+                                "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Job"}}}},
+                                "responses": {"200": {"description": "text/event-stream"}}}},
+        "/v1/batch": {"post": {"summary": "Run NDJSON jobs, or {code, tests: [{stdin, expected}]}; answer NDJSON "
+                                          "records as jobs finish",
+                               "responses": {"200": {"description": "application/x-ndjson"}}}},
+        "/run_code": {"post": {"summary": "SandboxFusion's run_code (RunCodeRequest -> RunCodeResponse)",
+                               "responses": {"200": {"description": "RunCodeResponse"},
+                                             "504": {"description": "overloaded: retry"}}}},
+        "/": {"get": {"summary": "a page to run code by hand (it talks to /v1/stream)"}},
+        "/v1/ping": {"get": {"summary": "SandboxFusion's ping: \"pong\""}},
+        "/healthz": {"get": {"summary": "the process answers"}},
+        "/readyz": {"get": {"summary": "workers are alive and the queue is not full (else 503)"}},
+        "/metrics": {"get": {"summary": "Prometheus metrics"}},
+    },
+    "components": {"schemas": {"Job": {
+        "type": "object",
+        "properties": {
+            "id": {"type": ["string", "integer"]}, "python": {"type": "string"}, "shell": {"type": "string"},
+            "timeout": {"type": "number"}, "stdin": {"type": "string"},
+            "env": {"type": "object", "additionalProperties": {"type": "string"}},
+            "files": {"type": "object", "additionalProperties": {"type": "string", "contentEncoding": "base64"}},
+            "fetch_files": {"type": "array", "items": {"type": "string"}},
+        },
+        "additionalProperties": False,
+    }}},
+}

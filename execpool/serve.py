@@ -51,8 +51,7 @@ import threading
 import time
 from typing import Any, AsyncIterator, Callable, Dict, Mapping, Optional, Sequence, Set, Tuple
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -67,8 +66,8 @@ from .httpjobs import (DEFAULT_HEARTBEAT_S, DEFAULT_MAX_BODY_MB, DEFAULT_READ_TI
                        ServiceDefaults)
 from .jobfiles import DEFAULT_FETCH_MAX_BYTES, JobFileError, read_files, write_files
 from .jobs import Limits, ShellJob
+from .metrics import ServiceMetrics
 from .result import Result, Status
-from .stats import DURATION_BUCKETS_S
 from .supervisor import ExecPool
 
 #: Routes anyone may call, token or not: liveness, readiness, SandboxFusion's
@@ -95,48 +94,6 @@ logger = logging.getLogger("execpool")
 _PAGE = importlib.resources.files("execpool").joinpath("page.html").read_text(encoding="utf-8")
 
 
-class _Metrics:
-    """The service's Prometheus metrics (shared/SERVE.md §5), in a registry
-    of its own so two apps in one process do not collide."""
-
-    def __init__(self, pool: ExecPool, admission: Admission) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.jobs = Counter("execpool_jobs", "Jobs ended, by route, kind and status",
-                            ["route", "kind", "status"], registry=r)
-        self.duration = Histogram("execpool_job_duration_seconds", "Run time of jobs", ["kind"],
-                                  buckets=DURATION_BUCKETS_S, registry=r)
-        self.cpu = Counter("execpool_job_cpu_seconds", "CPU time of jobs' whole trees", ["kind"], registry=r)
-        self.queue_wait = Histogram("execpool_queue_wait_seconds", "Time a request waited for a slot",
-                                    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0), registry=r)
-        Gauge("execpool_jobs_in_flight", "Jobs running now", registry=r).set_function(lambda: admission.in_flight)
-        Gauge("execpool_queue_depth", "Requests waiting for a slot", registry=r).set_function(
-            lambda: admission.queue_depth)
-        self.rejected = Counter("execpool_rejected", "Requests refused, by reason", ["reason"], registry=r)
-        r.register(_PoolCollector(pool))
-
-    def job(self, route: str, kind: str, result: Result) -> None:
-        self.jobs.labels(route, kind, result.status.value).inc()
-        self.duration.labels(kind).observe(result.duration_s)
-        if result.cpu_s is not None:
-            self.cpu.labels(kind).inc(result.cpu_s)
-
-
-class _PoolCollector:
-    """Figures the pool keeps itself (``pool.stats()``), read at scrape time."""
-
-    def __init__(self, pool: ExecPool) -> None:
-        self.pool = pool
-
-    def collect(self):
-        stats = self.pool.stats()
-        restarts = CounterMetricFamily("execpool_worker_restarts", "Workers that died and were replaced")
-        restarts.add_metric([], stats.worker_restarts)
-        output = CounterMetricFamily("execpool_output_bytes", "Bytes of output the jobs produced")
-        output.add_metric([], stats.output_bytes)
-        return [restarts, output]
-
-
 class _Service:
     """The app's state and routes: one pool, its admission, its metrics."""
 
@@ -145,7 +102,7 @@ class _Service:
                  read_timeout: float) -> None:
         self.pool = pool
         self.admission = Admission(max_in_flight, max_queue, queue_timeout)
-        self.metrics = _Metrics(pool, self.admission)
+        self.metrics = ServiceMetrics(pool, self.admission)
         self.token = token
         self.max_body_bytes = max_body_bytes
         self.defaults = defaults
@@ -470,7 +427,7 @@ class _Service:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(OPENAPI)
+        return JSONResponse(httpjobs.OPENAPI)
 
 
 class _TooLarge(Exception):
@@ -717,46 +674,3 @@ def _same_origin(origin: Optional[str], host: str) -> bool:
     if origin is None:
         return True
     return origin in (f"http://{host}", f"https://{host}")
-
-
-OPENAPI: dict = {
-    "openapi": "3.1.0",
-    "info": {"title": "execpool serve", "version": "1",
-             "description": "Run Python and shell code in isolated processes. See shared/SERVE.md."},
-    "paths": {
-        "/v1/run": {"post": {"summary": "Run one job; answer its record",
-                             "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Job"}}}},
-                             "responses": {"200": {"description": "the job's record (as execpool batch writes it)"},
-                                           "400": {"description": "a field is wrong; the message names it"},
-                                           "401": {"description": "token missing or wrong"},
-                                           "413": {"description": "body too large"},
-                                           "503": {"description": "overloaded; see Retry-After"}}}},
-        "/v1/stream": {"post": {"summary": "Run one job; answer Server-Sent Events: data lines with tool_output "
-                                           "events, ': keep-alive' comments, then 'event: result' with the record",
-                                "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Job"}}}},
-                                "responses": {"200": {"description": "text/event-stream"}}}},
-        "/v1/batch": {"post": {"summary": "Run NDJSON jobs, or {code, tests: [{stdin, expected}]}; answer NDJSON "
-                                          "records as jobs finish",
-                               "responses": {"200": {"description": "application/x-ndjson"}}}},
-        "/run_code": {"post": {"summary": "SandboxFusion's run_code (RunCodeRequest -> RunCodeResponse)",
-                               "responses": {"200": {"description": "RunCodeResponse"},
-                                             "504": {"description": "overloaded: retry"}}}},
-        "/": {"get": {"summary": "a page to run code by hand (it talks to /v1/stream)"}},
-        "/v1/ping": {"get": {"summary": "SandboxFusion's ping: \"pong\""}},
-        "/healthz": {"get": {"summary": "the process answers"}},
-        "/readyz": {"get": {"summary": "workers are alive and the queue is not full (else 503)"}},
-        "/metrics": {"get": {"summary": "Prometheus metrics"}},
-    },
-    "components": {"schemas": {"Job": {
-        "type": "object",
-        "properties": {
-            "id": {"type": ["string", "integer"]}, "python": {"type": "string"}, "shell": {"type": "string"},
-            "timeout": {"type": "number"}, "stdin": {"type": "string"},
-            "env": {"type": "object", "additionalProperties": {"type": "string"}},
-            "files": {"type": "object", "additionalProperties": {"type": "string", "contentEncoding": "base64"}},
-            "fetch_files": {"type": "array", "items": {"type": "string"}},
-        },
-        "additionalProperties": False,
-    }}},
-}
-
