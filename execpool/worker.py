@@ -361,7 +361,7 @@ class Worker:
         with a name no job can guess), its script, its environment, its cgroup."""
         start = job.start
         if start.cwd is None:
-            job.tmpdir = tempfile.mkdtemp(dir=self.jobs_dir)
+            job.tmpdir = self._private_dir()
         cwd = self.job_cwd(job)
         if start.argv_kind == "python":
             fd, job.script = tempfile.mkstemp(prefix=".execpool-", suffix=".py", dir=cwd)
@@ -552,6 +552,19 @@ class Worker:
             for capture in job.captures:
                 capture.release()
             give_back_memory()
+
+    def _private_dir(self) -> str:
+        """A job's private directory in ``jobs_dir``. A job runs as the
+        worker's user and can move ``jobs_dir`` away (its own directory's
+        parent): it is made again -- same path, which the supervisor and the
+        lifeline remove -- rather than every later job failing to start."""
+        try:
+            return tempfile.mkdtemp(dir=self.jobs_dir)
+        except FileNotFoundError:
+            for path in (self.jobs_dir, self.trash):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(path, 0o700)
+            return tempfile.mkdtemp(dir=self.jobs_dir)
 
     def _discard(self, path: str) -> Optional[str]:
         """Take a private directory off its path now; return where it went,

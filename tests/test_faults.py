@@ -354,3 +354,19 @@ def test_a_pool_whose_last_worker_cannot_be_replaced_for_a_while_recovers(tmp_pa
     done = subprocess.run([sys.executable, "-c", NO_DESCRIPTORS_OWNER], capture_output=True, text=True,
                           timeout=90, preexec_fn=low_limit, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert done.returncode == 0 and done.stdout == "recovered\n", done.stderr[-3000:]
+
+
+def test_a_job_that_moves_its_workers_jobs_directory_away_fails_no_later_job(tmp_path):
+    """Red team: ``mv "$(dirname "$PWD")" elsewhere`` left the worker unable
+    to make a private directory: each later job it got failed at once
+    (``infra``) -- 989 in a row, until the worker was recycled."""
+    moved = tmp_path / "moved"
+    with ExecPool(workers=1) as pool:
+        jobs_dir = worker_records(pool)[0].jobs_dir
+        assert pool.run(ShellJob(f'mv "$(dirname "$PWD")" {moved}; echo moved', timeout=30)).output == "moved\n"
+        assert moved.is_dir() and not os.path.exists(jobs_dir)
+        for kind in (ShellJob("echo again", timeout=30), PythonJob("print('again')", timeout=30)):
+            result = pool.run(kind)
+            assert result.output == "again\n", result
+        assert os.stat(jobs_dir).st_mode & 0o777 == 0o700
+    assert not os.path.exists(jobs_dir)
