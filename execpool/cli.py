@@ -43,6 +43,8 @@ from .supervisor import ExecPool
 
 EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
+#: 128 + SIGPIPE, as a shell reports a writer whose reader went away.
+EXIT_BROKEN_PIPE = 141
 EXIT_USAGE = 2
 
 #: Keys an input line of ``execpool batch`` may have. Anything else is
@@ -250,6 +252,12 @@ def _run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             stream.close()
             return EXIT_INTERRUPTED
+        except BrokenPipeError:
+            # Whoever read the output is gone (``| head``): stop the job, as
+            # a shell pipeline's SIGPIPE would, and say nothing more there.
+            stream.close()
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_BROKEN_PIPE
     if args.json:
         record = {key: value for key, value in result_record(None, 1, result).items() if key not in ("id", "line")}
         print(json.dumps(record))

@@ -61,3 +61,20 @@ def test_bad_arguments_get_a_one_line_error(args):
     assert done.returncode == 2
     assert done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("execpool: error:")
+
+
+def test_a_reader_that_goes_away_stops_the_job_without_a_traceback():
+    """``execpool run ... | head`` printed a BrokenPipeError traceback and
+    exited 1; now the job is stopped and the exit is 141 (128 + SIGPIPE),
+    as a shell pipeline's writer would have."""
+    proc = subprocess.Popen([sys.executable, "-m", "execpool", "run", "--shell", "while :; do echo line; done"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "line\n"
+        proc.stdout.close()  # the reader goes away, as `head -1` does
+        assert proc.wait(30) == 141
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
