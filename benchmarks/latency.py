@@ -21,14 +21,24 @@ Run from the repository root::
      the same raw cold start; reported as a speed-up, raw / pool. Left out,
      with a note, when this execpool's PythonJob has no ``warm``.
 
-2. Cancel to tree dead (``--cancel-rounds``, 0 to skip): ``gen.close()`` of
+2. What the sandbox adds (``--sandbox-iters``, 0 to skip; execpool/sandbox.py):
+   the same bash, cold and warm jobs with ``sandbox="strict"`` and without,
+   in pairs whose order alternates (plain first, then sandboxed first), so
+   neither gains from coming second; reported: the median of each, the
+   median per-pair difference ("added"), and what the sandbox added to the
+   tool's own CPU time (its Result's ``cpu_s``, medians), a figure a busy
+   machine disturbs far less than wall time. Left out, with a note, where
+   the machine offers no sandbox.
+
+3. Cancel to tree dead (``--cancel-rounds``, 0 to skip): ``gen.close()`` of
    a ``pool.stream`` against the reference design's 0.2 s polling watcher,
    on a 51-process tree, as in benchmarks/kill.py (which also times
    ``cancel_event.set()``; the code is shared).
 
 Targets (printed, not asserted): bash ratio <= 1.15, cold python ratio
-<= 1.10, warm python >= 6x faster than raw cold, cancel-to-reaped median
-<= 10 ms. The last line of stdout is one JSON object with every figure.
+<= 1.10, warm python >= 6x faster than raw cold, the sandbox adding <= 0.3 ms
+per job (median, each kind), cancel-to-reaped median <= 10 ms. The last
+line of stdout is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ TARGET_BASH_RATIO = 1.15
 TARGET_PYTHON_RATIO = 1.10
 TARGET_WARM_SPEEDUP = 6.0
 TARGET_CANCEL_MS = kill.TARGET_MS
+TARGET_SANDBOX_ADDED_MS = 0.3
 
 
 # --- exec round trip ------------------------------------------------------------
@@ -96,6 +107,42 @@ def bench_exec(pool: ExecPool, job, argv: list[str], expected: str, iters: int, 
     }
 
 
+def _sandbox_missing() -> str | None:
+    """Why this machine (or this execpool) has no sandbox; None if it has."""
+    try:
+        from execpool import sandbox_support
+    except ImportError:
+        return "this execpool has no sandbox"
+    return sandbox_support().missing
+
+
+def bench_sandbox(pool: ExecPool, make, iters: int, warmup: int) -> dict:
+    """``make(sandbox)`` builds the job; pairs of it without and with the
+    sandbox, the order alternating."""
+    plain_s: list[float] = []
+    boxed_s: list[float] = []
+    plain_cpu: list[float] = []
+    boxed_cpu: list[float] = []
+    for i in range(warmup + iters):
+        order = (None, "strict") if i % 2 == 0 else ("strict", None)
+        for sandbox in order:
+            t0 = time.perf_counter()
+            result = pool.run(make(sandbox))
+            elapsed = time.perf_counter() - t0
+            if result.exit_code != 0 or result.output != "hi\n":
+                raise RuntimeError(f"pool run with sandbox={sandbox!r} gave {result!r}")
+            if i >= warmup:
+                (boxed_s if sandbox else plain_s).append(elapsed)
+                (boxed_cpu if sandbox else plain_cpu).append(result.cpu_s or 0.0)
+    return {
+        "n": iters,
+        "plain_ms_median": C.ms(C.median(plain_s)),
+        "sandboxed_ms_median": C.ms(C.median(boxed_s)),
+        "added_ms_median": C.ms(C.median([b - p for p, b in zip(plain_s, boxed_s)])),
+        "tool_cpu_added_ms_median": C.ms(C.median(boxed_cpu) - C.median(plain_cpu)),
+    }
+
+
 # --- main -------------------------------------------------------------------------
 
 
@@ -105,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bash-iters", type=int, default=200, help="measured bash pairs (default 200)")
     parser.add_argument("--python-iters", type=int, default=60,
                         help="measured cold and warm python pairs, each (default 60)")
+    parser.add_argument("--sandbox-iters", type=int, default=200,
+                        help="measured sandboxed/plain pairs for bash, a third as many for cold and warm python "
+                             "(default 200; 0 to skip)")
     parser.add_argument("--cancel-rounds", type=int, default=20,
                         help="measured cancel rounds, 0 to skip (default 20)")
     parser.add_argument("--warmup", type=int, default=5, help="warm-up pairs/rounds before measuring (default 5)")
@@ -114,14 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("bash_iters", "python_iters", "workers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.warmup < 0 or args.cancel_rounds < 0:
-        parser.error("--warmup and --cancel-rounds must not be negative")
+    if args.warmup < 0 or args.cancel_rounds < 0 or args.sandbox_iters < 0:
+        parser.error("--warmup, --sandbox-iters and --cancel-rounds must not be negative")
 
     has_warm = C.python_job_accepts("warm")
     load_before = C.load()
     started = time.perf_counter()
     tmpdir = tempfile.mkdtemp(prefix="execpool-bench-")
     warm = cancel = None
+    sandbox: dict = {}
+    sandbox_missing = _sandbox_missing()
     try:
         script = os.path.join(tmpdir, "hi.py")
         with open(script, "w") as f:
@@ -146,6 +198,15 @@ def main(argv: list[str] | None = None) -> int:
             if has_warm:
                 warm = bench_exec(pool, PythonJob('print("hi")', warm=True), raw_python, "hi\n",
                                   args.python_iters, args.warmup)
+            if args.sandbox_iters and sandbox_missing is None:
+                few = max(10, args.sandbox_iters // 3)
+                sandbox["bash"] = bench_sandbox(pool, lambda box: ShellJob("echo hi", sandbox=box),
+                                                args.sandbox_iters, args.warmup)
+                sandbox["python_cold"] = bench_sandbox(pool, lambda box: PythonJob('print("hi")', sandbox=box),
+                                                       few, args.warmup)
+                if has_warm:
+                    sandbox["python_warm"] = bench_sandbox(
+                        pool, lambda box: PythonJob('print("hi")', warm=True, sandbox=box), few, args.warmup)
             if args.cancel_rounds:
                 cancel = kill.bench_kill(pool, args.cancel_rounds, min(args.warmup, 2), args.seed,
                                          names=("pool_close", "reference_cancel_event"))
@@ -158,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         "python_cold_ratio": C.target(python["ratio"], TARGET_PYTHON_RATIO, "<="),
         "python_warm_speedup": C.target(warm["speedup"] if warm else None, TARGET_WARM_SPEEDUP, ">="),
     }
+    for kind, figures in sandbox.items():
+        targets[f"sandbox_added_ms_{kind}"] = C.target(figures["added_ms_median"], TARGET_SANDBOX_ADDED_MS, "<=",
+                                                       "ms")
     if cancel is not None:
         targets["close_to_reaped_ms"] = C.target(cancel["pool_close"]["reaped_ms_median"], TARGET_CANCEL_MS,
                                                  "<=", "ms")
@@ -188,6 +252,17 @@ def main(argv: list[str] | None = None) -> int:
     if warm is None:
         print("  note: this execpool's PythonJob has no `warm` field: the warm python row is skipped")
         print()
+    if sandbox:
+        C.print_table(
+            "What the sandbox adds (ms, medians; pairs of plain and sandboxed, order alternating)",
+            ["job", "n", "plain", "sandboxed", "added", "tool CPU added", "target", "met"],
+            [[kind, f["n"], f["plain_ms_median"], f["sandboxed_ms_median"], f["added_ms_median"],
+              f["tool_cpu_added_ms_median"], targets[f"sandbox_added_ms_{kind}"]["target"],
+              C.met_cell(targets[f"sandbox_added_ms_{kind}"])] for kind, f in sandbox.items()],
+        )
+    elif args.sandbox_iters:
+        print(f"  note: no sandbox rows: {sandbox_missing}")
+        print()
     if cancel is not None:
         pool_cancel, base_cancel = cancel["pool_close"], cancel["reference_cancel_event"]
         C.print_table(
@@ -215,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         "python": python,
         "python_warm": warm,
         "warm_available": has_warm,
+        "sandbox": sandbox or None,
+        "sandbox_missing": sandbox_missing,
         "cancel": cancel,
         "targets": targets,
     })

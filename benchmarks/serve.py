@@ -157,6 +157,16 @@ class ServiceFailed(RuntimeError):
     """``execpool serve`` did not say it was ready."""
 
 
+def _sandbox() -> tuple:
+    """Whether this execpool has the sandbox, and ``"strict"`` where this
+    machine has it too (else None)."""
+    try:
+        from execpool import sandbox_support
+    except ImportError:
+        return False, None
+    return True, "strict" if sandbox_support().available else None
+
+
 class Service:
     """``execpool serve`` in a subprocess, its URL read from its ready line.
 
@@ -482,6 +492,11 @@ def main(argv: list[str] | None = None) -> int:
                "--max-queue", str(args.max_queue), "--queue-timeout", f"{args.queue_timeout:g}"]
     if args.warm:
         options.append("--warm")
+    # The service runs its jobs in the sandbox where the machine has one (its
+    # default); the library side does the same, so the two differ by HTTP only.
+    has_sandbox, sandbox = _sandbox()
+    if has_sandbox and sandbox is None:
+        options += ["--sandbox", "off"]
     try:
         service = Service(options)
     except ServiceFailed as exc:
@@ -489,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         C.emit_json({"benchmark": "serve", "error": str(exc), "load": {"before": load_before, "after": C.load()}})
         return 2
     try:
-        with ExecPool(workers=args.workers) as pool:
+        with ExecPool(workers=args.workers, **({} if sandbox is None else {"sandbox": sandbox})) as pool:
             sides = {"http": HttpSide(service.url, client_timeout),
                      "http_lean": LeanHttpSide(service.url, client_timeout),
                      "library": LibrarySide(pool, args.warm, client_timeout)}

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .loop import chat_with_tools
     from .proctree import capture_process_group, drain_process_output, kill_process_tree
     from .result import Result, Status
+    from .sandbox import Sandbox, SandboxSupport, sandbox_support
     from .stats import PoolStats
     from .supervisor import ExecPool
 
@@ -45,6 +46,9 @@ _EXPORTS = {
     "kill_process_tree": "proctree",
     "Result": "result",
     "Status": "result",
+    "Sandbox": "sandbox",
+    "SandboxSupport": "sandbox",
+    "sandbox_support": "sandbox",
     "PoolStats": "stats",
     "ExecPool": "supervisor",
     "PoolClosedError": "lifecycle",

@@ -38,6 +38,7 @@ from typing import Callable, Dict, Literal, Optional, Tuple, Union
 
 from .jobs import Limits
 from .result import Result
+from .sandbox import Sandbox
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class Start:
     warm: bool
     network: bool
     separate_stderr: bool = False  # stderr on a pipe of its own, not merged into stdout
+    sandbox: Optional[Sandbox] = None  # the job's, or the pool's; None: none
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,8 @@ MESSAGES = TO_WORKER + FROM_WORKER
 
 #: The only classes a message may name: the messages and what they carry.
 _ALLOWED = {(__name__, cls.__name__) for cls in MESSAGES} | {
-    ("execpool.jobs", "Limits"), ("execpool.result", "Result"), ("execpool.result", "Status")}
+    ("execpool.jobs", "Limits"), ("execpool.result", "Result"), ("execpool.result", "Status"),
+    ("execpool.sandbox", "Sandbox")}
 
 #: ``multiprocessing.connection``'s framing: a signed 32-bit length, or -1
 #: and an unsigned 64-bit one for messages of 2 GiB and more.

@@ -130,6 +130,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true",
                      help="print one JSON record (output, status, CPU time, memory, processes) instead of "
                           "streaming the output")
+    run.add_argument("--sandbox", action="store_true",
+                     help="run the tool in the strict sandbox: it writes only its directory (see the README)")
     source = run.add_mutually_exclusive_group(required=True)
     source.add_argument("--python", metavar="CODE", help="Python code to run")
     source.add_argument("--shell", metavar="CMD", help="shell command to run with bash -c")
@@ -164,6 +166,8 @@ def _parser() -> argparse.ArgumentParser:
                             "running them again")
     batch.add_argument("--no-fsync", dest="fsync", action="store_false",
                        help="do not fdatasync OUT (a killed process still loses nothing; power loss may)")
+    batch.add_argument("--sandbox", action="store_true",
+                       help="run every job in the strict sandbox: each writes only its directory (see the README)")
     progress = batch.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_true", default=None,
                           help="show the progress bar even when stderr is not a terminal")
@@ -210,6 +214,10 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preload", default="", help="comma-separated modules the warm templates import")
     parser.add_argument("--no-network", dest="network", action="store_false",
                         help="jobs run without network (a network namespace of their own)")
+    parser.add_argument("--sandbox", choices=("strict", "off"), default="strict",
+                        help="the kernel-enforced sandbox every job runs in (default strict: a job writes only its "
+                             "own directory and reads the system's software; see the README); the service does not "
+                             "start where the kernel lacks it, unless given off")
 
 
 # -- execpool run ----------------------------------------------------------------
@@ -239,7 +247,7 @@ def _run(args: argparse.Namespace) -> int:
         job = PythonJob(args.python, timeout=args.timeout, cwd=args.cwd)
     else:
         job = ShellJob(args.shell, timeout=args.timeout, cwd=args.cwd)
-    with ExecPool(workers=1, non_dumpable=NON_DUMPABLE) as pool:
+    with ExecPool(workers=1, non_dumpable=NON_DUMPABLE, sandbox="strict" if args.sandbox else None) as pool:
         stream = pool.stream(job, tool_name="cli")
         try:
             while True:
@@ -568,6 +576,8 @@ class _Batch:
                              "non_dumpable": NON_DUMPABLE}
         if preload:
             pool_kwargs["preload"] = preload
+        if args.sandbox:
+            pool_kwargs["sandbox"] = "strict"
         started = time.monotonic()
         try:
             pool = ExecPool(**pool_kwargs)

@@ -18,6 +18,7 @@ from typing import Mapping, Optional, Tuple
 
 from . import checks
 from .jobs import Limits, PythonJob
+from .sandbox import Sandbox, pool_sandbox
 
 #: Variables a tool may see from the caller's environment. Everything else --
 #: API keys, tokens, cloud credentials -- stays in the caller.
@@ -58,6 +59,7 @@ class PoolConfig:
     non_dumpable: bool = False
     cgroups: bool = True
     warm_spares: int = DEFAULT_WARM_SPARES
+    sandbox: Optional[Sandbox] = None
     tool_env: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +72,7 @@ class PoolConfig:
         checks.integer("warm_spares", self.warm_spares, minimum=0, maximum=MAX_WARM_SPARES)
         checks.flag("non_dumpable", self.non_dumpable)
         checks.flag("cgroups", self.cgroups)
+        settle(self, "sandbox", pool_sandbox(self.sandbox))
         if not isinstance(self.limits, Limits):
             raise TypeError(f"limits must be an execpool.Limits, not {type(self.limits).__name__}")
         settle(self, "spawn_method", _spawn_method(self.spawn_method))

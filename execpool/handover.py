@@ -6,11 +6,13 @@ Runs in the worker process, on its one thread, as part of its loop
 (execpool/template.py); this module owns the queue of warm jobs waiting for
 one and the hand-over itself: the job's description as marshal data in a
 memfd, its stdin, its output pipes, its cgroup files and a *ready* pipe, in
-one ``SCM_RIGHTS`` message. The ready pipe says whether the spare took the
-job (``TAKEN``, with the CPU time it had spent before, which is not the
-job's) or failed to start it (that, and then why); it is read only once the
-spare has exited, so a spare that never says anything blocks nobody. A
-spare killed after the hand-over but before it took the job ran none of it,
+one ``SCM_RIGHTS`` message -- with, for a sandboxed job, the Landlock
+ruleset the worker built for it, which the spare enters before any of the
+job's code runs (execpool/sandbox.py). The ready pipe says whether the
+spare took the job (``TAKEN``, with the CPU time it had spent before, which
+is not the job's) or failed to start it (that, and then why); it is read
+only once the spare has exited, so a spare that never says anything blocks
+nobody. A spare killed after the hand-over but before it took the job ran none of it,
 and the job goes back to the head of the queue.
 """
 
@@ -132,12 +134,14 @@ class WarmJobs:
         worker = self.worker
         start = job.start
         description = memfd_holding("execpool-job", encode_job(job.script, worker.job_env(job), worker.job_cwd(job),
-                                                                start.limits, not start.network))
+                                                                start.limits, not start.network,
+                                                                job.ruleset_fd() >= 0))
         ready_r, ready_w = os.pipe()
         try:
             with output_pipes(start.separate_stderr) as (readers, out_w, err_w), \
                     worker.job_fds(job) as (stdin_fd, join_fds):
-                handed = spare.hand(description, stdin_fd, out_w, err_w, ready_w, join_fds[:MAX_CGROUP_FDS])
+                handed = spare.hand(description, stdin_fd, out_w, err_w, ready_w, join_fds[:MAX_CGROUP_FDS],
+                                    job.ruleset)  # kept until the job ends: a requeued job needs it again
         except BaseException:
             os.close(ready_r)
             raise

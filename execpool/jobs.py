@@ -12,6 +12,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Mapping, Optional, Union
 
 from . import checks
+from .sandbox import Sandbox, job_sandbox
 
 GiB = 1 << 30
 
@@ -75,6 +76,10 @@ class _Job:
     #: Give stderr a pipe of its own (``Result.stderr``) instead of merging
     #: it into ``output``: a service whose clients read the two apart.
     separate_stderr: bool = False
+    #: The kernel-enforced sandbox (execpool/sandbox.py): None takes the
+    #: pool's, False runs this job without one whatever the pool's,
+    #: ``"strict"`` (kept as ``Sandbox()``) or a ``Sandbox`` runs it in one.
+    sandbox: Union[None, bool, str, Sandbox] = None
 
     kind = ""
     _source_field = ""
@@ -115,6 +120,7 @@ class _Job:
         checks.integer("max_output_chars", self.max_output_chars, none_ok=True)
         checks.flag("network", self.network)
         checks.flag("separate_stderr", self.separate_stderr)
+        object.__setattr__(self, "sandbox", job_sandbox(self.sandbox))
         if self.stdin is not None:
             checks.text("stdin", self.stdin, nul_ok=True)
 

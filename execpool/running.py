@@ -5,6 +5,7 @@ ended. Worker side: the loop (execpool/worker.py) and the warm hand-over
 
 from __future__ import annotations
 
+import os
 import resource
 import time
 from collections import deque
@@ -63,6 +64,12 @@ class RunningJob:
         self.started = time.monotonic()
         self.tmpdir: Optional[str] = None
         self.script: Optional[str] = None
+        # A sandboxed job's Landlock ruleset, open until its tool entered it,
+        # and its private TMPDIR: ``tmpdir`` for a job without a cwd, else a
+        # directory of its own (``sandbox_tmp``), removed like ``tmpdir``.
+        self.ruleset: Optional[int] = None
+        self.private_tmp: Optional[str] = None
+        self.sandbox_tmp: Optional[str] = None
         self.group: Optional[JobGroup] = None
         # A warm job's hand-over: the spare's ready pipe, what it said there.
         self.ready_fd: Optional[int] = None
@@ -78,6 +85,21 @@ class RunningJob:
         # while) until the kill's victims are reaped, so they count.
         self.swept = False
         self.victims: set[int] = set()
+
+    def ruleset_fd(self) -> int:
+        """The ruleset to start the tool in, -1 for a job without a sandbox;
+        OSError for a sandboxed job whose ruleset is gone -- it must never
+        start unconfined."""
+        if self.ruleset is not None:
+            return self.ruleset
+        if self.start.sandbox is not None:
+            raise OSError("the job's sandbox ruleset is gone; it was not started unconfined")
+        return -1
+
+    def close_ruleset(self) -> None:
+        if self.ruleset is not None:
+            os.close(self.ruleset)
+            self.ruleset = None
 
     @property
     def eof(self) -> bool:

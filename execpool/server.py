@@ -4,7 +4,9 @@ on uvicorn, the sockets it listens on, and its shutdown.
 Runs in the service's process. What it adds to the app is what only the
 process that owns the listening sockets can do:
 
-- refuse to listen beyond loopback without a token;
+- refuse to listen beyond loopback without a token, and to start where
+  the kernel lacks the sandbox it runs every job in (unless told ``--sandbox
+  off``);
 - hold the port on both address families (127.0.0.1 and ::1, or 0.0.0.0
   and ::), so that no job can take the other one and answer the clients
   that say ``localhost``;
@@ -39,6 +41,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .httpjobs import ServiceDefaults
+from .sandbox import sandbox_support
 from .serve import LOOPBACK_NAMES, create_app
 from .supervisor import ExecPool
 
@@ -64,6 +67,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"execpool serve: refusing to bind {args.host} without a token: anyone who can reach it could run "
               "code here. Give --token-file PATH or set EXECPOOL_TOKEN.", file=sys.stderr)
         return 2
+    sandbox = None if args.sandbox == "off" else "strict"
+    if sandbox is not None and not sandbox_support().available:
+        # Failing every job would be a service that answers nothing but
+        # errors; running them unsandboxed, one that says it sandboxes.
+        print(f"execpool serve: {sandbox_support().missing}. Give --sandbox off to serve without it.",
+              file=sys.stderr)
+        return 2
     max_connections = _connection_room(args.max_connections)
     try:
         sockets = _listen(args.host, args.port)
@@ -76,7 +86,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         # The token is in this process's memory and maybe its environment:
         # tools running as the same user must not read them through /proc.
-        with ExecPool(workers=args.workers, preload=preload, non_dumpable=True) as pool:
+        # Every job in the sandbox (execpool/sandbox.py): its request's
+        # directory is its working directory, so files in and out still work.
+        with ExecPool(workers=args.workers, preload=preload, non_dumpable=True, sandbox=sandbox) as pool:
             app = create_app(pool, max_in_flight=args.max_in_flight, max_queue=args.max_queue,
                              queue_timeout=args.queue_timeout, token=token, max_body_mb=args.max_body_mb,
                              defaults=defaults, heartbeat_s=args.heartbeat, read_timeout=args.read_timeout,

@@ -1,9 +1,11 @@
 """How a worker starts a tool process: every tool gets a new session, the
 death signal, its working directory (and cgroup, and network namespace), its
 output pipe on fd 1 and fd 2 (or, for a job that keeps stderr apart, a pipe
-for each), no other descriptor, and its rlimits -- in that order, so a
-lowered open-files limit cannot hide a descriptor from the close -- in one
-of three ways:
+for each), its sandbox (execpool/sandbox.py: entered while the ruleset's
+descriptor is still open), no other descriptor, and its rlimits -- in that
+order, so a lowered open-files limit cannot hide a descriptor from the
+close, and a root tool has lost the capability to raise its rlimits before
+they are set -- in one of three ways:
 
 - ``vfork``: execpool._spawn (C) vforks and execs ``bash -c`` or ``python -u FILE``;
 - ``fork``: the pure-Python fallback, where the C extension was not built;
@@ -22,13 +24,17 @@ import resource
 import signal
 from typing import Callable, Iterator, NoReturn
 
-from . import _linux, warm
+from . import _linux, sandbox, warm
 from .jobs import Limits
 
 try:
     from . import _spawn
 except ImportError:  # not built here; the pure-Python start is used instead
     _spawn = None
+
+#: How a worker builds a sandboxed job's Landlock ruleset: in one C call
+#: where the extension was built (execpool/sandbox.py).
+RULESET_BUILDER = None if _spawn is None else _spawn.ruleset
 
 #: How tools are started: "vfork" (execpool._spawn) or "fork" (pure Python).
 SPAWN_METHODS = ("vfork", "fork") if _spawn is not None else ("fork",)
@@ -91,19 +97,22 @@ give_back_memory = _OwnMemory.give_back
 
 
 def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str, stdin_fd: int = -1,
-               no_network: bool = False, join_fds: list = (), separate_stderr: bool = False) -> tuple[int, list]:
+               no_network: bool = False, join_fds: list = (), separate_stderr: bool = False,
+               ruleset_fd: int = -1) -> tuple[int, list]:
     """Start one tool with ``method`` "vfork" or "fork"; return its pid and
-    the read ends of its output pipes (see :func:`output_pipes`)."""
+    the read ends of its output pipes (see :func:`output_pipes`). A
+    ``ruleset_fd`` (execpool/sandbox.py) confines the tool before it runs."""
     stdin_fd = DEVNULL if stdin_fd < 0 else stdin_fd
     _OwnMemory.reset_peak()
     with output_pipes(separate_stderr) as (readers, out_w, err_w):
         if method == "vfork":
             envp = [f"{key}={value}" for key, value in env.items()]
+            confinement = None if ruleset_fd < 0 else sandbox.child_arguments(ruleset_fd)
             pid = _spawn.spawn(argv, envp, cwd, rlimit_values(limits), stdin_fd, out_w, err_w, no_network,
-                               list(join_fds))
+                               list(join_fds), confinement)
         else:
             pid = _fork_child(cwd, rlimit_values(limits), (stdin_fd, out_w, err_w), no_network, list(join_fds),
-                              _exec(argv, env))
+                              _exec(argv, env), ruleset_fd)
     return pid, readers
 
 
@@ -176,7 +185,7 @@ def run_warm(script: str, env: dict) -> Callable[[int], None]:
 
 
 def _fork_child(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_fds: list,
-                then: Callable[[int], None]) -> int:
+                then: Callable[[int], None], ruleset_fd: int = -1) -> int:
     """Fork, set the child up as every tool is set up, then hand it to
     ``then(ready_fd)``, which execs."""
     ready_r, ready_w = os.pipe()
@@ -184,7 +193,7 @@ def _fork_child(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_f
     pid = os.fork()
     if pid == 0:
         os.close(ready_r)
-        become_tool(cwd, rlimits, stdio, no_network, join_fds, ready_w, worker_pid, then)
+        become_tool(cwd, rlimits, stdio, no_network, join_fds, ready_w, worker_pid, then, ruleset_fd)
     os.close(ready_w)
     failure = b""
     while chunk := os.read(ready_r, 4096):  # EOF: the exec closed it
@@ -197,11 +206,11 @@ def _fork_child(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_f
 
 
 def become_tool(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_fds: list, ready_w: int,
-                parent_pid: int, then: Callable[[int], None]) -> NoReturn:
+                parent_pid: int, then: Callable[[int], None], ruleset_fd: int = -1) -> NoReturn:
     """In a fork of the worker (or a spare): the session, death signal,
-    directory, pipes and limits every tool gets; ``stdio`` holds what goes
-    on fds 0, 1 and 2. A failure before ``then`` takes over reaches the
-    worker through ``ready_w``."""
+    directory, pipes, sandbox (when given a ``ruleset_fd``) and limits every
+    tool gets; ``stdio`` holds what goes on fds 0, 1 and 2. A failure before
+    ``then`` takes over reaches the worker through ``ready_w``."""
     try:
         for fd in join_fds:
             os.write(fd, b"0")  # this process into its job's cgroup
@@ -214,6 +223,11 @@ def become_tool(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_f
         os.chdir(cwd)
         for target, fd in enumerate(stdio):
             os.dup2(fd, target)
+        if ruleset_fd >= 0:
+            if _spawn is not None:
+                _spawn.confine(*sandbox.child_arguments(ruleset_fd))
+            else:
+                sandbox.enter(ruleset_fd)
         close_all_but(ready_w)  # the worker's pipes, selector and channel are not the tool's
         _apply_limits(rlimits)
         then(ready_w)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Iterator, Optional, Union
 
 from . import _linux, channel, checks, drain
 from .config import DEFAULT_ENV_ALLOWLIST, DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_WARM_SPARES, PoolConfig
@@ -42,6 +42,7 @@ from .future import TOOL_OUTPUT_STREAM_MAX_CHARS, CancelWatcher, JobFuture, JobH
 from .jobs import Limits, PythonJob, ShellJob
 from .lifecycle import PoolClosedError, Workers
 from .result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, Status
+from .sandbox import Sandbox
 from .stats import PoolStats, StatsRecorder
 
 __all__ = ["ExecPool", "PoolClosedError"]
@@ -78,9 +79,16 @@ class ExecPool:
     worker). ``warm_spares`` is how many spares -- clones of the worker's warm
     template, about 2 MB each -- a worker keeps parked for its next warm jobs
     once it had one (0: each warm job waits for a spare made for it; see
-    execpool/template.py). Workers are recycled after ``max_jobs_per_worker``
-    jobs. The constructor returns once every worker is ready (at most
-    ``startup_timeout`` seconds).
+    execpool/template.py). ``sandbox="strict"`` (or a ``Sandbox`` adding
+    paths to it) runs every job in a kernel-enforced sandbox
+    (execpool/sandbox.py): it writes only its own directory and a private
+    ``TMPDIR``, reads the system's software, and cannot signal, trace or
+    read any process outside its job -- root included; a job's own
+    ``sandbox=`` overrides the pool's (``False``: none). Where the kernel
+    lacks what it needs, sandboxed jobs end with an ``Execution error``
+    (``execpool.sandbox_support()`` says what is missing). Workers are
+    recycled after ``max_jobs_per_worker`` jobs. The constructor returns
+    once every worker is ready (at most ``startup_timeout`` seconds).
 
     Example::
 
@@ -111,12 +119,13 @@ class ExecPool:
         non_dumpable: bool = False,
         cgroups: bool = True,
         warm_spares: int = DEFAULT_WARM_SPARES,
+        sandbox: Union[None, str, Sandbox] = None,
     ) -> None:
         config = PoolConfig(
             workers=workers, python=python, limits=limits, env=env, env_allowlist=env_allowlist,  # type: ignore[arg-type]
             max_output_chars=max_output_chars, max_jobs_per_worker=max_jobs_per_worker,
             startup_timeout=startup_timeout, spawn_method=spawn_method, preload=preload,  # type: ignore[arg-type]
-            non_dumpable=non_dumpable, cgroups=cgroups, warm_spares=warm_spares,
+            non_dumpable=non_dumpable, cgroups=cgroups, warm_spares=warm_spares, sandbox=sandbox,  # type: ignore[arg-type]
         )
         self._open(config)
 
@@ -201,6 +210,7 @@ class ExecPool:
             max_output_chars=job.max_output_chars or config.max_output_chars,
             keep_background=job.keep_background, python=config.python, stdin=job.stdin,  # type: ignore[arg-type]
             warm=getattr(job, "warm", False), network=job.network, separate_stderr=job.separate_stderr,
+            sandbox=config.sandbox if job.sandbox is None else job.sandbox or None,  # type: ignore[arg-type]
         )
         deadline = None if job.timeout is None else time.monotonic() + job.timeout
         worker = self._workers.assign(handle, deadline)

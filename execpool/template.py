@@ -23,7 +23,9 @@ runs beside it, nor of one that ran before. The hand-over is a single
 message of descriptors: the job's description as JSON in an anonymous file
 (no unpickling, nothing but strings, numbers and booleans), its stdin, its
 stdout and stderr (one pipe twice, unless the job keeps them apart), the
-ready pipe and its cgroup files. Nothing in it blocks the worker: the spare
+ready pipe, the job's sandbox ruleset when it has one, and its cgroup
+files. A parked spare is not sandboxed: it restricts itself for its one
+job, so no two jobs ever share a domain. Nothing in it blocks the worker: the spare
 reports on the ready pipe, which the worker watches in its loop like any
 other descriptor.
 """
@@ -44,7 +46,7 @@ import struct
 import sys
 from typing import Callable, NoReturn, Optional
 
-from . import _linux, warm
+from . import _linux, sandbox, warm
 from .jobs import Limits
 from .spawn import DEVNULL, RLIMIT_FIELDS, become_tool, rlimit_values, run_warm, start_tool
 
@@ -53,7 +55,8 @@ from .spawn import DEVNULL, RLIMIT_FIELDS, become_tool, rlimit_values, run_warm,
 _SPARE_PID = struct.Struct("=i")
 
 #: Worker -> spare: the hand-over's one message, and the descriptors it
-#: carries (description, stdin, stdout, stderr, ready pipe, then cgroup files).
+#: carries (description, stdin, stdout, stderr, ready pipe, then the
+#: sandbox's ruleset if the description says there is one, then cgroup files).
 _JOB = b"job"
 _FIXED_FDS = 5
 MAX_CGROUP_FDS = 8
@@ -84,23 +87,24 @@ SPARE_NAME = "execpool-spare"
 _UNLIMITED = Limits(address_space=None, cpu_seconds=None, file_size=None, open_files=None)
 
 
-def encode_job(script: str, env: dict, cwd: str, limits: Limits, no_network: bool) -> bytes:
+def encode_job(script: str, env: dict, cwd: str, limits: Limits, no_network: bool, sandboxed: bool) -> bytes:
     """marshal, not pickle: it builds plain values in C -- no class is
     looked up, nothing is called -- and it runs little Python in a spare,
     whose every page touched is a copy-on-write fault on a warm job's path."""
-    return marshal.dumps((script, env, cwd, rlimit_values(limits), no_network))
+    return marshal.dumps((script, env, cwd, rlimit_values(limits), no_network, sandboxed))
 
 
-def decode_job(data: bytes) -> tuple[str, dict, str, tuple, bool]:
+def decode_job(data: bytes) -> tuple[str, dict, str, tuple, bool, bool]:
     """The hand-over's description, checked field by field: a spare takes
     nothing but what :func:`encode_job` writes."""
-    script, env, cwd, rlimits, no_network = marshal.loads(data)
+    script, env, cwd, rlimits, no_network, sandboxed = marshal.loads(data)
     if not (type(script) is str and type(cwd) is str and type(no_network) is bool and type(env) is dict
+            and type(sandboxed) is bool
             and all(type(k) is str and type(v) is str for k, v in env.items())
             and type(rlimits) is tuple and len(rlimits) == len(RLIMIT_FIELDS)
             and all(type(value) is int for value in rlimits)):
         raise ValueError("not a warm job description")
-    return script, env, cwd, rlimits, no_network
+    return script, env, cwd, rlimits, no_network, sandboxed
 
 
 def _taken() -> bytes:
@@ -134,7 +138,8 @@ def main(argv: list) -> NoReturn:
             with contextlib.suppress(BaseException):  # the worker already reported it
                 importlib.import_module(name)
         warm.rehearse()
-        decode_job(encode_job("", {}, "", _UNLIMITED, False))
+        decode_job(encode_job("", {}, "", _UNLIMITED, False, False))
+        sandbox.prepare()
         gc.collect()
         gc.freeze()
         with open("/proc/self/comm", encoding="utf-8") as f:
@@ -173,7 +178,7 @@ def _park(channel: socket.socket, worker_pid: int, name: str) -> NoReturn:
                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno()]))])
         theirs.close()
         channel.close()  # so that the template's end reaches the worker as EOF
-        while (received := socket.recv_fds(sock, 16, _FIXED_FDS + MAX_CGROUP_FDS))[0] == _REHEARSE:
+        while (received := socket.recv_fds(sock, 16, _FIXED_FDS + 1 + MAX_CGROUP_FDS))[0] == _REHEARSE:
             warm.rehearse()
         message, fds, flags, _addr = received
         if message != _JOB or len(fds) < _FIXED_FDS or flags & socket.MSG_CTRUNC:
@@ -181,14 +186,19 @@ def _park(channel: socket.socket, worker_pid: int, name: str) -> NoReturn:
         sock.close()
         description, stdin_fd, out_fd, err_fd, ready_w, *join_fds = fds
         os.write(ready_w, _taken())
-        script, env, cwd, rlimits, no_network = decode_job(_read_all(description))
+        script, env, cwd, rlimits, no_network, sandboxed = decode_job(_read_all(description))
+        ruleset_fd = -1
+        if sandboxed:
+            if not join_fds:
+                raise ValueError("a sandboxed job came without its ruleset")
+            ruleset_fd = join_fds.pop(0)
         _linux.set_name(name)  # the interpreter's own, as a cold start has it
     except BaseException as exc:  # noqa: BLE001 - a broken hand-over is the job's start failure
         if ready_w >= 0:
             os.write(ready_w, f"warm spare: {exc}".encode("utf-8", "replace")[:2048])
         os._exit(127)
     become_tool(cwd, rlimits, (stdin_fd, out_fd, err_fd), no_network, join_fds, ready_w, worker_pid,
-                run_warm(script, env))
+                run_warm(script, env), ruleset_fd)
 
 
 # -- the worker's handles -------------------------------------------------------
@@ -274,10 +284,11 @@ class WarmSpare:
                 self.sock.send(_REHEARSE)
 
     def hand(self, description: int, stdin_fd: int, out_fd: int, err_fd: int, ready_w: int,
-             join_fds: list) -> bool:
+             join_fds: list, ruleset_fd: Optional[int] = None) -> bool:
         """Give the spare its job; False when the spare is gone (the job then
         needs another). The descriptors stay the caller's to close."""
-        fds = array.array("i", [description, stdin_fd, out_fd, err_fd, ready_w, *join_fds])
+        sandbox_fds = [] if ruleset_fd is None else [ruleset_fd]
+        fds = array.array("i", [description, stdin_fd, out_fd, err_fd, ready_w, *sandbox_fds, *join_fds])
         _continue(self.pid)
         try:
             self.sock.sendmsg([_JOB], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])

@@ -30,6 +30,7 @@ from typing import Any, Callable, Generator, Mapping, Optional, Union
 from . import checks
 from .jobs import PythonJob, ShellJob
 from .result import ERROR_LINE_MARKERS, ERROR_PREFIX, Result
+from .sandbox import Sandbox
 from .supervisor import ExecPool
 
 
@@ -54,6 +55,15 @@ DEFAULT_TIMEOUT_S = 300
 #: Where session directories live; read at every call, so a server (or a
 #: test) can move it without re-importing. Default: ~/execpool_sandbox.
 SANDBOX_ROOT_ENV = "EXECPOOL_SANDBOX_ROOT"
+
+#: Model code runs in the strict sandbox (execpool/sandbox.py) -- the
+#: session's directory writable, the system's software readable, nothing
+#: else -- or in the one the pool was given, if it was given one. Set this
+#: variable to ``off`` to leave it to the pool (the shared pool has none):
+#: on a kernel without the sandbox every call otherwise ends with an
+#: ``Execution error`` saying what is missing. Read at every call; any
+#: other value keeps the sandbox.
+TOOL_SANDBOX_ENV = "EXECPOOL_TOOL_SANDBOX"
 
 #: The directory of calls made without a session id.
 DEFAULT_SESSION = "default"
@@ -325,11 +335,12 @@ def _run_tool(tool_name: str, source: str, cancel_event: Optional[threading.Even
         if pool is None:
             pool = _shared_pool()
         job: Union[PythonJob, ShellJob]
+        sandbox = _sandbox(pool)
         if tool_name == "python":
             job = PythonJob(source, timeout=timeout, cwd=workdir, max_output_chars=limit,
-                            env={"PYTHONPATH": _python_path(pool)})
+                            env={"PYTHONPATH": _python_path(pool)}, sandbox=sandbox)
         else:
-            job = ShellJob(source, timeout=timeout, cwd=workdir, max_output_chars=limit)
+            job = ShellJob(source, timeout=timeout, cwd=workdir, max_output_chars=limit, sandbox=sandbox)
         if output_callback is None:
             result = pool.run(job, cancel_event=cancel_event)
         else:
@@ -338,6 +349,17 @@ def _run_tool(tool_name: str, source: str, cancel_event: Optional[threading.Even
         return _render(result, workdir, limit)
     except Exception as exc:  # noqa: BLE001 - the model reads every failure as text
         return ERROR_PREFIX + _one_line(str(exc) or type(exc).__name__)
+
+
+def _sandbox(pool: ExecPool) -> Optional[Sandbox]:
+    """A tool job's ``sandbox=``: None leaves it to the pool (its own
+    sandbox, or ``off``); else the strict one, with the directories of the
+    PYTHONPATH the pool gives its tools readable -- the caller put them
+    there for the tools to import."""
+    if os.environ.get(TOOL_SANDBOX_ENV, "").strip().lower() == "off" or pool.config.sandbox is not None:
+        return None
+    entries = pool.env.get("PYTHONPATH", "").split(os.pathsep)
+    return Sandbox(read=[path for path in entries if os.path.isabs(path) and os.path.exists(path)])
 
 
 def _python_path(pool: ExecPool) -> str:

@@ -53,11 +53,13 @@ from typing import Optional
 
 from . import _linux, channel
 from .cgroups import Cgroups, JobGroup
+from .sandbox import Confiner
 from .proctree import JOB_MARKER_ENV, child_pids, count_tree, is_zombie, kill_tree, marker_of, stat_fields
 from .dirs import remove_tree
 from .handover import WarmJobs
 from .running import RunningJob
-from .spawn import DEVNULL, give_back_memory, keep_own_peak_resettable, memfd_holding, start_tool
+from .spawn import (DEVNULL, RULESET_BUILDER, give_back_memory, keep_own_peak_resettable, memfd_holding,
+                    start_tool)
 from .template import REHEARSE_WHEN_IDLE_S
 
 
@@ -125,6 +127,8 @@ class Worker:
         self.cgroup_tier: Optional[Cgroups] = None
         self.cgroups_detected = False
         self.stale_groups: list[JobGroup] = []
+        self.confiner: Optional[Confiner] = None
+        self.confiner_missing: Optional[str] = None
         self.warm = WarmJobs(self, config.warm_spares)
         self.idle_since: Optional[float] = time.monotonic()  # None while a job runs
         self.stopping = False
@@ -156,6 +160,18 @@ class Worker:
             self.cgroups_detected = True
             self.cgroup_tier = Cgroups.detect(self.token) if self.use_cgroups else None
         return self.cgroup_tier
+
+    def _confiner(self) -> Confiner:
+        """The sandbox's ruleset maker, made at the first sandboxed job;
+        OSError (the same every time) where the kernel lacks what it needs."""
+        if self.confiner is None and self.confiner_missing is None:
+            try:
+                self.confiner = Confiner(RULESET_BUILDER)
+            except OSError as exc:
+                self.confiner_missing = exc.strerror or str(exc)
+        if self.confiner is None:
+            raise OSError(self.confiner_missing)
+        return self.confiner
 
     def _preload(self) -> tuple:
         """Find what warm jobs should find already loaded -- the template
@@ -378,6 +394,10 @@ class Worker:
                 raise OSError("Limits(memory=...) needs a cgroup memory controller, and execpool cannot "
                               "use one here")
             # else: the worker counts the job's processes itself (see _fire_timers)
+        if start.sandbox is not None:
+            job.private_tmp = job.tmpdir if start.cwd is None else self._private_dir()
+            job.sandbox_tmp = None if start.cwd is None else job.private_tmp  # removed with the job
+            job.ruleset = self._confiner().ruleset(start.python, start.sandbox, (cwd, job.private_tmp))
         return argv, self.job_env(job), cwd
 
     def _spawn(self, job: RunningJob, argv: list, env: dict, cwd: str) -> None:
@@ -386,7 +406,8 @@ class Worker:
             for attempt in range(SPAWN_ATTEMPTS):
                 try:
                     pid, readers = start_tool(argv, env, cwd, start.limits, self.spawn_method, stdin_fd,
-                                              not start.network, join_fds, start.separate_stderr)
+                                              not start.network, join_fds, start.separate_stderr,
+                                              job.ruleset_fd())
                     break
                 except BlockingIOError:
                     # EAGAIN: the process cap (a cgroup's pids.max, RLIMIT_NPROC)
@@ -396,6 +417,7 @@ class Worker:
                         raise
                     self._reap()
                     time.sleep(SPAWN_RETRY_S)
+        job.close_ruleset()  # the tool holds its domain now
         self.running(job, pid, readers)
 
     @contextlib.contextmanager
@@ -432,6 +454,8 @@ class Worker:
     def job_env(self, job: RunningJob) -> dict:
         env = dict(job.start.env)
         env[JOB_MARKER_ENV] = job.marker
+        if job.private_tmp is not None:
+            env["TMPDIR"] = job.private_tmp  # the only temporary directory a sandboxed job may write
         return env
 
     def job_cwd(self, job: RunningJob) -> str:
@@ -512,6 +536,7 @@ class Worker:
         if job.start.job_id not in self.jobs:
             return
         del self.jobs[job.start.job_id]
+        job.close_ruleset()  # a warm job keeps it until now (a requeue needs it), or the tool never started
         if not self.jobs:
             self.idle_since = time.monotonic()
             heapq.heappush(self.timers, (self.idle_since + REHEARSE_WHEN_IDLE_S, 0, "rehearse"))
@@ -538,6 +563,7 @@ class Worker:
             if job.start.keep_background or not job.group.remove():
                 self.stale_groups.append(job.group)  # removed once its last process is reaped
         trashed = None
+        tmp_trashed = None if job.sandbox_tmp is None else self._discard(job.sandbox_tmp)
         if job.tmpdir is not None:
             trashed = self._discard(job.tmpdir)  # the script in it too
         elif job.script is not None:
@@ -547,6 +573,8 @@ class Worker:
             if job.script is not None:  # most often all it holds: one rmdir then does
                 _unlink(os.path.join(trashed, os.path.basename(job.script)))
             _remove(trashed)
+        if tmp_trashed is not None:
+            _remove(tmp_trashed)
         self._sweep_strays()  # after the Result: the tree it belongs to is dead already
         if job.held_chars() >= TRIM_AFTER_CHARS:
             for capture in job.captures:

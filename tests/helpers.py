@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import time
 from typing import Callable, Iterable
 
 import psutil
 
 from execpool.proctree import JOB_MARKER_ENV
+
+#: The unprivileged user tests run pools and tools as: nobody.
+UNPRIVILEGED = 65534
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.005) -> bool:
@@ -104,3 +109,15 @@ def collect(stream) -> tuple[list[dict], object]:
 
 def joined_output(events: list[dict]) -> str:
     return "".join(e["text"] for e in events if e["type"] == "tool_output")
+
+
+def unprivileged_python() -> "str | None":
+    """An interpreter of this Python version that ``nobody`` may run (the
+    test's own often lives in root's home), or None."""
+    for candidate in (f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}", sys.executable):
+        if os.access(candidate, os.X_OK):
+            probe = subprocess.run([candidate, "-c", "print(1)"], user=UNPRIVILEGED, group=UNPRIVILEGED,
+                                   extra_groups=[], capture_output=True, text=True, cwd="/")
+            if probe.stdout == "1\n":
+                return candidate
+    return None

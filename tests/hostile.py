@@ -454,3 +454,126 @@ STDIN_FOREVER = "tail -f /dev/stdin"
 SEGFAULT_SHELL = "echo before; kill -SEGV $$"
 ABORT = "import os; print('before', flush=True); os.abort()"
 SEGFAULT_GRANDCHILD = "(kill -SEGV $BASHPID); echo \"child status $?\""
+
+
+# --- escapes from the sandbox ----------------------------------------------------------------------
+# Each prints ESCAPED when it got what it reached for, so the same tool run
+# without the sandbox is the test's negative control. ``@NAME@`` markers are
+# filled in by tests/sandbox_owner.py (the pool's owner, run as root and as
+# nobody): secrets outside the job, the owner's abstract socket, System V
+# segment and key, another job that runs meanwhile (the victim), cgroup
+# mounts. ``root``: the control succeeds only for root (an unprivileged
+# user is already refused without a sandbox); ``needs``: what the machine
+# must allow for the control to succeed at all, without which the attack
+# cannot be shown here and is skipped. Python tools run cold and warm. A
+# tool that escaped prints a line that is exactly ESCAPED (a traceback
+# quoting the tool's source does not count).
+
+_PY_LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+
+
+def _refused(call: str) -> str:
+    return f"print('refused:', {call})"
+
+
+def _attack(name: str, kind: str, code: str, *, root: bool = False, needs: str = "", **job) -> dict:
+    return {"name": name, "kind": kind, "code": code, "root": root, "needs": needs, "job": job}
+
+
+SANDBOX_ATTACKS = [
+    _attack("read_home_secret", "shell", "cat @HOME_SECRET@ && echo ESCAPED"),
+    _attack("read_cwd_secret", "python", "secret = open('@CWD_SECRET@').read()\nprint('ESCAPED')"),
+    _attack("write_outside", "shell", "echo pwned > @OUTSIDE@/written-@MODE@ && echo ESCAPED"),
+    _attack("dotdot", "shell", 'cat "$PWD/../../../../../../../../../..@CWD_SECRET@" && echo ESCAPED'),
+    _attack("symlink", "shell", "ln -s @CWD_SECRET@ link && cat link && echo ESCAPED"),
+    _attack("hard_link", "shell", "ln @CWD_SECRET@ hard && cat hard && echo ESCAPED"),
+    _attack("proc_self_root", "shell", "cat /proc/self/root@CWD_SECRET@ && echo ESCAPED"),
+    _attack("child_process", "shell",
+            "bash -c 'cat @CWD_SECRET@' && python3 -c 'print(open(\"@HOME_SECRET@\").read())' && echo ESCAPED"),
+    _attack("background_child", "shell",
+            "(cat @CWD_SECRET@ > got && echo ESCAPED) & wait $!"),
+    _attack("rename_out", "shell", "echo x > f && mv f @OUTSIDE@/moved-@MODE@ && echo ESCAPED"),
+    _attack("other_job_dir", "shell", "cat @VICTIM_DIR@/victim-secret && echo ESCAPED"),
+    _attack("other_job_cwd_link", "shell", "cat /proc/@VICTIM_PID@/cwd/victim-secret && echo ESCAPED"),
+    _attack("other_job_environ", "shell", "tr '\\0' '\\n' < /proc/@VICTIM_PID@/environ | grep -q . && echo ESCAPED"),
+    _attack("other_job_signal", "shell", "kill -0 @VICTIM_PID@ && echo ESCAPED"),
+    _attack("other_job_ptrace", "python", _PY_LIBC + (
+        "if libc.ptrace(0x4206, @VICTIM_PID@, None, None) == 0:\n    print('ESCAPED')\n"  # PTRACE_SEIZE
+        "else:\n    " + _refused("os.strerror(ctypes.get_errno())"))),
+    _attack("signal_worker", "shell", "kill -0 $PPID && echo ESCAPED"),
+    _attack("stop_worker", "python",
+            "import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGCONT)\n    print('ESCAPED')\n"
+            "except OSError as exc:\n    " + _refused("exc")),
+    _attack("signal_init", "shell", "kill -0 1 && echo ESCAPED", root=True),
+    _attack("worker_environ", "shell", "cat /proc/$PPID/environ > /dev/null && echo ESCAPED", root=True),
+    _attack("worker_mem", "python",
+            "import os\ntry:\n    open('/proc/%d/mem' % os.getppid(), 'rb').close()\n    print('ESCAPED')\n"
+            "except OSError as exc:\n    " + _refused("exc"), root=True),
+    _attack("worker_ptrace", "python", _PY_LIBC + (
+        "if libc.ptrace(0x4206, os.getppid(), None, None) == 0:\n    print('ESCAPED')\n"
+        "else:\n    " + _refused("os.strerror(ctypes.get_errno())")), root=True),
+    _attack("worker_fd", "shell", "readlink /proc/$PPID/fd/0 && cat /proc/$PPID/fd/0 && echo ESCAPED", root=True),
+    _attack("setns_worker_net", "python", _PY_LIBC + (
+        "try:\n    fd = os.open('/proc/%d/ns/net' % os.getppid(), os.O_RDONLY)\n"
+        "except OSError as exc:\n    " + _refused("exc") + "\n    raise SystemExit\n"
+        "if libc.setns(fd, 0x40000000) != 0:\n    " + _refused("os.strerror(ctypes.get_errno())") + "\n"
+        "else:\n    names = [l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]]\n"
+        "    print(names)\n    print('ESCAPED' if names != ['lo'] else 'still alone')\n"), root=True, network=False),
+    _attack("setns_worker_pidfd", "python", _PY_LIBC + (
+        "fd = os.pidfd_open(os.getppid())\n"
+        "if libc.setns(fd, 0x40000000) != 0:\n    " + _refused("os.strerror(ctypes.get_errno())") + "\n"
+        "else:\n    names = [l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]]\n"
+        "    print(names)\n    print('ESCAPED' if names != ['lo'] else 'still alone')\n"), root=True, network=False),
+    _attack("setns_owner_net", "shell",
+            "nsenter --net=/proc/@OWNER_PID@/ns/net cat /proc/net/dev | tail -n +3 | grep -qv ' lo:' && echo ESCAPED",
+            root=True, network=False),
+    _attack("cgroup_procs", "shell",
+            "echo $$ > @PIDS_ROOT@/cgroup.procs && grep -q ':pids:/$' /proc/self/cgroup && echo ESCAPED",
+            root=True, needs="a cgroup v1 pids hierarchy", processes=64),
+    _attack("clone_into_cgroup", "python", _PY_LIBC + (
+        "import struct\n"
+        "mine = [l for l in open('/proc/self/cgroup') if l.startswith('0::')][0].strip()\n"
+        "fd = os.open('@CGROUP2_ROOT@', os.O_PATH | os.O_DIRECTORY)\n"
+        "args = ctypes.create_string_buffer(struct.pack('=11Q', 0x200000000, 0, 0, 0, 17, 0, 0, 0, 0, 0, fd))\n"
+        "pid = libc.syscall(@CLONE3@, args, 88)\n"  # CLONE_INTO_CGROUP, SIGCHLD
+        "if pid == 0:\n"
+        "    theirs = [l for l in open('/proc/self/cgroup') if l.startswith('0::')][0].strip()\n"
+        "    os.write(1, b'ESCAPED\\n' if theirs == '0::/' and mine != theirs else b'stayed\\n')\n"
+        "    os._exit(0)\n"
+        "if pid < 0:\n    " + _refused("os.strerror(ctypes.get_errno())") + "\n"
+        "else:\n    os.waitpid(pid, 0)\n"), root=True, needs="a cgroup v2 hierarchy the worker has a group in"),
+    _attack("raise_rlimit", "shell", "ulimit -Hn 4096 && echo ESCAPED", root=True, needs="CAP_SYS_RESOURCE"),
+    _attack("raw_disk", "shell", "head -c 512 @DISK@ > /dev/null && echo ESCAPED", root=True,
+            needs="a block device root may read"),
+    _attack("new_ruleset", "python", _PY_LIBC + (
+        "class Attr(ctypes.Structure):\n"
+        "    _fields_ = [('fs', ctypes.c_uint64), ('net', ctypes.c_uint64), ('scoped', ctypes.c_uint64)]\n"
+        "class Rule(ctypes.Structure):\n"
+        "    _pack_ = 1\n    _fields_ = [('allowed', ctypes.c_uint64), ('fd', ctypes.c_int32)]\n"
+        "ruleset = libc.syscall(444, ctypes.byref(Attr(4, 0, 0)), 24, 0)\n"  # handles READ_FILE only
+        "libc.syscall(445, ruleset, 1, ctypes.byref(Rule(4, os.open('/', os.O_PATH))), 0)\n"  # ...and allows it
+        "libc.prctl(38, 1, 0, 0, 0)\n"
+        "print('restricted:', libc.syscall(446, ruleset, 0))\n"
+        "try:\n    secret = open('@CWD_SECRET@').read()\n    print('ESCAPED')\n"
+        "except OSError as exc:\n    " + _refused("exc"))),
+    _attack("user_namespace_read", "shell", "unshare -Ur cat @CWD_SECRET@ && echo ESCAPED"),
+    _attack("user_namespace_mount", "shell",
+            "mkdir -p m && unshare -Urm sh -c 'mount --rbind / m && cat m@CWD_SECRET@' && echo ESCAPED"),
+    _attack("abstract_socket", "python",
+            "import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect('\\0@ABSTRACT@')\n"
+            "    print('ESCAPED')\nexcept OSError as exc:\n    " + _refused("exc")),
+    _attack("keyring", "python", _PY_LIBC + (
+        "key = libc.syscall(@KEYCTL@, 10, ctypes.c_long(-4), b'user', b'@KEY_NAME@', 0)\n"  # SEARCH @u
+        "if key < 0:\n    " + _refused("os.strerror(ctypes.get_errno())") + "\n"
+        "else:\n    buf = ctypes.create_string_buffer(256)\n"
+        "    n = libc.syscall(@KEYCTL@, 11, ctypes.c_long(key), buf, 256)\n"  # READ
+        "    print('ESCAPED' if b'@KEY_VALUE@' in buf.raw else 'unreadable')\n")),
+    _attack("sysv_shared_memory", "python", _PY_LIBC + (
+        "libc.shmat.restype = ctypes.c_void_p\n"
+        "segment = libc.shmget(@SHM_KEY@, 0, 0)\n"
+        "if segment < 0:\n    " + _refused("os.strerror(ctypes.get_errno())") + "\n"
+        "else:\n    at = libc.shmat(segment, None, 0o10000)\n"  # SHM_RDONLY
+        "    if at is None or at == ctypes.c_void_p(-1).value:\n        "
+        + _refused("os.strerror(ctypes.get_errno())") + "\n"
+        "    else:\n        print('ESCAPED' if ctypes.string_at(at, 16) == b'@SHM_VALUE@' else 'other data')\n")),
+]

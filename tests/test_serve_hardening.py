@@ -108,7 +108,7 @@ def test_a_client_gone_while_sending_its_body_costs_no_traceback():
 
 def test_batches_and_file_lists_past_their_limits_are_refused_before_anything_runs(tmp_path):
     marker = tmp_path / "ran"
-    s = Server("--workers", "1")
+    s = Server("--workers", "1", "--sandbox", "off")  # a job that ran would leave its mark outside
     try:
         c = s.client
         lines = b"\n" * MAX_BATCH_JOBS + json.dumps({"shell": f"touch {marker}"}).encode()
@@ -238,7 +238,7 @@ def test_web_pages_of_other_origins_and_other_host_names_are_refused(tmp_path):
     visitor's loopback (a browser sends a text/plain POST without asking),
     and a page rebinding its own name to 127.0.0.1 could read the answers."""
     marker = tmp_path / "ran"
-    s = Server("--workers", "1")
+    s = Server("--workers", "1", "--sandbox", "off")  # a job that ran would leave its mark outside
     try:
         body = json.dumps({"shell": f"touch {marker}"})
         page = s.client.post("/v1/run", content=body, headers={"Origin": "https://evil.example",
@@ -290,17 +290,23 @@ def test_env_and_memory_limits_past_their_bounds_are_refused_not_500(server_any)
     assert sf.status_code == 200 and sf.json()["status"] == "SandboxError" and "memory_limit_MB" in sf.json()["message"]
 
 
-def test_a_job_that_moves_the_services_directory_away_does_not_break_later_requests(server_any, tmp_path):
+@pytest.mark.parametrize("sandbox", ["strict", "off"])
+def test_a_job_that_moves_the_services_directory_away_does_not_break_later_requests(server_any, tmp_path, sandbox):
     """Red team: ``mv "$(dirname "$PWD")" elsewhere`` made every later
-    request with files a 500, until a restart."""
-    s = server_any
-    moved = tmp_path / "moved"
-    answer = s.client.post("/v1/run", json={"shell": f'mv "$(dirname "$PWD")" {moved}; echo moved',
-                                            "files": {"a": b64(b"x")}})
-    assert answer.status_code == 200 and answer.json()["output"] == "moved\n"
-    assert moved.is_dir()
-    later = s.client.post("/v1/run", json={"shell": "cat a", "files": {"a": b64(b"still\n")}})
-    assert later.status_code == 200 and later.json()["output"] == "still\n"
+    request with files a 500, until a restart. The sandbox (the default)
+    refuses the move; without it, the service recovers."""
+    s = server_any if sandbox == "strict" else Server("--workers", "1", "--sandbox", "off")
+    try:
+        moved = tmp_path / "moved"
+        answer = s.client.post("/v1/run", json={"shell": f'mv "$(dirname "$PWD")" {moved}; echo moved',
+                                                "files": {"a": b64(b"x")}})
+        assert answer.status_code == 200 and answer.json()["output"].endswith("moved\n")
+        assert moved.is_dir() == (sandbox == "off"), answer.json()["output"]
+        later = s.client.post("/v1/run", json={"shell": "cat a", "files": {"a": b64(b"still\n")}})
+        assert later.status_code == 200 and later.json()["output"] == "still\n"
+    finally:
+        if s is not server_any:
+            assert s.stop() == 0
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,530 @@
+"""The kernel-enforced sandbox (execpool/sandbox.py), attacked.
+
+Every escape in tests/hostile.py is tried by a pool's owner running as
+root and as ``nobody`` (tests/sandbox_owner.py), in the sandbox and -- the
+negative control, so that each test can fail -- without it: the control
+must reach what it reached for, the sandboxed tool must not. Then what a
+sandboxed job may still do (its directory, its TMPDIR, the paths a
+``Sandbox`` adds), how a job's choice overrides its pool's, and that a
+kernel without Landlock fails the job instead of running it unsandboxed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import psutil
+import pytest
+
+import hostile
+from execpool import ExecPool, PythonJob, Sandbox, ShellJob, Status, sandbox_support
+from execpool import tools as tool_layer
+from execpool.cgroups import _mounts
+from execpool.sandbox import MIN_LANDLOCK_ABI
+from execpool.spawn import SPAWN_METHODS
+from helpers import UNPRIVILEGED, all_dead, pids_in, unprivileged_python
+
+pytestmark = pytest.mark.skipif(not sandbox_support().available,
+                                reason=f"no sandbox here: {sandbox_support().missing}")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OWNER = os.path.join(REPO, "tests", "sandbox_owner.py")
+OWNER_TIMEOUT_S = 600
+
+
+def _escaped(text: str) -> bool:
+    return any(line.strip() == "ESCAPED" for line in text.splitlines())
+
+
+def _labels(user: str) -> list:
+    labels = []
+    for attack in hostile.SANDBOX_ATTACKS:
+        if attack["root"] and user != "root":
+            continue
+        kinds = [None] if attack["kind"] == "shell" else ["cold", "warm"]
+        labels += [(attack, attack["name"] if kind is None else f"{attack['name']}-{kind}") for kind in kinds]
+    return labels
+
+
+def _disk() -> str:
+    for name in sorted(os.listdir("/dev")):
+        if name.startswith(("vd", "sd", "nvme", "xvd")):
+            return os.path.join("/dev", name)
+    return "/dev/no-disk-here"
+
+
+def _secret_file(directory: str, name: str, owner: int) -> str:
+    path = os.path.join(directory, name)
+    with open(path, "w") as f:
+        f.write(f"{name}-{secrets.token_hex(8)}\n")
+    os.chown(path, owner, owner)
+    os.chmod(path, 0o600)
+    return path
+
+
+class _Owner:
+    """One run of tests/sandbox_owner.py as ``user``, its report, and the
+    directories it was given."""
+
+    def __init__(self, user: str) -> None:
+        self.user = user
+        uid = 0 if user == "root" else UNPRIVILEGED
+        self.base = tempfile.mkdtemp(prefix="execpool-sandbox-test-")
+        os.chmod(self.base, 0o755)
+        dirs = {}
+        for name in ("home", "cwd", "outside"):
+            dirs[name] = os.path.join(self.base, name)
+            os.mkdir(dirs[name], 0o700)
+            os.chown(dirs[name], uid, uid)
+        self.outside = dirs["outside"]
+        if user == "root":
+            # The caller's own home: where a server's keys live.
+            fd, self.home_secret = tempfile.mkstemp(prefix=".execpool-test-secret-", dir=os.path.expanduser("~"))
+            os.write(fd, b"home-secret\n")
+            os.close(fd)
+            python, pythonpath, env_home = sys.executable, REPO, os.path.expanduser("~")
+        else:
+            self.home_secret = _secret_file(dirs["home"], "home-secret", uid)
+            python = unprivileged_python()
+            if python is None:
+                pytest.skip("no Python interpreter the unprivileged user may run")
+            # A world-readable directory that puts execpool and psutil on its path.
+            pythonpath = os.path.join(self.base, "farm")
+            os.mkdir(pythonpath, 0o755)
+            os.symlink(os.path.join(REPO, "execpool"), os.path.join(pythonpath, "execpool"))
+            os.symlink(os.path.dirname(psutil.__file__), os.path.join(pythonpath, "psutil"))
+            env_home = dirs["home"]
+        cwd_secret = _secret_file(dirs["cwd"], "cwd-secret", uid)
+        mounts = _mounts()
+        spec = {
+            "attacks": hostile.SANDBOX_ATTACKS,
+            "spawn_method": "auto",
+            "fill": {"@HOME_SECRET@": self.home_secret, "@CWD_SECRET@": cwd_secret, "@OUTSIDE@": self.outside,
+                     "@PIDS_ROOT@": mounts.get("pids", "/no-pids-hierarchy"),
+                     "@CGROUP2_ROOT@": mounts.get("", "/no-cgroup2-hierarchy"),
+                     "@DISK@": _disk(), "@CLONE3@": "435"},
+        }
+        credentials = {} if user == "root" else {"user": uid, "group": uid, "extra_groups": []}
+        done = subprocess.run([python, OWNER], input=json.dumps(spec), capture_output=True, text=True,
+                              cwd=dirs["cwd"], timeout=OWNER_TIMEOUT_S, **credentials,
+                              env={"PATH": "/usr/bin:/bin", "PYTHONPATH": pythonpath, "HOME": env_home})
+        if done.returncode != 0 and "ModuleNotFoundError" in done.stderr:
+            pytest.skip(f"the {user} owner cannot import execpool here: {done.stderr[-300:]}")
+        assert done.returncode == 0, done.stderr[-3000:]
+        self.report = json.loads(done.stdout.splitlines()[-1])
+        assert self.report["uid"] == uid
+
+    def close(self) -> None:
+        if self.user == "root":
+            os.unlink(self.home_secret)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def owners():
+    made: dict = {}
+
+    def get(user: str) -> _Owner:
+        if user not in made:
+            if os.getuid() != 0:
+                pytest.skip("needs root, to run the owner as root and as nobody")
+            made[user] = _Owner(user)
+        return made[user]
+
+    yield get
+    for owner in made.values():
+        owner.close()
+
+
+@pytest.mark.parametrize("user,attack,label", [(user, attack, label) for user in ("root", "nobody")
+                                               for attack, label in _labels(user)],
+                         ids=[f"{user}-{label}" for user in ("root", "nobody") for _, label in _labels(user)])
+def test_every_escape_is_refused_and_its_control_is_not(owners, user, attack, label):
+    outcome = owners(user).report["results"][label]
+    control, sandboxed = outcome["control"], outcome["sandboxed"]
+    if not _escaped(control["text"]):
+        if attack["needs"]:
+            pytest.skip(f"needs {attack['needs']}; without the sandbox it failed too: {control['text'][-200:]!r}")
+        pytest.fail(f"the negative control did not escape, so the test shows nothing: {control['text'][-500:]!r}")
+    assert not _escaped(sandboxed["text"]), f"{label} escaped the sandbox: {sandboxed['text'][-500:]!r}"
+    assert sandboxed["status"] in ("ok", "error"), sandboxed  # it ran, and was refused
+
+
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_the_attacks_left_the_pool_whole_and_wrote_nothing_outside(owners, user):
+    owner = owners(user)
+    report = owner.report
+    assert report["workers_before"] == report["workers_after"], "a sandboxed tool killed a worker"
+    assert report["victim"] == "cancelled", "the victim job ended before the attacks did"
+    written = sorted(os.listdir(owner.outside))
+    assert written and all("control" in name for name in written), written
+
+
+# --- what a sandboxed job may do ------------------------------------------------------------------
+
+@pytest.fixture(scope="module", params=SPAWN_METHODS)
+def pool(request):
+    with ExecPool(workers=2, spawn_method=request.param) as p:
+        yield p
+
+
+WORKS_SHELL = textwrap.dedent("""\
+    set -e
+    echo data > here.txt && cat here.txt
+    echo tmp > "$TMPDIR/t" && cat "$TMPDIR/t"
+    mktemp > /dev/null
+    ls /usr/bin > /dev/null && echo hi | tr a-z A-Z | sort
+    cat <(echo substituted)
+    "$PY" -c 'import json, sqlite3; print(json.dumps([1]))'
+    echo "TMPDIR $TMPDIR"
+""")
+
+WORKS_PYTHON = textwrap.dedent("""\
+    import json, multiprocessing, os, subprocess, sys, tempfile
+    open("here.txt", "w").write("data")
+    with tempfile.NamedTemporaryFile(dir=None) as f:
+        print("tmp under TMPDIR", f.name.startswith(os.environ["TMPDIR"]))
+    with multiprocessing.Pool(2) as workers:
+        print(workers.map(abs, [-1, -2]))
+    print(subprocess.run(["/bin/bash", "-c", "echo child"], capture_output=True, text=True).stdout, end="")
+    print(open("/etc/os-release").read() != "", sys.stdin.read())
+    print("TMPDIR", os.environ["TMPDIR"])
+""")
+
+
+@pytest.mark.parametrize("kind", ["shell", "cold", "warm"])
+def test_a_sandboxed_job_works_in_its_directory_and_its_tmpdir(pool, kind):
+    if kind == "shell":
+        result = pool.run(ShellJob(WORKS_SHELL, sandbox="strict", timeout=60, env={"PY": sys.executable}))
+        expected = "data\ntmp\nHI\nsubstituted\n[1]\n"
+    else:
+        result = pool.run(PythonJob(WORKS_PYTHON, sandbox="strict", timeout=60, warm=kind == "warm", stdin="in"))
+        expected = "tmp under TMPDIR True\n[1, 2]\nchild\nTrue in\n"
+    assert result.status is Status.OK, result.text
+    assert result.output.startswith(expected), result.output
+    tmpdir = result.output.rsplit("TMPDIR ", 1)[1].strip()
+    assert not os.path.exists(tmpdir), "the job's private TMPDIR outlived it"
+
+
+def test_with_a_cwd_the_tmpdir_is_a_private_directory_of_its_own(pool, tmp_path):
+    result = pool.run(ShellJob('echo kept > kept; echo gone > "$TMPDIR/gone"; echo "$TMPDIR"',
+                               cwd=str(tmp_path), sandbox="strict"))
+    assert result.status is Status.OK, result.text
+    tmpdir = result.output.strip()
+    assert os.path.dirname(tmpdir) != str(tmp_path) and not tmpdir.startswith(str(tmp_path))
+    assert not os.path.exists(tmpdir)
+    assert (tmp_path / "kept").read_text() == "kept\n"
+
+
+def test_a_sandboxed_tool_holds_no_descriptor_but_stdio(pool):
+    listed = pool.run(ShellJob("ls /proc/self/fd", sandbox="strict")).output.split()
+    assert sorted(map(int, listed))[:3] == [0, 1, 2] and len(listed) == 4, listed  # ls's own directory
+
+
+def test_sandbox_paths_add_reading_and_writing(pool, tmp_path):
+    readable, writable = tmp_path / "readable", tmp_path / "writable"
+    readable.mkdir()
+    writable.mkdir()
+    (readable / "data").write_text("shared data\n")
+    probe = f"cat {readable}/data; echo x > {readable}/nope; echo written > {writable}/out && echo wrote"
+    added = pool.run(ShellJob(probe, sandbox=Sandbox(read=[str(readable)], write=[str(writable)])))
+    assert added.output.startswith("shared data\n") and "nope: Permission denied" in added.output, added.output
+    assert added.output.endswith("wrote\n") and (writable / "out").read_text() == "written\n"
+    assert not (readable / "nope").exists()
+    strict = pool.run(ShellJob(f"cat {readable}/data", sandbox="strict"))
+    assert "Permission denied" in strict.output  # the control: the path was not readable before
+
+
+def test_a_sandbox_path_that_cannot_be_opened_fails_the_job_clearly(pool, tmp_path):
+    missing = str(tmp_path / "missing")
+    result = pool.run(ShellJob(f"echo ran > {tmp_path}/ran", sandbox=Sandbox(read=[missing])))
+    assert result.status is Status.INFRA
+    assert result.text.startswith("Execution error: cannot start the tool: ")
+    assert repr(missing) in result.text and "No such file or directory" in result.text
+    assert not (tmp_path / "ran").exists()
+    assert pool.run(ShellJob("echo fine", sandbox="strict")).text == "fine\n"
+
+
+def test_a_jobs_sandbox_overrides_its_pools(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    read = f"cat {secret}"
+    with ExecPool(workers=1, sandbox="strict") as strict_pool:
+        assert "Permission denied" in strict_pool.run(ShellJob(read)).output
+        assert strict_pool.run(ShellJob(read, sandbox=False)).output == "s3cret\n"
+        widened = strict_pool.run(ShellJob(read, sandbox=Sandbox(read=[str(tmp_path)])))
+        assert widened.output == "s3cret\n"
+    with ExecPool(workers=1) as open_pool:
+        assert open_pool.run(ShellJob(read)).output == "s3cret\n"
+        assert "Permission denied" in open_pool.run(PythonJob(f"print(open({str(secret)!r}).read())",
+                                                              sandbox="strict", warm=True)).output
+
+
+#: Tries TCP to and on the ports given as arguments; prints what each gave.
+TCP_PROBE = textwrap.dedent("""
+    import socket, sys
+    for port in map(int, sys.argv[1:]):
+        s = socket.socket()
+        s.settimeout(5)
+        print("connect", port, "ok" if s.connect_ex(("127.0.0.1", port)) == 0 else "refused")
+        s.close()
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", 0))
+        print("bind ok")
+    except OSError as exc:
+        print("bind", exc.strerror)
+""")
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_tcp_ports_can_be_restricted_to_those_listed(pool, tmp_path, warm):
+    import socket
+
+    servers = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    try:
+        allowed, other = (server.getsockname()[1] for server in servers)
+        script = tmp_path / "probe.py"
+        script.write_text(TCP_PROBE)
+        code = f"import sys\nsys.argv[1:] = ['{allowed}', '{other}']\nexec(open({str(script)!r}).read())"
+
+        def run(sandbox):
+            return pool.run(PythonJob(code, sandbox=sandbox, warm=warm, timeout=30)).output
+
+        read = [str(tmp_path)]
+        assert run(Sandbox(read=read)) == f"connect {allowed} ok\nconnect {other} ok\nbind ok\n"  # the control
+        assert run(Sandbox(read=read, connect=[allowed], bind=[])) == (
+            f"connect {allowed} ok\nconnect {other} refused\nbind Permission denied\n")
+        assert run(Sandbox(read=read, connect=(), bind=[0])) == (
+            f"connect {allowed} refused\nconnect {other} refused\nbind ok\n")
+    finally:
+        for server in servers:
+            server.close()
+
+
+def test_a_sandboxed_tree_is_still_killed_whole_at_its_timeout(pool):
+    result = pool.run(ShellJob(hostile.FORK_TREE, sandbox="strict", timeout=1))
+    assert result.status is Status.TIMEOUT
+    pids = pids_in(result.output)
+    assert len(pids) == 9 and all_dead(pids)
+
+
+def test_sandbox_values_are_checked():
+    with pytest.raises(ValueError, match="'strict'"):
+        ShellJob("true", sandbox="lax")
+    with pytest.raises(TypeError, match="sandbox"):
+        ShellJob("true", sandbox=True)
+    with pytest.raises(TypeError, match="list of paths"):
+        Sandbox(read="/data")
+    with pytest.raises(TypeError):
+        Sandbox(write=[3])
+    with pytest.raises(ValueError, match="NUL"):
+        Sandbox(read=["/a\0b"])
+    with pytest.raises(ValueError, match="empty"):
+        Sandbox(write=[""])
+    with pytest.raises(TypeError, match="sandbox"):
+        ExecPool(workers=1, sandbox=False)
+    with pytest.raises(ValueError, match="port"):
+        Sandbox(connect=[70000])
+    with pytest.raises(TypeError, match="ports"):
+        Sandbox(bind=443)
+    assert Sandbox(connect=[443, 80, 443]).connect == (80, 443) and Sandbox().connect is None
+    assert Sandbox(read=["rel"]).read == (os.path.abspath("rel"),)
+    assert ShellJob("true", sandbox="strict").sandbox == Sandbox()
+    assert ShellJob("true").sandbox is None and ShellJob("true", sandbox=False).sandbox is False
+
+
+def test_sandbox_support_reports_what_this_kernel_offers():
+    support = sandbox_support()
+    assert support.available and support.missing is None
+    assert support.landlock_abi >= MIN_LANDLOCK_ABI and support.seccomp
+
+
+#: Runs a pool in a process whose kernel seems to lack Landlock: a seccomp
+#: filter (inherited by its workers and tools) makes landlock_create_ruleset
+#: fail with ENOSYS, as on a kernel built without it.
+NO_LANDLOCK_FILTER = textwrap.dedent("""
+    import ctypes, json, platform, struct, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    arch = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}[platform.machine()]
+    op = lambda code, k, jt=0, jf=0: struct.pack("=HBBI", code, jt, jf, k)
+    program = b"".join([op(0x20, 4), op(0x15, arch, jt=1), op(0x06, 0x7FFF0000), op(0x20, 0),
+                        op(0x15, 444, jf=1), op(0x06, 0x00050000 | 38), op(0x06, 0x7FFF0000)])
+    buffer = ctypes.create_string_buffer(program, len(program))
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    fprog = Fprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p).value)
+    assert libc.prctl(38, 1, 0, 0, 0) == 0 and libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0
+""")
+WITHOUT_LANDLOCK = NO_LANDLOCK_FILTER + textwrap.dedent("""
+    from execpool import ExecPool, PythonJob, ShellJob, sandbox_support
+    marker = sys.argv[1]
+    with ExecPool(workers=1) as pool:
+        report = {"support": sandbox_support().missing,
+                  "strict": pool.run(ShellJob("echo ran > " + marker, sandbox="strict")).text,
+                  "warm": pool.run(PythonJob("open(%r, 'w')" % marker, sandbox="strict", warm=True)).text,
+                  "plain": pool.run(ShellJob("echo plain")).text}
+    print(json.dumps(report))
+""")
+
+
+def test_where_the_kernel_lacks_landlock_a_sandboxed_job_fails_and_never_runs(tmp_path):
+    marker = tmp_path / "ran"
+    done = subprocess.run([sys.executable, "-c", WITHOUT_LANDLOCK, str(marker)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["support"].startswith("the sandbox needs Landlock")
+    for kind in ("strict", "warm"):
+        assert report[kind] == f"Execution error: cannot start the tool: {report['support']}", report
+    assert report["plain"] == "plain\n"
+    assert not marker.exists()
+
+
+def test_a_sandboxed_job_whose_ruleset_is_gone_is_never_started():
+    """A warm job requeued after its spare died keeps its ruleset until it
+    ends; were it gone, the job would fail rather than start unconfined."""
+    import dataclasses
+
+    from execpool import channel
+    from execpool.jobs import Limits
+    from execpool.running import RunningJob
+
+    start = channel.Start(job_id=1, argv_kind="python", source="pass", cwd=None, env={}, timeout=None,
+                          limits=Limits(), live_cap=None, max_output_chars=10, keep_background=False,
+                          python=sys.executable, stdin=None, warm=True, network=True, sandbox=Sandbox())
+    with pytest.raises(OSError, match="not started unconfined"):
+        RunningJob(start, "marker").ruleset_fd()
+    assert RunningJob(dataclasses.replace(start, sandbox=None), "marker").ruleset_fd() == -1
+
+
+def test_a_forged_sandbox_in_a_start_message_is_refused():
+    """The channel checks a Sandbox's fields like any other's."""
+    import pickle
+
+    from execpool import channel
+    from execpool.jobs import Limits
+
+    start = channel.Start(job_id=1, argv_kind="shell", source="true", cwd=None, env={}, timeout=None,
+                          limits=Limits(), live_cap=None, max_output_chars=10, keep_background=False,
+                          python=sys.executable, stdin=None, warm=False, network=True, sandbox=Sandbox())
+    object.__setattr__(start.sandbox, "read", ["/not/a/tuple"])
+    with pytest.raises(channel.ChannelError, match="sandbox"):
+        channel.decode(pickle.dumps(start))
+
+
+def test_execpool_serve_will_not_start_without_the_sandbox_unless_told(tmp_path):
+    serve = NO_LANDLOCK_FILTER + textwrap.dedent("""
+        import runpy
+        sys.argv = ["execpool", "serve", "--port", "0"] + sys.argv[1:]
+        runpy.run_module("execpool", run_name="__main__")
+    """)
+    env = {**os.environ, "PYTHONPATH": REPO}
+    refused = subprocess.run([sys.executable, "-c", serve], capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode == 2
+    assert "the sandbox needs Landlock" in refused.stderr and "--sandbox off" in refused.stderr, refused.stderr
+
+
+@pytest.mark.parametrize("flags", [(), ("--sandbox", "off")], ids=["default", "off"])
+def test_execpool_serve_runs_every_job_in_the_sandbox_by_default(tmp_path, flags):
+    from test_serve import Server
+
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    server = Server("--workers", "1", *flags)
+    try:
+        body = {"shell": f"cat {secret}; tr a-z A-Z < in.txt > out.txt",
+                "files": {"in.txt": base64.b64encode(b"hello").decode()}, "fetch_files": ["out.txt"]}
+        record = server.client.post("/v1/run", json=body).json()
+        # Files into and out of the request's directory work either way.
+        assert base64.b64decode(record["files"]["out.txt"]) == b"HELLO", record
+        if flags:
+            assert record["output"] == "s3cret\n", record  # the control
+        else:
+            assert "Permission denied" in record["output"] and "s3cret" not in record["output"], record
+    finally:
+        assert server.stop() == 0
+
+
+def test_the_tool_layer_runs_model_code_in_the_strict_sandbox(tmp_path, monkeypatch):
+    monkeypatch.setenv(tool_layer.SANDBOX_ROOT_ENV, str(tmp_path / "sessions"))
+    monkeypatch.delenv(tool_layer.TOOL_SANDBOX_ENV, raising=False)
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    read_secret = f"print(open({str(secret)!r}).read(), end='')"
+    with ExecPool(workers=1) as pool:
+        refused = tool_layer.python_exec(read_secret, pool=pool, session_id="s")
+        assert "PermissionError" in refused and "s3cret" not in refused, refused
+        assert "Permission denied" in tool_layer.bash_exec(f"cat {secret}", pool=pool, session_id="s")
+        # The session's directory is writable, and /mnt/data still lands in it.
+        saved = tool_layer.python_exec("open('/mnt/data/out.txt', 'w').write('kept')\nprint(open('out.txt').read())",
+                                       pool=pool, session_id="s")
+        assert saved.startswith("[execpool] /mnt/data does not exist in this sandbox") and saved.endswith("kept\n")
+        assert tool_layer.bash_exec("cat out.txt", pool=pool, session_id="s") == "kept"
+        monkeypatch.setenv(tool_layer.TOOL_SANDBOX_ENV, "off")
+        assert tool_layer.python_exec(read_secret, pool=pool, session_id="s") == "s3cret\n"  # the control
+
+
+#: Where execpool._spawn is not built: the ruleset through ctypes
+#: (build_ruleset) and entered through ctypes (enter), in a fresh process.
+PURE_PYTHON = textwrap.dedent("""
+    import os, socket, sys
+    from execpool.sandbox import Confiner, Sandbox, enter
+    secret, own, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    confiner = Confiner()
+    ruleset = confiner.ruleset(sys.executable, Sandbox(connect=()), (own,))
+    enter(ruleset)
+    open(os.path.join(own, "written"), "w").write("ok")
+    for name, attempt in (("read", lambda: open(secret).read()),
+                          ("connect", lambda: socket.create_connection(("127.0.0.1", port), timeout=5)),
+                          ("signal", lambda: os.kill(os.getppid(), 0))):
+        try:
+            attempt()
+            print(name, "ESCAPED")
+        except OSError as exc:
+            print(name, exc.strerror)
+""")
+
+
+def test_the_pure_python_path_confines_as_the_extension_does(tmp_path):
+    import socket
+
+    secret, own = tmp_path / "secret", tmp_path / "own"
+    secret.write_text("s3cret\n")
+    own.mkdir()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        done = subprocess.run([sys.executable, "-c", PURE_PYTHON, str(secret), str(own),
+                               str(server.getsockname()[1])], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": REPO})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "read Permission denied\nconnect Permission denied\nsignal Operation not permitted\n"
+    assert (own / "written").read_text() == "ok"
+
+
+def test_the_command_line_runs_jobs_in_the_sandbox_when_asked(tmp_path):
+    secret, jobs = tmp_path / "secret", tmp_path / "jobs.jsonl"
+    secret.write_text("s3cret\n")
+    jobs.write_text(json.dumps({"id": 1, "shell": f"cat {secret}"}) + "\n")
+    command = [sys.executable, "-m", "execpool"]
+    env = {**os.environ, "PYTHONPATH": REPO}
+    for sandboxed in (True, False):
+        flag = ["--sandbox"] if sandboxed else []
+        run = subprocess.run([*command, "run", *flag, "--shell", f"cat {secret}"], capture_output=True, text=True,
+                             timeout=60, env=env)
+        batch = subprocess.run([*command, "batch", str(jobs), "-o", "-", "--no-progress", *flag],
+                               capture_output=True, text=True, timeout=60, env=env)
+        record = json.loads(batch.stdout.splitlines()[0])
+        if sandboxed:
+            assert run.returncode == 1 and "Permission denied" in run.stdout, run
+            assert record["status"] == "error" and "Permission denied" in record["output"], record
+        else:  # the control
+            assert run.returncode == 0 and run.stdout == "s3cret\n", run
+            assert record["output"] == "s3cret\n", record
