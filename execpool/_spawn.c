@@ -10,8 +10,8 @@
  * new session, PR_SET_PDEATHSIG, working directory, stdin/stdout/stderr,
  * every other descriptor closed, rlimits, then execve -- and, for a
  * sandboxed job, between the descriptors and close_range: no new
- * privileges, no capabilities, the job's Landlock ruleset (built by the
- * worker, execpool/sandbox.py) and the seccomp filter. Only
+ * privileges, no capabilities, the job's Landlock rulesets (built by the
+ * worker, execpool/rulesets.py) and the seccomp filter. Only
  * async-signal-safe calls run in the child; every allocation happens in the
  * parent before vfork; the child reports a failure through memory it shares
  * with the parent until exec.
@@ -20,6 +20,7 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <limits.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -54,8 +55,10 @@ static const char *const step_names[] = {
 };
 
 /* What a sandboxed tool's child needs, all prepared by the parent. */
+#define MAX_RULESETS 4
 struct confinement {
-    int ruleset_fd; /* -1: no sandbox */
+    int n_rulesets; /* 0: no sandbox */
+    int rulesets[MAX_RULESETS];
     int last_cap;
     int drop_bounding;
     struct sock_fprog filter;
@@ -63,8 +66,8 @@ struct confinement {
 
 /* No new privileges, no capabilities (a root tool keeps its uid and loses
  * every capability, so nothing it execs gains one either), the Landlock
- * domain, the seccomp filter: execpool/sandbox.py says why each. Returns
- * the failing step, or -1. */
+ * layers in order, the seccomp filter: execpool/sandbox.py says why each.
+ * Returns the failing step, or -1. */
 static int confine(const struct confinement *c) {
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         return 9;
@@ -78,8 +81,9 @@ static int confine(const struct confinement *c) {
     memset(data, 0, sizeof data);
     if (syscall(SYS_capset, &header, data) < 0)
         return 10;
-    if (syscall(SYS_landlock_restrict_self, c->ruleset_fd, 0U) < 0)
-        return 11;
+    for (int i = 0; i < c->n_rulesets; i++)
+        if (syscall(SYS_landlock_restrict_self, c->rulesets[i], 0U) < 0)
+            return 11;
     if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &c->filter, 0, 0) < 0)
         return 12;
     return -1;
@@ -180,10 +184,10 @@ static void child(char **argv, char **envp, const char *cwd, const long long *li
     step = 4;
     if (dup2(stdin_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
         goto fail;
-    /* While the ruleset's descriptor is still open; before the rlimits,
+    /* While the rulesets' descriptors are still open; before the rlimits,
      * which a root tool could otherwise raise again, and before anything
      * of the tool runs. */
-    if (confinement->ruleset_fd >= 0 && (step = confine(confinement)) >= 0)
+    if (confinement->n_rulesets > 0 && (step = confine(confinement)) >= 0)
         goto fail;
     /* Nothing but 0, 1 and 2 reaches a tool, whatever the worker holds and
      * whether or not it is close-on-exec (a descriptor received over a
@@ -246,8 +250,47 @@ PyDoc_STRVAR(spawn_doc,
 "network namespace of its own (only a loopback that is down) when\n"
 "no_network is true, after writing \"0\" to each of join_fds (open\n"
 "cgroup.procs files), and, unless sandbox is None, confined by it: a tuple\n"
-"(ruleset_fd, seccomp_filter_bytes, last_cap, drop_bounding) from\n"
+"(ruleset_fds, seccomp_filter_bytes, last_cap, drop_bounding) from\n"
 "execpool.sandbox.child_arguments. Raises OSError naming the step that failed.");
+
+/* Fill *c from (ruleset_fds, seccomp_filter_bytes, last_cap, drop_bounding):
+ * at least one ruleset, and a filter; 0, or -1 with an exception set. */
+static int parse_confinement(PyObject *args, struct confinement *c) {
+    PyObject *fds;
+    const char *filter;
+    Py_ssize_t filter_size;
+    if (!PyArg_ParseTuple(args, "Oy#ip", &fds, &filter, &filter_size, &c->last_cap, &c->drop_bounding))
+        return -1;
+    PyObject *fast = PySequence_Fast(fds, "the sandbox's rulesets must be a sequence of descriptors");
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n < 1 || n > MAX_RULESETS) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "the sandbox needs 1 to %d rulesets, not %zd", MAX_RULESETS, n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long fd = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (fd < 0 || fd > INT_MAX) {
+            Py_DECREF(fast);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "a ruleset descriptor must be a descriptor");
+            return -1;
+        }
+        c->rulesets[i] = (int)fd;
+    }
+    Py_DECREF(fast);
+    c->n_rulesets = (int)n;
+    if (filter_size <= 0 || filter_size % sizeof(struct sock_filter) != 0 ||
+        filter_size / sizeof(struct sock_filter) > BPF_MAXINSNS) {
+        PyErr_SetString(PyExc_ValueError, "the sandbox needs a seccomp filter");
+        return -1;
+    }
+    c->filter.len = (unsigned short)(filter_size / sizeof(struct sock_filter));
+    c->filter.filter = (struct sock_filter *)filter;
+    return 0;
+}
 
 static PyObject *spawn(PyObject *self, PyObject *args) {
     PyObject *argv_obj, *env_obj, *cwd_obj, *limits_obj, *join_obj, *sandbox_obj = Py_None;
@@ -257,24 +300,10 @@ static PyObject *spawn(PyObject *self, PyObject *args) {
         return NULL;
     struct confinement confinement;
     memset(&confinement, 0, sizeof confinement);
-    confinement.ruleset_fd = -1;
-    if (sandbox_obj != Py_None) {
-        const char *filter;
-        Py_ssize_t filter_size;
-        if (!PyArg_ParseTuple(sandbox_obj, "iy#ip", &confinement.ruleset_fd, &filter, &filter_size,
-                              &confinement.last_cap, &confinement.drop_bounding)) {
-            Py_DECREF(cwd_obj);
-            return NULL;
-        }
-        if (confinement.ruleset_fd < 0 || filter_size <= 0 || filter_size % sizeof(struct sock_filter) != 0 ||
-            filter_size / sizeof(struct sock_filter) > BPF_MAXINSNS) {
-            PyErr_SetString(PyExc_ValueError, "sandbox: a ruleset descriptor and a seccomp filter are needed");
-            Py_DECREF(cwd_obj);
-            return NULL;
-        }
-        /* The bytes live in sandbox_obj, which outlives the vfork child. */
-        confinement.filter.len = (unsigned short)(filter_size / sizeof(struct sock_filter));
-        confinement.filter.filter = (struct sock_filter *)filter;
+    /* The filter's bytes live in sandbox_obj, which outlives the vfork child. */
+    if (sandbox_obj != Py_None && parse_confinement(sandbox_obj, &confinement) < 0) {
+        Py_DECREF(cwd_obj);
+        return NULL;
     }
     long long limits[N_LIMITS], join[MAX_JOIN_FDS];
     int join_fds[MAX_JOIN_FDS];
@@ -417,26 +446,16 @@ static PyObject *ruleset(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(confine_doc,
-"confine(ruleset_fd, seccomp_filter_bytes, last_cap, drop_bounding)\n\n"
+"confine(ruleset_fds, seccomp_filter_bytes, last_cap, drop_bounding)\n\n"
 "Enter the sandbox in the calling process, as spawn's child does: what a\n"
 "forked tool or a warm spare runs (execpool.sandbox.enter does the same\n"
 "through ctypes, a few hundred microseconds slower). Raises OSError.");
 
 static PyObject *confine_self(PyObject *self, PyObject *args) {
     struct confinement confinement;
-    const char *filter;
-    Py_ssize_t filter_size;
     memset(&confinement, 0, sizeof confinement);
-    if (!PyArg_ParseTuple(args, "iy#ip", &confinement.ruleset_fd, &filter, &filter_size, &confinement.last_cap,
-                          &confinement.drop_bounding))
+    if (parse_confinement(args, &confinement) < 0)
         return NULL;
-    if (filter_size <= 0 || filter_size % sizeof(struct sock_filter) != 0 ||
-        filter_size / sizeof(struct sock_filter) > BPF_MAXINSNS) {
-        PyErr_SetString(PyExc_ValueError, "confine: not a seccomp filter");
-        return NULL;
-    }
-    confinement.filter.len = (unsigned short)(filter_size / sizeof(struct sock_filter));
-    confinement.filter.filter = (struct sock_filter *)filter;
     int step = confine(&confinement);
     if (step >= 0) {
         int saved = errno;

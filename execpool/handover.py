@@ -7,7 +7,7 @@ Runs in the worker process, on its one thread, as part of its loop
 one and the hand-over itself: the job's description as marshal data in a
 memfd, its stdin, its output pipes, its cgroup files and a *ready* pipe, in
 one ``SCM_RIGHTS`` message -- with, for a sandboxed job, the Landlock
-ruleset the worker built for it, which the spare enters before any of the
+rulesets the worker built for it, which the spare enters before any of the
 job's code runs (execpool/sandbox.py). The ready pipe says whether the
 spare took the job (``TAKEN``, with the CPU time it had spent before, which
 is not the job's) or failed to start it (that, and then why); it is read
@@ -135,13 +135,13 @@ class WarmJobs:
         start = job.start
         description = memfd_holding("execpool-job", encode_job(job.script, worker.job_env(job), worker.job_cwd(job),
                                                                 start.limits, not start.network,
-                                                                job.ruleset_fd() >= 0))
+                                                                len(job.confinement())))
         ready_r, ready_w = os.pipe()
         try:
             with output_pipes(start.separate_stderr) as (readers, out_w, err_w), \
                     worker.job_fds(job) as (stdin_fd, join_fds):
                 handed = spare.hand(description, stdin_fd, out_w, err_w, ready_w, join_fds[:MAX_CGROUP_FDS],
-                                    job.ruleset)  # kept until the job ends: a requeued job needs it again
+                                    job.rulesets)  # kept until the job ends: a requeued job needs them again
         except BaseException:
             os.close(ready_r)
             raise

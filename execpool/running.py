@@ -9,7 +9,7 @@ import os
 import resource
 import time
 from collections import deque
-from typing import Optional
+from typing import Optional, Tuple
 
 from . import channel
 from .capture import MAX_ERROR_LINES, Capture
@@ -64,10 +64,10 @@ class RunningJob:
         self.started = time.monotonic()
         self.tmpdir: Optional[str] = None
         self.script: Optional[str] = None
-        # A sandboxed job's Landlock ruleset, open until its tool entered it,
-        # and its private TMPDIR: ``tmpdir`` for a job without a cwd, else a
-        # directory of its own (``sandbox_tmp``), removed like ``tmpdir``.
-        self.ruleset: Optional[int] = None
+        # A sandboxed job's Landlock rulesets, open until its tool entered
+        # them, and its private TMPDIR: ``tmpdir`` for a job without a cwd,
+        # else a directory of its own (``sandbox_tmp``), removed like ``tmpdir``.
+        self.rulesets: Tuple[int, ...] = ()
         self.private_tmp: Optional[str] = None
         self.sandbox_tmp: Optional[str] = None
         self.group: Optional[JobGroup] = None
@@ -86,20 +86,18 @@ class RunningJob:
         self.swept = False
         self.victims: set[int] = set()
 
-    def ruleset_fd(self) -> int:
-        """The ruleset to start the tool in, -1 for a job without a sandbox;
-        OSError for a sandboxed job whose ruleset is gone -- it must never
-        start unconfined."""
-        if self.ruleset is not None:
-            return self.ruleset
-        if self.start.sandbox is not None:
-            raise OSError("the job's sandbox ruleset is gone; it was not started unconfined")
-        return -1
+    def confinement(self) -> Tuple[int, ...]:
+        """The rulesets to start the tool in, none for a job without a
+        sandbox; OSError for a sandboxed job whose rulesets are gone -- it
+        must never start unconfined."""
+        if self.start.sandbox is not None and not self.rulesets:
+            raise OSError("the job's sandbox rulesets are gone; it was not started unconfined")
+        return self.rulesets
 
-    def close_ruleset(self) -> None:
-        if self.ruleset is not None:
-            os.close(self.ruleset)
-            self.ruleset = None
+    def close_rulesets(self) -> None:
+        for fd in self.rulesets:
+            os.close(fd)
+        self.rulesets = ()
 
     @property
     def eof(self) -> bool:

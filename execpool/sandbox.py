@@ -3,10 +3,11 @@ tool's process enters it before its first instruction.
 
 Shared. The caller builds :class:`Sandbox` values (``"strict"`` is
 ``Sandbox()``) and asks :func:`sandbox_support` what the machine offers; the
-worker builds each sandboxed job's Landlock ruleset (:class:`Confiner`) and
-every way of starting a tool enters it in the new process: the C extension
-after its vfork (execpool/_spawn.c), :func:`enter` after a Python fork and
-in a warm spare, which gets the job's ruleset over its hand-over socket.
+worker builds each sandboxed job's Landlock rulesets (execpool/rulesets.py)
+and every way of starting a tool enters them in the new process: the C
+extension after its vfork (execpool/_spawn.c), :func:`enter` after a Python
+fork and in a warm spare, which gets the job's rulesets over its hand-over
+socket.
 
 Why these mechanisms (each measured on the kernel execpool was built on,
 6.18, Landlock ABI 7, as root and as ``nobody``; tests/test_sandbox.py
@@ -52,71 +53,22 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-import stat
 import struct
-import sys
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 from . import checks
 
 # -- Landlock's ABI (include/uapi/linux/landlock.h) ------------------------------------------------
 
 #: The same numbers on every architecture (the generic system call table).
-_SYS_LANDLOCK_CREATE_RULESET = 444
-_SYS_LANDLOCK_ADD_RULE = 445
+SYS_LANDLOCK_CREATE_RULESET = 444
 _SYS_LANDLOCK_RESTRICT_SELF = 446
 _CREATE_RULESET_VERSION = 1
-_RULE_PATH_BENEATH = 1
-_RULE_NET_PORT = 2
-
-NET_BIND_TCP = 1 << 0  # ABI 4
-NET_CONNECT_TCP = 1 << 1  # ABI 4
-
-FS_EXECUTE = 1 << 0
-FS_WRITE_FILE = 1 << 1
-FS_READ_FILE = 1 << 2
-FS_READ_DIR = 1 << 3
-FS_REMOVE_FILE = 1 << 5
-FS_MAKE_REG = 1 << 8
-FS_REFER = 1 << 13  # ABI 2
-FS_TRUNCATE = 1 << 14  # ABI 3
-FS_IOCTL_DEV = 1 << 15  # ABI 5
-
-#: Every filesystem right each ABI knows: a ruleset handles all of them, so
-#: what no rule grants is denied -- renaming and linking across directories
-#: (REFER) and truncating (TRUNCATE) included, where the kernel knows them.
-_FS_RIGHTS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1}
-_FS_RIGHTS_LATEST = (1 << 16) - 1
-
-#: The rights that apply to a file (the rest are about directories); a rule
-#: on a file may grant only these.
-_FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
-
-SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
-SCOPE_SIGNAL = 1 << 1  # ABI 6
 
 #: The oldest ABI the sandbox can promise its guarantees with: signals to
 #: the worker and other jobs are scoped only from ABI 6 (Linux 6.12).
 MIN_LANDLOCK_ABI = 6
-
-READ = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
-#: A device the tool may read and write, and open with O_TRUNC (``> /dev/null``).
-_DEVICE = FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE
-#: ``/dev/shm``: files made, used and removed by name -- POSIX semaphores,
-#: so multiprocessing works -- but not listed: other processes' segments
-#: there have random names the tool cannot see.
-_SHM = FS_MAKE_REG | FS_READ_FILE | FS_WRITE_FILE | FS_REMOVE_FILE | FS_TRUNCATE
-
-#: System software a tool reads and runs (those that exist here).
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
-#: Read-only views a tool's programs expect: itself and the machine.
-READ_ONLY_DIRS = ("/proc", "/sys")
-DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
-SHARED_MEMORY = "/dev/shm"
-#: /etc files that are often symlinks out of /etc (systemd's resolver):
-#: their targets are granted too, or name resolution would fail.
-_FOLLOWED = ("/etc/resolv.conf",)
 
 # -- capabilities, seccomp -------------------------------------------------------------------------
 
@@ -148,25 +100,15 @@ _SECCOMP_TABLES = {
 _X32_BIT = 0x40000000
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_syscall = _libc.syscall
-_syscall.restype = ctypes.c_long
-
-
-class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
-                ("scoped", ctypes.c_uint64)]
-
-
-class _PathBeneath(ctypes.Structure):
-    _pack_ = 1  # the kernel's struct is packed: 12 bytes
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+syscall = _libc.syscall
+syscall.restype = ctypes.c_long
 
 
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def _fail(call: str) -> OSError:
+def errno_error(call: str) -> OSError:
     errno = ctypes.get_errno()
     return OSError(errno, f"{call}: {os.strerror(errno)}")
 
@@ -261,7 +203,7 @@ def _preset(value: object, usage: str) -> Sandbox:
 def landlock_abi() -> int:
     """The Landlock ABI this kernel offers; 0 for none (too old, or
     disabled at boot)."""
-    version = _syscall(ctypes.c_long(_SYS_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0),
+    version = syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0),
                        ctypes.c_uint32(_CREATE_RULESET_VERSION))
     return max(0, int(version))
 
@@ -371,12 +313,12 @@ class _Capabilities:
         return cls.known
 
 
-def child_arguments(ruleset_fd: int) -> tuple:
-    """What execpool._spawn's child needs to enter the sandbox: the ruleset,
-    the seccomp filter, the highest capability number, and whether to empty
-    the bounding set."""
+def child_arguments(rulesets: Tuple[int, ...]) -> tuple:
+    """What execpool._spawn's child needs to enter the sandbox: the rulesets
+    (entered in order, each a Landlock layer), the seccomp filter, the
+    highest capability number, and whether to empty the bounding set."""
     last_cap, drop_bounding = _Capabilities.get()
-    return ruleset_fd, SECCOMP_PROGRAM, last_cap, drop_bounding
+    return tuple(rulesets), SECCOMP_PROGRAM, last_cap, drop_bounding
 
 
 def prepare() -> None:
@@ -385,204 +327,24 @@ def prepare() -> None:
     _Capabilities.get()
 
 
-def enter(ruleset_fd: int) -> None:
+def enter(rulesets: Tuple[int, ...]) -> None:
     """Confine the calling process for good, in the order execpool._spawn
-    does it: no new privileges, no capabilities, the Landlock domain, the
+    does it: no new privileges, no capabilities, the Landlock layers, the
     seccomp filter. For a freshly forked tool or a warm spare, before any of
     the job's code runs; raises OSError naming the step that failed."""
     last_cap, drop_bounding = _Capabilities.get()
     if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise _fail("prctl(PR_SET_NO_NEW_PRIVS)")
+        raise errno_error("prctl(PR_SET_NO_NEW_PRIVS)")
     if drop_bounding:
         for cap in range(last_cap + 1):
             if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-                raise _fail("prctl(PR_CAPBSET_DROP)")
+                raise errno_error("prctl(PR_CAPBSET_DROP)")
     _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL before 4.3: none to clear
     header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
     if _libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
-        raise _fail("capset")
-    if _syscall(ctypes.c_long(_SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(ruleset_fd), ctypes.c_uint32(0)) != 0:
-        raise _fail("landlock_restrict_self")
+        raise errno_error("capset")
+    for ruleset_fd in rulesets:
+        if syscall(ctypes.c_long(_SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(ruleset_fd), ctypes.c_uint32(0)) != 0:
+            raise errno_error("landlock_restrict_self")
     if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(_fprog), 0, 0) != 0:
-        raise _fail("prctl(PR_SET_SECCOMP)")
-
-
-# -- a job's ruleset (in the worker) ---------------------------------------------------------------
-
-
-def _python_dirs(python: str) -> List[str]:
-    """Where a Python interpreter's standard library and packages live: its
-    prefix, for the link and for what it points to (a venv's python is a
-    link to its base interpreter). Only a directory that looks like a
-    prefix, so an interpreter in ``~/bin`` does not open the whole home."""
-    dirs = []
-    for path in (os.path.abspath(python), os.path.realpath(python)):
-        prefix = os.path.dirname(os.path.dirname(path))
-        lib = os.path.join(prefix, "lib")
-        looks_like_prefix = os.path.exists(os.path.join(prefix, "pyvenv.cfg")) or (
-            os.path.isdir(lib) and any(name.startswith("python3") for name in os.listdir(lib)))
-        if looks_like_prefix:
-            dirs.append(prefix)
-    return dirs
-
-
-#: ``build(handled_fs, scoped, [(fd, rights), ...], handled_net, [(port,
-#: rights), ...]) -> ruleset fd``.
-RulesetBuilder = Callable[[int, int, List[Tuple[int, int]], int, List[Tuple[int, int]]], int]
-
-
-class _NetPort(ctypes.Structure):
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
-
-
-def build_ruleset(handled: int, scoped: int, rules: List[Tuple[int, int]], handled_net: int = 0,
-                  ports: List[Tuple[int, int]] = ()) -> int:
-    """A ruleset through ctypes, one call per rule: what a worker without
-    the C extension uses (execpool._spawn.ruleset does the same in one)."""
-    attr = _RulesetAttr(handled, handled_net, scoped)
-    ruleset = int(_syscall(ctypes.c_long(_SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
-                           ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0)))
-    if ruleset < 0:
-        raise _fail("landlock_create_ruleset")
-    rule = _PathBeneath()
-    try:
-        for fd, rights in rules:
-            rule.allowed_access, rule.parent_fd = rights, fd
-            if _syscall(ctypes.c_long(_SYS_LANDLOCK_ADD_RULE), ctypes.c_int(ruleset),
-                        ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
-                raise _fail("landlock_add_rule")
-        for port, rights in ports:
-            net = _NetPort(rights, port)
-            if _syscall(ctypes.c_long(_SYS_LANDLOCK_ADD_RULE), ctypes.c_int(ruleset), ctypes.c_int(_RULE_NET_PORT),
-                        ctypes.byref(net), ctypes.c_uint32(0)) != 0:
-                raise _fail("landlock_add_rule")
-    except BaseException:
-        os.close(ruleset)
-        raise
-    return ruleset
-
-
-def _beneath(path: str, ancestor: str) -> bool:
-    return path != ancestor and path.startswith(ancestor.rstrip("/") + "/")
-
-
-class Confiner:
-    """A worker's maker of rulesets: one per sandboxed job, built before the
-    tool starts and entered by the tool's process.
-
-    The system paths are opened once (``O_PATH``) and kept; each job costs
-    one ruleset with a rule per path (a dozen or so), and opening its own
-    paths. Building it here rather than in the tool's process keeps the
-    vfork child to a few system calls and lets a warm spare receive its
-    ruleset ready-made. ``build`` is execpool._spawn.ruleset where the
-    extension was built (one call for every rule), :func:`build_ruleset`
-    otherwise. Raises OSError with a clear message where the kernel lacks
-    what the sandbox needs."""
-
-    def __init__(self, build: Optional[RulesetBuilder] = None) -> None:
-        support = sandbox_support()
-        if support.missing is not None:
-            raise OSError(support.missing)
-        self.build = build or build_ruleset
-        self.handled = _FS_RIGHTS_BY_ABI.get(support.landlock_abi, _FS_RIGHTS_LATEST)
-        self.scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
-        grants: Dict[str, int] = {}
-        for path in SYSTEM_DIRS:
-            self._grant(grants, path, READ)
-        for python in {sys.executable, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
-            for path in ([python] if os.path.isdir(python) else _python_dirs(python)):
-                self._grant(grants, path, READ)
-        # execpool's own code: the tool layer's /mnt/data shim, and what a
-        # warm job's interpreter already runs.
-        self._grant(grants, os.path.dirname(os.path.abspath(__file__)), READ)
-        for path in READ_ONLY_DIRS:
-            self._grant(grants, path, READ)
-        for path in DEVICES:
-            self._grant(grants, path, _DEVICE)
-        self._grant(grants, SHARED_MEMORY, _SHM)
-        for path in _FOLLOWED:
-            self._grant(grants, os.path.realpath(path), FS_READ_FILE)
-        self.granted = _pruned(grants)
-        self._base: List[Tuple[int, int]] = []
-        for path, rights in self.granted.items():
-            try:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            except OSError:
-                continue  # gone since: nothing to grant
-            self._base.append((fd, self._rights(fd, rights)))
-        self._interpreters: Dict[str, List[Tuple[int, int]]] = {}
-        prepare()
-
-    @staticmethod
-    def _grant(grants: Dict[str, int], path: str, rights: int) -> None:
-        if os.path.exists(path):
-            real = os.path.realpath(path)
-            grants[real] = grants.get(real, 0) | rights
-
-    def _rights(self, fd: int, rights: int) -> int:
-        rights &= self.handled
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            rights &= _FILE_RIGHTS
-        return rights
-
-    def ruleset(self, python: str, sandbox: Sandbox, own: Tuple[str, ...]) -> int:
-        """A new ruleset for one job -- the system paths, ``python``'s
-        prefix, the job's ``own`` directories and the sandbox's ``write``
-        (every right), its ``read`` (read and execute), and the TCP ports
-        it may connect to and bind -- as a descriptor the caller closes
-        once the tool entered it."""
-        read, write = sandbox.read, (*own, *sandbox.write)
-        handled_net, ports = 0, {}
-        for allowed, right in ((sandbox.connect, NET_CONNECT_TCP), (sandbox.bind, NET_BIND_TCP)):
-            if allowed is not None:
-                handled_net |= right
-                for port in allowed:
-                    ports[port] = ports.get(port, 0) | right
-        opened: List[int] = []
-        try:
-            rules = self._base + self._interpreter(python)
-            wanted = dict.fromkeys(write, self.handled)
-            for path in read:
-                wanted[path] = wanted.get(path, 0) | READ
-            for path, rights in wanted.items():
-                try:
-                    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-                except OSError as exc:
-                    raise OSError(exc.errno, f"the sandbox cannot open {path!r}: {exc.strerror}") from None
-                opened.append(fd)
-                rules.append((fd, self._rights(fd, rights)))
-            return self.build(self.handled, self.scoped, [rule for rule in rules if rule[1]], handled_net,
-                              sorted(ports.items()))
-        finally:
-            for fd in opened:
-                os.close(fd)
-
-    def _interpreter(self, python: str) -> List[Tuple[int, int]]:
-        """The rules granting a job's interpreter (a pool may name one the
-        worker itself does not run), opened once per interpreter."""
-        known = self._interpreters.get(python)
-        if known is None:
-            known = []
-            for path in {os.path.realpath(p) for p in [python, *_python_dirs(python)]}:
-                if any(path == done or _beneath(path, done) for done in self.granted) or not os.path.exists(path):
-                    continue
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-                known.append((fd, self._rights(fd, READ)))
-            self._interpreters[python] = known
-        return list(known)
-
-    def close(self) -> None:
-        for fd, _ in self._base:
-            os.close(fd)
-        for known in self._interpreters.values():
-            for fd, _ in known:
-                os.close(fd)
-        self._base.clear()
-        self._interpreters.clear()
-
-
-def _pruned(grants: Dict[str, int]) -> Dict[str, int]:
-    """The grants without those an ancestor's already give: fewer rules for
-    every job (``/bin`` is ``/usr/bin`` on a merged-/usr system)."""
-    return {path: rights for path, rights in grants.items()
-            if not any(_beneath(path, other) and rights & ~grants[other] == 0 for other in grants)}
+        raise errno_error("prctl(PR_SET_SECCOMP)")

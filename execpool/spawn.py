@@ -1,8 +1,8 @@
 """How a worker starts a tool process: every tool gets a new session, the
 death signal, its working directory (and cgroup, and network namespace), its
 output pipe on fd 1 and fd 2 (or, for a job that keeps stderr apart, a pipe
-for each), its sandbox (execpool/sandbox.py: entered while the ruleset's
-descriptor is still open), no other descriptor, and its rlimits -- in that
+for each), its sandbox (execpool/sandbox.py: entered while the rulesets'
+descriptors are still open), no other descriptor, and its rlimits -- in that
 order, so a lowered open-files limit cannot hide a descriptor from the
 close, and a root tool has lost the capability to raise its rlimits before
 they are set -- in one of three ways:
@@ -22,7 +22,7 @@ import ctypes
 import os
 import resource
 import signal
-from typing import Callable, Iterator, NoReturn
+from typing import Callable, Iterator, NoReturn, Tuple
 
 from . import _linux, sandbox, warm
 from .jobs import Limits
@@ -32,8 +32,8 @@ try:
 except ImportError:  # not built here; the pure-Python start is used instead
     _spawn = None
 
-#: How a worker builds a sandboxed job's Landlock ruleset: in one C call
-#: where the extension was built (execpool/sandbox.py).
+#: How a worker builds a sandboxed job's Landlock rulesets: one C call each
+#: where the extension was built (execpool/rulesets.py).
 RULESET_BUILDER = None if _spawn is None else _spawn.ruleset
 
 #: How tools are started: "vfork" (execpool._spawn) or "fork" (pure Python).
@@ -98,21 +98,22 @@ give_back_memory = _OwnMemory.give_back
 
 def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str, stdin_fd: int = -1,
                no_network: bool = False, join_fds: list = (), separate_stderr: bool = False,
-               ruleset_fd: int = -1) -> tuple[int, list]:
+               rulesets: Tuple[int, ...] = ()) -> tuple[int, list]:
     """Start one tool with ``method`` "vfork" or "fork"; return its pid and
-    the read ends of its output pipes (see :func:`output_pipes`). A
-    ``ruleset_fd`` (execpool/sandbox.py) confines the tool before it runs."""
+    the read ends of its output pipes (see :func:`output_pipes`). Its
+    ``rulesets`` (execpool/rulesets.py), if any, confine the tool before it
+    runs."""
     stdin_fd = DEVNULL if stdin_fd < 0 else stdin_fd
     _OwnMemory.reset_peak()
     with output_pipes(separate_stderr) as (readers, out_w, err_w):
         if method == "vfork":
             envp = [f"{key}={value}" for key, value in env.items()]
-            confinement = None if ruleset_fd < 0 else sandbox.child_arguments(ruleset_fd)
+            confinement = sandbox.child_arguments(rulesets) if rulesets else None
             pid = _spawn.spawn(argv, envp, cwd, rlimit_values(limits), stdin_fd, out_w, err_w, no_network,
                                list(join_fds), confinement)
         else:
             pid = _fork_child(cwd, rlimit_values(limits), (stdin_fd, out_w, err_w), no_network, list(join_fds),
-                              _exec(argv, env), ruleset_fd)
+                              _exec(argv, env), rulesets)
     return pid, readers
 
 
@@ -185,7 +186,7 @@ def run_warm(script: str, env: dict) -> Callable[[int], None]:
 
 
 def _fork_child(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_fds: list,
-                then: Callable[[int], None], ruleset_fd: int = -1) -> int:
+                then: Callable[[int], None], rulesets: Tuple[int, ...] = ()) -> int:
     """Fork, set the child up as every tool is set up, then hand it to
     ``then(ready_fd)``, which execs."""
     ready_r, ready_w = os.pipe()
@@ -193,7 +194,7 @@ def _fork_child(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_f
     pid = os.fork()
     if pid == 0:
         os.close(ready_r)
-        become_tool(cwd, rlimits, stdio, no_network, join_fds, ready_w, worker_pid, then, ruleset_fd)
+        become_tool(cwd, rlimits, stdio, no_network, join_fds, ready_w, worker_pid, then, rulesets)
     os.close(ready_w)
     failure = b""
     while chunk := os.read(ready_r, 4096):  # EOF: the exec closed it
@@ -206,9 +207,9 @@ def _fork_child(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_f
 
 
 def become_tool(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_fds: list, ready_w: int,
-                parent_pid: int, then: Callable[[int], None], ruleset_fd: int = -1) -> NoReturn:
+                parent_pid: int, then: Callable[[int], None], rulesets: Tuple[int, ...] = ()) -> NoReturn:
     """In a fork of the worker (or a spare): the session, death signal,
-    directory, pipes, sandbox (when given a ``ruleset_fd``) and limits every
+    directory, pipes, sandbox (when given ``rulesets``) and limits every
     tool gets; ``stdio`` holds what goes on fds 0, 1 and 2. A failure before
     ``then`` takes over reaches the worker through ``ready_w``."""
     try:
@@ -223,11 +224,11 @@ def become_tool(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_f
         os.chdir(cwd)
         for target, fd in enumerate(stdio):
             os.dup2(fd, target)
-        if ruleset_fd >= 0:
+        if rulesets:
             if _spawn is not None:
-                _spawn.confine(*sandbox.child_arguments(ruleset_fd))
+                _spawn.confine(*sandbox.child_arguments(rulesets))
             else:
-                sandbox.enter(ruleset_fd)
+                sandbox.enter(rulesets)
         close_all_but(ready_w)  # the worker's pipes, selector and channel are not the tool's
         _apply_limits(rlimits)
         then(ready_w)

@@ -23,7 +23,7 @@ runs beside it, nor of one that ran before. The hand-over is a single
 message of descriptors: the job's description as JSON in an anonymous file
 (no unpickling, nothing but strings, numbers and booleans), its stdin, its
 stdout and stderr (one pipe twice, unless the job keeps them apart), the
-ready pipe, the job's sandbox ruleset when it has one, and its cgroup
+ready pipe, the job's sandbox rulesets when it has them, and its cgroup
 files. A parked spare is not sandboxed: it restricts itself for its one
 job, so no two jobs ever share a domain. Nothing in it blocks the worker: the spare
 reports on the ready pipe, which the worker watches in its loop like any
@@ -56,9 +56,10 @@ _SPARE_PID = struct.Struct("=i")
 
 #: Worker -> spare: the hand-over's one message, and the descriptors it
 #: carries (description, stdin, stdout, stderr, ready pipe, then the
-#: sandbox's ruleset if the description says there is one, then cgroup files).
+#: sandbox's rulesets, as many as the description says, then cgroup files).
 _JOB = b"job"
 _FIXED_FDS = 5
+MAX_RULESETS = 2
 MAX_CGROUP_FDS = 8
 
 #: A spare's first word on the ready pipe: it has the job. A spare that dies
@@ -87,24 +88,24 @@ SPARE_NAME = "execpool-spare"
 _UNLIMITED = Limits(address_space=None, cpu_seconds=None, file_size=None, open_files=None)
 
 
-def encode_job(script: str, env: dict, cwd: str, limits: Limits, no_network: bool, sandboxed: bool) -> bytes:
+def encode_job(script: str, env: dict, cwd: str, limits: Limits, no_network: bool, rulesets: int) -> bytes:
     """marshal, not pickle: it builds plain values in C -- no class is
     looked up, nothing is called -- and it runs little Python in a spare,
     whose every page touched is a copy-on-write fault on a warm job's path."""
-    return marshal.dumps((script, env, cwd, rlimit_values(limits), no_network, sandboxed))
+    return marshal.dumps((script, env, cwd, rlimit_values(limits), no_network, rulesets))
 
 
-def decode_job(data: bytes) -> tuple[str, dict, str, tuple, bool, bool]:
+def decode_job(data: bytes) -> tuple[str, dict, str, tuple, bool, int]:
     """The hand-over's description, checked field by field: a spare takes
     nothing but what :func:`encode_job` writes."""
-    script, env, cwd, rlimits, no_network, sandboxed = marshal.loads(data)
+    script, env, cwd, rlimits, no_network, rulesets = marshal.loads(data)
     if not (type(script) is str and type(cwd) is str and type(no_network) is bool and type(env) is dict
-            and type(sandboxed) is bool
+            and type(rulesets) is int and 0 <= rulesets <= MAX_RULESETS
             and all(type(k) is str and type(v) is str for k, v in env.items())
             and type(rlimits) is tuple and len(rlimits) == len(RLIMIT_FIELDS)
             and all(type(value) is int for value in rlimits)):
         raise ValueError("not a warm job description")
-    return script, env, cwd, rlimits, no_network, sandboxed
+    return script, env, cwd, rlimits, no_network, rulesets
 
 
 def _taken() -> bytes:
@@ -138,7 +139,7 @@ def main(argv: list) -> NoReturn:
             with contextlib.suppress(BaseException):  # the worker already reported it
                 importlib.import_module(name)
         warm.rehearse()
-        decode_job(encode_job("", {}, "", _UNLIMITED, False, False))
+        decode_job(encode_job("", {}, "", _UNLIMITED, False, 0))
         sandbox.prepare()
         gc.collect()
         gc.freeze()
@@ -178,7 +179,7 @@ def _park(channel: socket.socket, worker_pid: int, name: str) -> NoReturn:
                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno()]))])
         theirs.close()
         channel.close()  # so that the template's end reaches the worker as EOF
-        while (received := socket.recv_fds(sock, 16, _FIXED_FDS + 1 + MAX_CGROUP_FDS))[0] == _REHEARSE:
+        while (received := socket.recv_fds(sock, 16, _FIXED_FDS + MAX_RULESETS + MAX_CGROUP_FDS))[0] == _REHEARSE:
             warm.rehearse()
         message, fds, flags, _addr = received
         if message != _JOB or len(fds) < _FIXED_FDS or flags & socket.MSG_CTRUNC:
@@ -186,19 +187,17 @@ def _park(channel: socket.socket, worker_pid: int, name: str) -> NoReturn:
         sock.close()
         description, stdin_fd, out_fd, err_fd, ready_w, *join_fds = fds
         os.write(ready_w, _taken())
-        script, env, cwd, rlimits, no_network, sandboxed = decode_job(_read_all(description))
-        ruleset_fd = -1
-        if sandboxed:
-            if not join_fds:
-                raise ValueError("a sandboxed job came without its ruleset")
-            ruleset_fd = join_fds.pop(0)
+        script, env, cwd, rlimits, no_network, n_rulesets = decode_job(_read_all(description))
+        if len(join_fds) < n_rulesets:
+            raise ValueError("a sandboxed job came without its rulesets")
+        rulesets, join_fds = tuple(join_fds[:n_rulesets]), join_fds[n_rulesets:]
         _linux.set_name(name)  # the interpreter's own, as a cold start has it
     except BaseException as exc:  # noqa: BLE001 - a broken hand-over is the job's start failure
         if ready_w >= 0:
             os.write(ready_w, f"warm spare: {exc}".encode("utf-8", "replace")[:2048])
         os._exit(127)
     become_tool(cwd, rlimits, (stdin_fd, out_fd, err_fd), no_network, join_fds, ready_w, worker_pid,
-                run_warm(script, env), ruleset_fd)
+                run_warm(script, env), rulesets)
 
 
 # -- the worker's handles -------------------------------------------------------
@@ -284,11 +283,10 @@ class WarmSpare:
                 self.sock.send(_REHEARSE)
 
     def hand(self, description: int, stdin_fd: int, out_fd: int, err_fd: int, ready_w: int,
-             join_fds: list, ruleset_fd: Optional[int] = None) -> bool:
+             join_fds: list, rulesets: tuple = ()) -> bool:
         """Give the spare its job; False when the spare is gone (the job then
         needs another). The descriptors stay the caller's to close."""
-        sandbox_fds = [] if ruleset_fd is None else [ruleset_fd]
-        fds = array.array("i", [description, stdin_fd, out_fd, err_fd, ready_w, *sandbox_fds, *join_fds])
+        fds = array.array("i", [description, stdin_fd, out_fd, err_fd, ready_w, *rulesets, *join_fds])
         _continue(self.pid)
         try:
             self.sock.sendmsg([_JOB], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])

@@ -53,10 +53,10 @@ from typing import Optional
 
 from . import _linux, channel
 from .cgroups import Cgroups, JobGroup
-from .sandbox import Confiner
 from .proctree import JOB_MARKER_ENV, child_pids, count_tree, is_zombie, kill_tree, marker_of, stat_fields
 from .dirs import remove_tree
 from .handover import WarmJobs
+from .rulesets import Confiner
 from .running import RunningJob
 from .spawn import (DEVNULL, RULESET_BUILDER, give_back_memory, keep_own_peak_resettable, memfd_holding,
                     start_tool)
@@ -397,7 +397,7 @@ class Worker:
         if start.sandbox is not None:
             job.private_tmp = job.tmpdir if start.cwd is None else self._private_dir()
             job.sandbox_tmp = None if start.cwd is None else job.private_tmp  # removed with the job
-            job.ruleset = self._confiner().ruleset(start.python, start.sandbox, (cwd, job.private_tmp))
+            job.rulesets = self._confiner().rulesets(start.python, start.sandbox, (cwd, job.private_tmp))
         return argv, self.job_env(job), cwd
 
     def _spawn(self, job: RunningJob, argv: list, env: dict, cwd: str) -> None:
@@ -407,7 +407,7 @@ class Worker:
                 try:
                     pid, readers = start_tool(argv, env, cwd, start.limits, self.spawn_method, stdin_fd,
                                               not start.network, join_fds, start.separate_stderr,
-                                              job.ruleset_fd())
+                                              job.confinement())
                     break
                 except BlockingIOError:
                     # EAGAIN: the process cap (a cgroup's pids.max, RLIMIT_NPROC)
@@ -417,7 +417,7 @@ class Worker:
                         raise
                     self._reap()
                     time.sleep(SPAWN_RETRY_S)
-        job.close_ruleset()  # the tool holds its domain now
+        job.close_rulesets()  # the tool holds its domain now
         self.running(job, pid, readers)
 
     @contextlib.contextmanager
@@ -536,7 +536,7 @@ class Worker:
         if job.start.job_id not in self.jobs:
             return
         del self.jobs[job.start.job_id]
-        job.close_ruleset()  # a warm job keeps it until now (a requeue needs it), or the tool never started
+        job.close_rulesets()  # a warm job keeps them until now (a requeue needs them), or the tool never started
         if not self.jobs:
             self.idle_since = time.monotonic()
             heapq.heappush(self.timers, (self.idle_since + REHEARSE_WHEN_IDLE_S, 0, "rehearse"))

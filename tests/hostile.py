@@ -542,6 +542,21 @@ SANDBOX_ATTACKS = [
         "    os._exit(0)\n"
         "if pid < 0:\n    " + _refused("os.strerror(ctypes.get_errno())") + "\n"
         "else:\n    os.waitpid(pid, 0)\n"), root=True, needs="a cgroup v2 hierarchy the worker has a group in"),
+    _attack("read_etc_shadow", "shell", "head -c 1 /etc/shadow > /dev/null && echo ESCAPED", root=True,
+            needs="an /etc/shadow that only root may read"),
+    _attack("root_only_etc_file", "python",
+            "import os, stat\n"
+            "for top, dirs, files in os.walk('/etc'):\n"
+            "    for name in files:\n"
+            "        path = os.path.join(top, name)\n"
+            "        if not os.path.islink(path) and not os.stat(path).st_mode & stat.S_IROTH:\n"
+            "            try:\n"
+            "                open(path, 'rb').close()\n"
+            "                print(path)\n"
+            "                print('ESCAPED')\n"
+            "            except OSError as exc:\n"
+            "                print('refused', path, exc.strerror)\n", root=True,
+            needs="a file in /etc that only root may read"),
     _attack("raise_rlimit", "shell", "ulimit -Hn 4096 && echo ESCAPED", root=True, needs="CAP_SYS_RESOURCE"),
     _attack("raw_disk", "shell", "head -c 512 @DISK@ > /dev/null && echo ESCAPED", root=True,
             needs="a block device root may read"),

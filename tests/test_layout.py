@@ -14,7 +14,7 @@ CALLER_SIDE = {"execpool.supervisor", "execpool.config", "execpool.lifecycle", "
                "execpool.cli", "execpool.records", "execpool.stats", "execpool.jobfiles", "execpool.lifeline",
                "execpool.serve", "execpool.server", "execpool.metrics", "execpool.httpjobs", "execpool.admission"}
 WORKER_SIDE = {"execpool.worker", "execpool.handover", "execpool.running", "execpool.spawn", "execpool.template",
-               "execpool.warm", "execpool.capture", "execpool._spawn"}
+               "execpool.rulesets", "execpool.warm", "execpool.capture", "execpool._spawn"}
 SHARED = {"execpool.channel", "execpool.jobs", "execpool.result", "execpool.checks", "execpool.proctree",
           "execpool.cgroups", "execpool._linux", "execpool.dirs", "execpool.sandbox"}
 

@@ -243,6 +243,52 @@ def test_sandbox_paths_add_reading_and_writing(pool, tmp_path):
     assert "Permission denied" in strict.output  # the control: the path was not readable before
 
 
+@pytest.fixture
+def etc_dir():
+    """A directory of this test's own in /etc (root only): a public file and
+    one only root may read, removed whatever happens."""
+    if os.getuid() != 0:
+        pytest.skip("needs root, to write into /etc")
+    path = tempfile.mkdtemp(prefix="execpool-test-", dir="/etc")
+    try:
+        os.chmod(path, 0o755)
+        for name, mode in (("public", 0o644), ("private", 0o600)):
+            with open(os.path.join(path, name), "w") as f:
+                f.write(f"{name} 1\n")
+            os.chmod(os.path.join(path, name), mode)
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_what_only_root_may_read_in_etc_stays_hidden_as_etc_changes(pool, etc_dir, warm):
+    """The world-readable layer (execpool/rulesets.py) follows /etc: a
+    directory made after the worker started, and a file replaced by a
+    rename -- a new inode -- are seen; a root-only file stays hidden,
+    unless the job's Sandbox names it."""
+    public, private = os.path.join(etc_dir, "public"), os.path.join(etc_dir, "private")
+    read = ("import sys\nfor path in sys.argv[1:] or {paths!r}:\n"
+            "    try:\n        print(open(path).read(), end='')\n"
+            "    except OSError as exc:\n        print(path, exc.strerror)\n")
+
+    def job(sandbox, *paths):
+        return PythonJob(read.format(paths=list(paths)), sandbox=sandbox, warm=warm, timeout=60)
+
+    control = pool.run(job(False, public, private))
+    assert control.output == "public 1\nprivate 1\n", control.text
+    first = pool.run(job("strict", public, private))
+    assert first.output == f"public 1\n{private} Permission denied\n", first.text
+    replacement = os.path.join(etc_dir, ".public.new")
+    with open(replacement, "w") as f:
+        f.write("public 2\n")
+    os.chmod(replacement, 0o644)
+    os.rename(replacement, public)
+    assert pool.run(job("strict", public)).output == "public 2\n"
+    named = pool.run(job(Sandbox(read=[private]), public, private))
+    assert named.output == "public 2\nprivate 1\n", named.text
+
+
 def test_a_sandbox_path_that_cannot_be_opened_fails_the_job_clearly(pool, tmp_path):
     missing = str(tmp_path / "missing")
     result = pool.run(ShellJob(f"echo ran > {tmp_path}/ran", sandbox=Sandbox(read=[missing])))
@@ -389,9 +435,9 @@ def test_where_the_kernel_lacks_landlock_a_sandboxed_job_fails_and_never_runs(tm
     assert not marker.exists()
 
 
-def test_a_sandboxed_job_whose_ruleset_is_gone_is_never_started():
-    """A warm job requeued after its spare died keeps its ruleset until it
-    ends; were it gone, the job would fail rather than start unconfined."""
+def test_a_sandboxed_job_whose_rulesets_are_gone_is_never_started():
+    """A warm job requeued after its spare died keeps its rulesets until it
+    ends; were they gone, the job would fail rather than start unconfined."""
     import dataclasses
 
     from execpool import channel
@@ -402,8 +448,8 @@ def test_a_sandboxed_job_whose_ruleset_is_gone_is_never_started():
                           limits=Limits(), live_cap=None, max_output_chars=10, keep_background=False,
                           python=sys.executable, stdin=None, warm=True, network=True, sandbox=Sandbox())
     with pytest.raises(OSError, match="not started unconfined"):
-        RunningJob(start, "marker").ruleset_fd()
-    assert RunningJob(dataclasses.replace(start, sandbox=None), "marker").ruleset_fd() == -1
+        RunningJob(start, "marker").confinement()
+    assert RunningJob(dataclasses.replace(start, sandbox=None), "marker").confinement() == ()
 
 
 def test_a_forged_sandbox_in_a_start_message_is_refused():
@@ -473,15 +519,17 @@ def test_the_tool_layer_runs_model_code_in_the_strict_sandbox(tmp_path, monkeypa
         assert tool_layer.python_exec(read_secret, pool=pool, session_id="s") == "s3cret\n"  # the control
 
 
-#: Where execpool._spawn is not built: the ruleset through ctypes
+#: Where execpool._spawn is not built: the rulesets through ctypes
 #: (build_ruleset) and entered through ctypes (enter), in a fresh process.
 PURE_PYTHON = textwrap.dedent("""
     import os, socket, sys
-    from execpool.sandbox import Confiner, Sandbox, enter
+    from execpool.rulesets import Confiner
+    from execpool.sandbox import Sandbox, enter
     secret, own, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     confiner = Confiner()
-    ruleset = confiner.ruleset(sys.executable, Sandbox(connect=()), (own,))
-    enter(ruleset)
+    rulesets = confiner.rulesets(sys.executable, Sandbox(connect=()), (own,))
+    print("layers", len(rulesets))
+    enter(rulesets)
     open(os.path.join(own, "written"), "w").write("ok")
     for name, attempt in (("read", lambda: open(secret).read()),
                           ("connect", lambda: socket.create_connection(("127.0.0.1", port), timeout=5)),
@@ -505,7 +553,8 @@ def test_the_pure_python_path_confines_as_the_extension_does(tmp_path):
                                str(server.getsockname()[1])], capture_output=True, text=True, timeout=60,
                               env={**os.environ, "PYTHONPATH": REPO})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout == "read Permission denied\nconnect Permission denied\nsignal Operation not permitted\n"
+    assert done.stdout == ("layers 2\nread Permission denied\nconnect Permission denied\n"
+                           "signal Operation not permitted\n")
     assert (own / "written").read_text() == "ok"
 
 
