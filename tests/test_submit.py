@@ -245,7 +245,8 @@ def test_stats_count_what_the_pool_did():
         assert pool.stats().jobs_total == 0
         pool.run(ShellJob("printf 12345"))
         pool.run(ShellJob("exit 3"))
-        pool.run(PythonJob("import time; time.sleep(0.06)"))
+        slept = pool.run(PythonJob("import time; time.sleep(0.06)"))
+        assert slept.status is Status.OK, slept.text  # what went wrong, should it ever
         text = []
         future = pool.submit(ShellJob("echo up; sleep 30"), on_event=lambda e: text.append(e.text))
         assert wait_for(lambda: text, DEADLINE_S)
