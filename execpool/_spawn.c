@@ -20,6 +20,7 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
@@ -27,6 +28,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -51,24 +53,84 @@ static const int limit_resources[] = {RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMI
 static const char *const step_names[] = {
     "setsid", "prctl(PR_SET_PDEATHSIG)", "setrlimit", "chdir", "dup2", "execve", "unshare(CLONE_NEWNET)",
     "joining the job's cgroup", "close_range", "prctl(PR_SET_NO_NEW_PRIVS)", "dropping capabilities",
-    "landlock_restrict_self", "prctl(PR_SET_SECCOMP)",
+    "landlock_restrict_self", "prctl(PR_SET_SECCOMP)", "unshare(CLONE_NEWNS)",
+    "mapping the user namespace's ids", "mount_setattr (the read-only view)", "binding a writable path",
 };
 
 /* What a sandboxed tool's child needs, all prepared by the parent. */
 #define MAX_RULESETS 4
+#define MAX_WRITABLE 64
+#define VIEW_NONE 0
+#define VIEW_MOUNT_NS 1 /* the worker holds CAP_SYS_ADMIN */
+#define VIEW_USER_NS 2  /* a user namespace of its own first, ids mapped to themselves */
 struct confinement {
     int n_rulesets; /* 0: no sandbox */
     int rulesets[MAX_RULESETS];
     int last_cap;
     int drop_bounding;
     struct sock_fprog filter;
+    int view;
+    const char *uid_map, *gid_map, *cwd;
+    const char *writable[MAX_WRITABLE];
+    int n_writable;
 };
 
-/* No new privileges, no capabilities (a root tool keeps its uid and loses
- * every capability, so nothing it execs gains one either), the Landlock
- * layers in order, the seccomp filter: execpool/sandbox.py says why each.
- * Returns the failing step, or -1. */
+/* include/uapi/linux/mount.h, spelled out for older build headers. */
+struct mount_attr_ {
+    unsigned long long attr_set, attr_clr, propagation, userns_fd;
+};
+#define SYS_mount_setattr_ 442 /* the same number on every architecture */
+#define MOUNT_ATTR_RDONLY_ 0x1ULL
+#define AT_RECURSIVE_ 0x8000
+
+static int write_file(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t length = (ssize_t)strlen(text), done = write(fd, text, (size_t)length);
+    close(fd);
+    return done == length ? 0 : -1;
+}
+
+/* Every mount read-only but the job's writable paths, each bound on
+ * itself and made writable again, in a mount namespace of the tool's own
+ * (whose changes never reach the worker's: slave propagation); then the
+ * working directory again, so that it is the writable one. Returns the
+ * failing step, or -1. */
+static int make_view(const struct confinement *c) {
+    if (c->view == VIEW_USER_NS) {
+        /* A non-dumpable worker's child owns none of its /proc files, so it
+         * could not write its maps; the exec to come makes it dumpable
+         * anyway (a warm job's spare: its own job only). */
+        if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0 || unshare(CLONE_NEWUSER | CLONE_NEWNS) < 0)
+            return 13;
+        if (write_file("/proc/self/setgroups", "deny") < 0 || write_file("/proc/self/uid_map", c->uid_map) < 0 ||
+            write_file("/proc/self/gid_map", c->gid_map) < 0)
+            return 14;
+    } else if (unshare(CLONE_NEWNS) < 0) {
+        return 13;
+    }
+    struct mount_attr_ read_only = {MOUNT_ATTR_RDONLY_, 0, MS_SLAVE, 0};
+    if (syscall(SYS_mount_setattr_, AT_FDCWD, "/", AT_RECURSIVE_, &read_only, sizeof read_only) < 0)
+        return 15;
+    struct mount_attr_ writable = {0, MOUNT_ATTR_RDONLY_, 0, 0};
+    for (int i = 0; i < c->n_writable; i++)
+        if (mount(c->writable[i], c->writable[i], NULL, MS_BIND | MS_REC, NULL) < 0 ||
+            syscall(SYS_mount_setattr_, AT_FDCWD, c->writable[i], 0, &writable, sizeof writable) < 0)
+            return 16;
+    if (chdir(c->cwd) < 0)
+        return 3;
+    return -1;
+}
+
+/* The read-only view, no new privileges, no capabilities (a root tool
+ * keeps its uid and loses every capability, so nothing it execs gains one
+ * either), the Landlock layers in order, the seccomp filter:
+ * execpool/sandbox.py says why each. Returns the failing step, or -1. */
 static int confine(const struct confinement *c) {
+    int step;
+    if (c->view != VIEW_NONE && (step = make_view(c)) >= 0)
+        return step;
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         return 9;
     if (c->drop_bounding)
@@ -250,16 +312,45 @@ PyDoc_STRVAR(spawn_doc,
 "network namespace of its own (only a loopback that is down) when\n"
 "no_network is true, after writing \"0\" to each of join_fds (open\n"
 "cgroup.procs files), and, unless sandbox is None, confined by it: a tuple\n"
-"(ruleset_fds, seccomp_filter_bytes, last_cap, drop_bounding) from\n"
+"(ruleset_fds, seccomp_filter_bytes, last_cap, drop_bounding, view) from\n"
 "execpool.sandbox.child_arguments. Raises OSError naming the step that failed.");
 
-/* Fill *c from (ruleset_fds, seccomp_filter_bytes, last_cap, drop_bounding):
- * at least one ruleset, and a filter; 0, or -1 with an exception set. */
+/* Fill the view of *c from None or (kind, uid_map, gid_map, writable paths,
+ * cwd), all bytes; pointers into `view`, which the caller keeps alive. */
+static int parse_view(PyObject *view, struct confinement *c) {
+    PyObject *writable;
+    if (view == Py_None)
+        return 0;
+    if (!PyArg_ParseTuple(view, "iyyOy", &c->view, &c->uid_map, &c->gid_map, &writable, &c->cwd))
+        return -1;
+    if (c->view != VIEW_MOUNT_NS && c->view != VIEW_USER_NS) {
+        PyErr_Format(PyExc_ValueError, "not a kind of view: %d", c->view);
+        return -1;
+    }
+    if (!PyTuple_Check(writable) || PyTuple_GET_SIZE(writable) > MAX_WRITABLE) {
+        PyErr_Format(PyExc_ValueError, "the view's writable paths: a tuple of at most %d", MAX_WRITABLE);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(writable); i++) {
+        PyObject *path = PyTuple_GET_ITEM(writable, i);
+        if (!PyBytes_Check(path)) {
+            PyErr_SetString(PyExc_TypeError, "the view's writable paths must be bytes");
+            return -1;
+        }
+        c->writable[i] = PyBytes_AS_STRING(path);
+    }
+    c->n_writable = (int)PyTuple_GET_SIZE(writable);
+    return 0;
+}
+
+/* Fill *c from (ruleset_fds, seccomp_filter_bytes, last_cap, drop_bounding,
+ * view): at least one ruleset, and a filter; 0, or -1 with an exception set. */
 static int parse_confinement(PyObject *args, struct confinement *c) {
-    PyObject *fds;
+    PyObject *fds, *view;
     const char *filter;
     Py_ssize_t filter_size;
-    if (!PyArg_ParseTuple(args, "Oy#ip", &fds, &filter, &filter_size, &c->last_cap, &c->drop_bounding))
+    if (!PyArg_ParseTuple(args, "Oy#ipO", &fds, &filter, &filter_size, &c->last_cap, &c->drop_bounding, &view) ||
+        parse_view(view, c) < 0)
         return -1;
     PyObject *fast = PySequence_Fast(fds, "the sandbox's rulesets must be a sequence of descriptors");
     if (fast == NULL)
@@ -446,7 +537,7 @@ static PyObject *ruleset(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(confine_doc,
-"confine(ruleset_fds, seccomp_filter_bytes, last_cap, drop_bounding)\n\n"
+"confine(ruleset_fds, seccomp_filter_bytes, last_cap, drop_bounding, view)\n\n"
 "Enter the sandbox in the calling process, as spawn's child does: what a\n"
 "forked tool or a warm spare runs (execpool.sandbox.enter does the same\n"
 "through ctypes, a few hundred microseconds slower). Raises OSError.");

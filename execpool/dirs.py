@@ -22,11 +22,17 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 def remove_tree(path: str) -> bool:
     """Remove ``path`` and everything in it; False if something stayed
-    (the caller logs or leaves it for a later sweep, never raises)."""
+    (the caller logs or leaves it for a later sweep, never raises). A job
+    may have left its own directory unreadable (mode 0); its owner, the
+    same user, undoes that first."""
     try:
         top = os.open(path, _DIR_FLAGS)
     except FileNotFoundError:
         return True
+    except PermissionError:
+        if not (_quietly(os.chmod, path, 0o700, follow_symlinks=False) and os.path.isdir(path)):
+            return False
+        return remove_tree(path)
     except OSError:
         return _quietly(os.unlink, path)
     try:

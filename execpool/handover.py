@@ -135,7 +135,7 @@ class WarmJobs:
         start = job.start
         description = memfd_holding("execpool-job", encode_job(job.script, worker.job_env(job), worker.job_cwd(job),
                                                                 start.limits, not start.network,
-                                                                len(job.confinement())))
+                                                                len(job.confinement()), job.writable))
         ready_r, ready_w = os.pipe()
         try:
             with output_pipes(start.separate_stderr) as (readers, out_w, err_w), \

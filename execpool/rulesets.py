@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import pwd
 import stat
 import sys
 import time
@@ -109,19 +110,40 @@ class _PathBeneath(ctypes.Structure):
 
 
 def _python_dirs(python: str) -> List[str]:
-    """Where a Python interpreter's standard library and packages live: its
-    prefix, for the link and for what it points to (a venv's python is a
-    link to its base interpreter). Only a directory that looks like a
-    prefix, so an interpreter in ``~/bin`` does not open the whole home."""
+    """Where a Python interpreter's standard library and packages live: the
+    prefix of what ``python`` resolves to (one holding ``lib/python3*``),
+    and the venv it is named through (one holding ``pyvenv.cfg``: a venv's
+    python is a link to its base interpreter). Never a prefix read off an
+    unresolved path -- ``/bin/python3`` on a merged-/usr system would make
+    it ``/``, whose ``lib`` is ``/usr/lib`` -- and never one that holds
+    home directories (:func:`_too_wide`): OSError then."""
+    real = os.path.realpath(python)
+    prefix = os.path.dirname(os.path.dirname(real))
+    lib = os.path.join(prefix, "lib")
     dirs = []
-    for path in (os.path.abspath(python), os.path.realpath(python)):
-        prefix = os.path.dirname(os.path.dirname(path))
-        lib = os.path.join(prefix, "lib")
-        looks_like_prefix = os.path.exists(os.path.join(prefix, "pyvenv.cfg")) or (
-            os.path.isdir(lib) and any(name.startswith("python3") for name in os.listdir(lib)))
-        if looks_like_prefix:
-            dirs.append(prefix)
+    if os.path.isdir(lib) and any(name.startswith("python3") for name in os.listdir(lib)):
+        dirs.append(prefix)
+    venv = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(python))))
+    if os.path.isfile(os.path.join(venv, "pyvenv.cfg")):
+        dirs.append(venv)
+    for path in dirs:
+        if _too_wide(path):
+            raise OSError(f"the sandbox will not open {path!r} to the interpreter {python!r}: it holds home "
+                          "directories; name an interpreter installed in a prefix of its own")
     return dirs
+
+
+def _homes() -> Set[str]:
+    """Where people keep what a tool must not read: root's home, every
+    login user's (uid 1000 and up) and this process's."""
+    homes = {os.path.expanduser("~")}
+    homes.update(user.pw_dir for user in pwd.getpwall() if user.pw_uid == 0 or user.pw_uid >= 1000)
+    return {os.path.realpath(home) for home in homes if home and os.path.isdir(home)}
+
+
+def _too_wide(path: str) -> bool:
+    """Whether granting ``path`` would grant ``/`` or a home directory."""
+    return path == "/" or any(home == path or _beneath(home, path) for home in _homes())
 
 
 #: ``build(handled_fs, scoped, [(fd, rights), ...], handled_net, [(port,
@@ -297,9 +319,10 @@ class Confiner:
     what the sandbox needs."""
 
     def __init__(self, build: Optional[RulesetBuilder] = None) -> None:
-        support = sandbox_support()
-        if support.missing is not None:
-            raise OSError(support.missing)
+        support = self.support = sandbox_support()
+        missing = support.missing_for(Sandbox(read_only_view=False))
+        if missing is not None:
+            raise OSError(missing)
         self.build = build or build_ruleset
         self.handled = _FS_RIGHTS_BY_ABI.get(support.landlock_abi, _FS_RIGHTS_LATEST)
         self.scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
@@ -307,8 +330,9 @@ class Confiner:
         for path in SYSTEM_DIRS:
             self._grant(grants, path, READ)
         for python in {sys.executable, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
-            for path in ([python] if os.path.isdir(python) else _python_dirs(python)):
-                self._grant(grants, path, READ)
+            for path in ([os.path.realpath(python)] if os.path.isdir(python) else _python_dirs(python)):
+                if not _too_wide(path):  # the job's interpreter gets its own rules, or a clear error
+                    self._grant(grants, path, READ)
         # execpool's own code: the tool layer's /mnt/data shim, and what a
         # warm job's interpreter already runs.
         self._grant(grants, os.path.dirname(os.path.abspath(__file__)), READ)
@@ -342,6 +366,19 @@ class Confiner:
         if not stat.S_ISDIR(os.fstat(fd).st_mode):
             rights &= _FILE_RIGHTS
         return rights
+
+    def writable(self, sandbox: Sandbox, own: Tuple[str, ...]) -> Optional[Tuple[str, ...]]:
+        """The paths a job's read-only view binds writable again -- its
+        ``own`` directories, the sandbox's ``write`` and ``/dev/shm`` --
+        or None for a sandbox without the view. OSError where the machine
+        cannot make it."""
+        if not sandbox.read_only_view:
+            return None
+        missing = self.support.missing_for(sandbox)
+        if missing is not None:
+            raise OSError(missing)
+        shared = (SHARED_MEMORY,) if os.path.isdir(SHARED_MEMORY) else ()
+        return tuple(dict.fromkeys((*own, *sandbox.write, *shared)))
 
     def rulesets(self, python: str, sandbox: Sandbox, own: Tuple[str, ...]) -> Tuple[int, ...]:
         """One job's layers, in the order the tool enters them, as

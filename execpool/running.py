@@ -68,6 +68,8 @@ class RunningJob:
         # them, and its private TMPDIR: ``tmpdir`` for a job without a cwd,
         # else a directory of its own (``sandbox_tmp``), removed like ``tmpdir``.
         self.rulesets: Tuple[int, ...] = ()
+        # What its read-only view binds writable again; None: no view.
+        self.writable: Optional[Tuple[str, ...]] = None
         self.private_tmp: Optional[str] = None
         self.sandbox_tmp: Optional[str] = None
         self.group: Optional[JobGroup] = None

@@ -35,15 +35,19 @@ tries every escape below):
   it raise its hard rlimits (CAP_SYS_RESOURCE) or load a kernel module
   (CAP_SYS_MODULE), and nothing it execs gains one back (no_new_privs, an
   empty bounding set).
-- **A small seccomp filter** for what neither covers: ``clone3`` fails with
-  ENOSYS (libc then uses ``clone``), because ``clone3(CLONE_INTO_CGROUP)``
-  with an ``O_PATH`` descriptor of a cgroup v2 directory -- which Landlock
-  does not check -- moved a sandboxed root tool out of its worker's group;
-  the kernel keyrings (``keyctl``, ``add_key``, ``request_key``: a tool read
-  a key its user had stored) and System V IPC (a tool attached a shared
-  memory segment of another process of its user) fail with EPERM; and a
-  system call of another ABI (i386's ``int 0x80`` on x86_64, x32) fails
-  with ENOSYS, so none of this can be dodged through another table.
+- **A read-only view of every mount but the job's own paths**: a mount
+  namespace of the tool's own (in a user namespace of its own where the
+  worker lacks CAP_SYS_ADMIN) in which every mount is read-only, and the
+  job's directory, its ``TMPDIR``, ``/dev/shm`` and the ``Sandbox``'s
+  ``write`` paths are bound writable again. Landlock does not govern a
+  file's metadata: without this view a tool changed the mode, owner, times
+  and extended attributes of any file its user owned -- a root tool made
+  a file anywhere world-writable or setuid. ``Sandbox(read_only_view=False)``
+  goes without it where the machine cannot make one.
+- **A small seccomp filter** (execpool/seccomp.py, which says why each
+  rule) for what the rest does not cover: ``clone3``, the keyrings, System
+  V IPC, another process's limits and priorities, setuid and setgid files,
+  other system call ABIs.
 
 What the sandbox does not cover is in the README's threat model.
 """
@@ -51,13 +55,15 @@ What the sandbox does not cover is in the README's threat model.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
-import struct
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
-from . import checks
+from . import checks, seccomp
 
 # -- Landlock's ABI (include/uapi/linux/landlock.h) ------------------------------------------------
 
@@ -73,6 +79,7 @@ MIN_LANDLOCK_ABI = 6
 # -- capabilities, seccomp -------------------------------------------------------------------------
 
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_DUMPABLE = 4
 _PR_CAPBSET_DROP = 24
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -81,23 +88,20 @@ _PR_GET_SECCOMP = 21
 _SECCOMP_MODE_FILTER = 2
 _CAP_SETPCAP = 8
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_CAP_SYS_ADMIN = 21
 
-_EPERM = 1
-_ENOSYS = 38
+# -- the read-only view (mount namespaces) ---------------------------------------------------------
 
-#: Per architecture: its AUDIT_ARCH value, and the system calls the filter
-#: refuses with the errno each gets.
-_SECCOMP_TABLES = {
-    "x86_64": (0xC000003E, {"clone3": 435, "keyctl": 250, "add_key": 248, "request_key": 249,
-                            "shmget": 29, "shmat": 30, "shmctl": 31, "semget": 64, "semop": 65, "semctl": 66,
-                            "semtimedop": 220, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71}),
-    "aarch64": (0xC00000B7, {"clone3": 435, "keyctl": 219, "add_key": 217, "request_key": 218,
-                             "shmget": 194, "shmctl": 195, "shmat": 196, "semget": 190, "semctl": 191,
-                             "semtimedop": 192, "semop": 193, "msgget": 186, "msgctl": 187, "msgrcv": 188,
-                             "msgsnd": 189}),
-}
-#: x86_64's x32 system calls are its own numbers with this bit set.
-_X32_BIT = 0x40000000
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_MS_BIND, _MS_REC, _MS_SLAVE = 0x1000, 0x4000, 1 << 19
+_AT_FDCWD, _AT_RECURSIVE = -100, 0x8000
+_MOUNT_ATTR_RDONLY = 1
+_SYS_MOUNT_SETATTR = 442  # the same number on every architecture
+#: How a tool's view is made, as execpool/_spawn.c numbers them: a mount
+#: namespace where the worker holds CAP_SYS_ADMIN, else a user namespace
+#: (the ids mapped to themselves) with a mount namespace in it.
+VIEW_MOUNT_NS, VIEW_USER_NS = 1, 2
 
 _libc = ctypes.CDLL(None, use_errno=True)
 syscall = _libc.syscall
@@ -106,6 +110,11 @@ syscall.restype = ctypes.c_long
 
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
 
 
 def errno_error(call: str) -> OSError:
@@ -132,14 +141,24 @@ class Sandbox:
     port 443 anywhere and no other TCP port, ``connect=()`` no TCP port at
     all; ``bind`` likewise for the ports it may listen on. Only TCP: UDP
     (DNS) and Unix sockets are not governed (``network=False`` takes the
-    whole network away)."""
+    whole network away).
+
+    ``read_only_view`` (True) mounts everything but the job's writable
+    paths read-only for the tool, which is what keeps it from changing the
+    mode, owner or times of files outside them (Landlock does not govern
+    those). It needs a mount namespace: CAP_SYS_ADMIN, or unprivileged user
+    namespaces, which some containers forbid; ``False`` goes without it
+    there, knowingly."""
 
     read: Tuple[str, ...] = ()
     write: Tuple[str, ...] = ()
     connect: Optional[Tuple[int, ...]] = None
     bind: Optional[Tuple[int, ...]] = None
+    read_only_view: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.read_only_view, bool):
+            raise TypeError(f"Sandbox.read_only_view must be a bool, not {type(self.read_only_view).__name__}")
         for name in ("connect", "bind"):
             ports = getattr(self, name)
             if ports is None:
@@ -212,19 +231,67 @@ def _seccomp_works() -> bool:
     return _libc.prctl(_PR_GET_SECCOMP, 0, 0, 0, 0) >= 0
 
 
+#: A new process tries what a tool's view needs (execpool/_spawn.c): a
+#: fresh interpreter, so that neither a threaded caller forks nor the
+#: caller's own mounts change.
+_VIEW_PROBE = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+kind, uid, gid = int(sys.argv[1]), os.geteuid(), os.getegid()
+if libc.unshare(0x10020000 if kind == 2 else 0x20000) != 0:
+    sys.exit("unshare: " + os.strerror(ctypes.get_errno()))
+if kind == 2:
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open("/proc/self/" + name, "w") as f:
+            f.write(text)
+attr = (ctypes.c_uint64 * 4)(1, 0, 1 << 19, 0)
+libc.syscall.restype = ctypes.c_long
+if libc.syscall(442, -100, b"/", 0x8000, attr, 32) != 0:
+    sys.exit("mount_setattr: " + os.strerror(ctypes.get_errno()))
+"""
+
+
 @dataclass(frozen=True)
 class SandboxSupport:
     """What this machine offers the sandbox: ``landlock_abi`` (0: none),
-    whether seccomp filters work for this architecture, and ``missing``:
-    why a sandboxed job cannot run here (None when it can)."""
+    whether seccomp filters work for this architecture, whether tools can
+    get their read-only view (``read_only_view``), and ``missing``: why a
+    job in the strict sandbox cannot run here (None when it can) --
+    ``view_missing`` alone is what ``Sandbox(read_only_view=False)`` does
+    without."""
 
     landlock_abi: int
     seccomp: bool
+    read_only_view: bool
     missing: Optional[str]
+    view_missing: Optional[str] = None
 
     @property
     def available(self) -> bool:
         return self.missing is None
+
+    def missing_for(self, sandbox: "Sandbox") -> Optional[str]:
+        """Why a job in ``sandbox`` cannot run here; None when it can."""
+        if self.missing is not None and self.missing != self.view_missing:
+            return self.missing
+        return self.view_missing if sandbox.read_only_view else None
+
+
+@functools.lru_cache(maxsize=None)
+def _view_missing() -> Optional[str]:
+    kind = view_kind()
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", _VIEW_PROBE, str(kind)], capture_output=True,
+                              text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"the sandbox's read-only view could not be tried here: {exc}"
+    if done.returncode == 0:
+        return None
+    need = "a mount namespace" if kind == VIEW_MOUNT_NS else "an unprivileged user namespace with a mount namespace"
+    return (f"the sandbox's read-only view needs {need}, which this machine refuses "
+            f"({done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}); "
+            "Sandbox(read_only_view=False) runs without it, and then a tool can change the mode, owner and times "
+            "of any file its user owns")
 
 
 def sandbox_support() -> SandboxSupport:
@@ -232,58 +299,33 @@ def sandbox_support() -> SandboxSupport:
     asking for the sandbox where it is missing ends with an ``Execution
     error`` saying the same -- it never runs unsandboxed."""
     abi = landlock_abi()
-    seccomp = platform.machine() in _SECCOMP_TABLES and _seccomp_works()
-    missing = None
+    filters = bool(seccomp.PROGRAM) and _seccomp_works()
+    view_missing = _view_missing()
+    missing = view_missing
     if abi == 0:
         missing = (f"the sandbox needs Landlock (ABI {MIN_LANDLOCK_ABI}, Linux 6.12 or later), and this "
                    "kernel offers none (too old, or Landlock is not enabled in its lsm= list)")
     elif abi < MIN_LANDLOCK_ABI:
         missing = (f"the sandbox needs Landlock ABI {MIN_LANDLOCK_ABI} (signal and abstract-socket scoping, "
                    f"Linux 6.12), and this kernel offers ABI {abi}")
-    elif not seccomp:
+    elif not filters:
         missing = f"the sandbox needs seccomp filters, which are not available for {platform.machine()} here"
-    return SandboxSupport(landlock_abi=abi, seccomp=seccomp, missing=missing)
+    return SandboxSupport(landlock_abi=abi, seccomp=filters, read_only_view=view_missing is None, missing=missing,
+                          view_missing=view_missing)
 
 
 # -- entering it (in the tool's new process) -------------------------------------------------------
 
 
-def _seccomp_program() -> bytes:
-    """The filter, as the kernel's ``struct sock_filter`` array."""
-    table = _SECCOMP_TABLES.get(platform.machine())
-    if table is None:
-        return b""
-    arch, numbers = table
-    errnos = {name: _ENOSYS if name == "clone3" else _EPERM for name in numbers}
-
-    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
-        return struct.pack("=HBBI", code, jt, jf, k)
-
-    ld_w_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    allow, errno_of = 0x7FFF0000, lambda errno: 0x00050000 | errno
-    program = [
-        op(ld_w_abs, 4),  # seccomp_data.arch
-        op(jeq, arch, jt=1),
-        op(ret, errno_of(_ENOSYS)),
-        op(ld_w_abs, 0),  # seccomp_data.nr
-        op(jge, _X32_BIT, jf=1),
-        op(ret, errno_of(_ENOSYS)),
-    ]
-    for name, number in sorted(numbers.items(), key=lambda item: item[1]):
-        program += [op(jeq, number, jf=1), op(ret, errno_of(errnos[name]))]
-    program.append(op(ret, allow))
-    return b"".join(program)
+#: The filter's bytes stay alive here; the C extension gets the same bytes.
+_program_buffer = ctypes.create_string_buffer(seccomp.PROGRAM, len(seccomp.PROGRAM))
+_fprog = _SockFprog(len(seccomp.PROGRAM) // 8, ctypes.cast(_program_buffer, ctypes.c_void_p).value)
 
 
-#: Built once per process; the C extension gets the same bytes.
-SECCOMP_PROGRAM = _seccomp_program()
-_program_buffer = ctypes.create_string_buffer(SECCOMP_PROGRAM, len(SECCOMP_PROGRAM))
-_fprog = _SockFprog(len(SECCOMP_PROGRAM) // 8, ctypes.cast(_program_buffer, ctypes.c_void_p).value)
-
-
-def _capabilities() -> Tuple[int, bool]:
-    """The highest capability number this kernel has, and whether this
-    process may empty its bounding set (it holds CAP_SETPCAP: root)."""
+def _capabilities() -> Tuple[int, bool, bool]:
+    """The highest capability number this kernel has, whether this process
+    may empty its bounding set (it holds CAP_SETPCAP: root), and whether it
+    may make a mount namespace without a user namespace (CAP_SYS_ADMIN)."""
     try:
         with open("/proc/sys/kernel/cap_last_cap") as f:
             last = int(f.read())
@@ -297,28 +339,42 @@ def _capabilities() -> Tuple[int, bool]:
                     effective = int(line.split()[1], 16)
     except (OSError, ValueError):
         pass
-    return last, bool(effective & (1 << _CAP_SETPCAP))
+    return last, bool(effective & (1 << _CAP_SETPCAP)), bool(effective & (1 << _CAP_SYS_ADMIN))
 
 
 class _Capabilities:
     """Read once per process that starts tools, before any fork: a forked
     child (or a spare) then only drops, without reading /proc."""
 
-    known: Optional[Tuple[int, bool]] = None
+    known: Optional[Tuple[int, bool, bool]] = None
 
     @classmethod
-    def get(cls) -> Tuple[int, bool]:
+    def get(cls) -> Tuple[int, bool, bool]:
         if cls.known is None:
             cls.known = _capabilities()
         return cls.known
 
 
-def child_arguments(rulesets: Tuple[int, ...]) -> tuple:
+def view_kind() -> int:
+    """How this process's tools get their view: VIEW_MOUNT_NS or VIEW_USER_NS."""
+    return VIEW_MOUNT_NS if _Capabilities.get()[2] else VIEW_USER_NS
+
+
+def view_arguments(writable: Tuple[str, ...], cwd: str) -> tuple:
+    """The read-only view of a tool whose writable paths are ``writable``
+    and which works in ``cwd``, as execpool._spawn takes it."""
+    uid, gid = os.geteuid(), os.getegid()
+    return (view_kind(), f"{uid} {uid} 1".encode(), f"{gid} {gid} 1".encode(),
+            tuple(os.fsencode(path) for path in writable), os.fsencode(cwd))
+
+
+def child_arguments(rulesets: Tuple[int, ...], view: Optional[tuple]) -> tuple:
     """What execpool._spawn's child needs to enter the sandbox: the rulesets
     (entered in order, each a Landlock layer), the seccomp filter, the
-    highest capability number, and whether to empty the bounding set."""
-    last_cap, drop_bounding = _Capabilities.get()
-    return tuple(rulesets), SECCOMP_PROGRAM, last_cap, drop_bounding
+    highest capability number, whether to empty the bounding set, and the
+    read-only view (:func:`view_arguments`, or None)."""
+    last_cap, drop_bounding, _ = _Capabilities.get()
+    return tuple(rulesets), seccomp.PROGRAM, last_cap, drop_bounding, view
 
 
 def prepare() -> None:
@@ -327,12 +383,39 @@ def prepare() -> None:
     _Capabilities.get()
 
 
-def enter(rulesets: Tuple[int, ...]) -> None:
+def _make_view(view: tuple) -> None:
+    """execpool/_spawn.c's make_view, through ctypes."""
+    kind, uid_map, gid_map, writable, cwd = view
+    if kind == VIEW_USER_NS and _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0) != 0:  # as _spawn.c says why
+        raise errno_error("prctl(PR_SET_DUMPABLE)")
+    if _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS if kind == VIEW_USER_NS else _CLONE_NEWNS) != 0:
+        raise errno_error("unshare(CLONE_NEWNS)")
+    if kind == VIEW_USER_NS:
+        for name, text in (("setgroups", b"deny"), ("uid_map", uid_map), ("gid_map", gid_map)):
+            with open(f"/proc/self/{name}", "wb") as f:
+                f.write(text)
+    read_only = _MountAttr(_MOUNT_ATTR_RDONLY, 0, _MS_SLAVE, 0)
+    if syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD), b"/", ctypes.c_uint(_AT_RECURSIVE),
+               ctypes.byref(read_only), ctypes.c_size_t(ctypes.sizeof(read_only))) != 0:
+        raise errno_error("mount_setattr (the read-only view)")
+    again = _MountAttr(0, _MOUNT_ATTR_RDONLY, 0, 0)
+    for path in writable:
+        if _libc.mount(path, path, None, _MS_BIND | _MS_REC, None) != 0 or syscall(
+                ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD), path, ctypes.c_uint(0),
+                ctypes.byref(again), ctypes.c_size_t(ctypes.sizeof(again))) != 0:
+            raise errno_error(f"binding a writable path ({os.fsdecode(path)})")
+    os.chdir(cwd)
+
+
+def enter(rulesets: Tuple[int, ...], view: Optional[tuple] = None) -> None:
     """Confine the calling process for good, in the order execpool._spawn
-    does it: no new privileges, no capabilities, the Landlock layers, the
-    seccomp filter. For a freshly forked tool or a warm spare, before any of
-    the job's code runs; raises OSError naming the step that failed."""
-    last_cap, drop_bounding = _Capabilities.get()
+    does it: the read-only view (:func:`view_arguments`), no new
+    privileges, no capabilities, the Landlock layers, the seccomp filter.
+    For a freshly forked tool or a warm spare, before any of the job's code
+    runs; raises OSError naming the step that failed."""
+    if view is not None:
+        _make_view(view)
+    last_cap, drop_bounding, _ = _Capabilities.get()
     if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise errno_error("prctl(PR_SET_NO_NEW_PRIVS)")
     if drop_bounding:

@@ -22,7 +22,7 @@ import ctypes
 import os
 import resource
 import signal
-from typing import Callable, Iterator, NoReturn, Tuple
+from typing import Callable, Iterator, NoReturn, Optional, Tuple
 
 from . import _linux, sandbox, warm
 from .jobs import Limits
@@ -98,22 +98,23 @@ give_back_memory = _OwnMemory.give_back
 
 def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str, stdin_fd: int = -1,
                no_network: bool = False, join_fds: list = (), separate_stderr: bool = False,
-               rulesets: Tuple[int, ...] = ()) -> tuple[int, list]:
+               rulesets: Tuple[int, ...] = (), writable: Optional[Tuple[str, ...]] = None) -> tuple[int, list]:
     """Start one tool with ``method`` "vfork" or "fork"; return its pid and
     the read ends of its output pipes (see :func:`output_pipes`). Its
     ``rulesets`` (execpool/rulesets.py), if any, confine the tool before it
-    runs."""
+    runs, in a read-only view but for its ``writable`` paths unless those
+    are None."""
     stdin_fd = DEVNULL if stdin_fd < 0 else stdin_fd
     _OwnMemory.reset_peak()
     with output_pipes(separate_stderr) as (readers, out_w, err_w):
         if method == "vfork":
             envp = [f"{key}={value}" for key, value in env.items()]
-            confinement = sandbox.child_arguments(rulesets) if rulesets else None
+            confinement = sandbox.child_arguments(rulesets, _view(writable, cwd)) if rulesets else None
             pid = _spawn.spawn(argv, envp, cwd, rlimit_values(limits), stdin_fd, out_w, err_w, no_network,
                                list(join_fds), confinement)
         else:
             pid = _fork_child(cwd, rlimit_values(limits), (stdin_fd, out_w, err_w), no_network, list(join_fds),
-                              _exec(argv, env), rulesets)
+                              _exec(argv, env), rulesets, writable)
     return pid, readers
 
 
@@ -171,6 +172,10 @@ def rlimit_values(limits: Limits) -> tuple:
     return tuple(-1 if getattr(limits, field) is None else getattr(limits, field) for field in RLIMIT_FIELDS)
 
 
+def _view(writable: Optional[Tuple[str, ...]], cwd: str) -> Optional[tuple]:
+    return None if writable is None else sandbox.view_arguments(writable, cwd)
+
+
 def _exec(argv: list, env: dict) -> Callable[[int], None]:
     def then(_ready_fd: int) -> None:
         # exec resets caught signals itself; ignored ones would stay ignored.
@@ -186,7 +191,8 @@ def run_warm(script: str, env: dict) -> Callable[[int], None]:
 
 
 def _fork_child(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_fds: list,
-                then: Callable[[int], None], rulesets: Tuple[int, ...] = ()) -> int:
+                then: Callable[[int], None], rulesets: Tuple[int, ...] = (),
+                writable: Optional[Tuple[str, ...]] = None) -> int:
     """Fork, set the child up as every tool is set up, then hand it to
     ``then(ready_fd)``, which execs."""
     ready_r, ready_w = os.pipe()
@@ -194,7 +200,7 @@ def _fork_child(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_f
     pid = os.fork()
     if pid == 0:
         os.close(ready_r)
-        become_tool(cwd, rlimits, stdio, no_network, join_fds, ready_w, worker_pid, then, rulesets)
+        become_tool(cwd, rlimits, stdio, no_network, join_fds, ready_w, worker_pid, then, rulesets, writable)
     os.close(ready_w)
     failure = b""
     while chunk := os.read(ready_r, 4096):  # EOF: the exec closed it
@@ -207,9 +213,11 @@ def _fork_child(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_f
 
 
 def become_tool(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_fds: list, ready_w: int,
-                parent_pid: int, then: Callable[[int], None], rulesets: Tuple[int, ...] = ()) -> NoReturn:
+                parent_pid: int, then: Callable[[int], None], rulesets: Tuple[int, ...] = (),
+                writable: Optional[Tuple[str, ...]] = None) -> NoReturn:
     """In a fork of the worker (or a spare): the session, death signal,
-    directory, pipes, sandbox (when given ``rulesets``) and limits every
+    directory, pipes, sandbox (when given ``rulesets``, and ``writable``
+    for its read-only view) and limits every
     tool gets; ``stdio`` holds what goes on fds 0, 1 and 2. A failure before
     ``then`` takes over reaches the worker through ``ready_w``."""
     try:
@@ -226,9 +234,9 @@ def become_tool(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_f
             os.dup2(fd, target)
         if rulesets:
             if _spawn is not None:
-                _spawn.confine(*sandbox.child_arguments(rulesets))
+                _spawn.confine(*sandbox.child_arguments(rulesets, _view(writable, cwd)))
             else:
-                sandbox.enter(rulesets)
+                sandbox.enter(rulesets, _view(writable, cwd))
         close_all_but(ready_w)  # the worker's pipes, selector and channel are not the tool's
         _apply_limits(rlimits)
         then(ready_w)

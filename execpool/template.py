@@ -88,24 +88,26 @@ SPARE_NAME = "execpool-spare"
 _UNLIMITED = Limits(address_space=None, cpu_seconds=None, file_size=None, open_files=None)
 
 
-def encode_job(script: str, env: dict, cwd: str, limits: Limits, no_network: bool, rulesets: int) -> bytes:
+def encode_job(script: str, env: dict, cwd: str, limits: Limits, no_network: bool, rulesets: int,
+               writable: Optional[tuple]) -> bytes:
     """marshal, not pickle: it builds plain values in C -- no class is
     looked up, nothing is called -- and it runs little Python in a spare,
     whose every page touched is a copy-on-write fault on a warm job's path."""
-    return marshal.dumps((script, env, cwd, rlimit_values(limits), no_network, rulesets))
+    return marshal.dumps((script, env, cwd, rlimit_values(limits), no_network, rulesets, writable))
 
 
-def decode_job(data: bytes) -> tuple[str, dict, str, tuple, bool, int]:
+def decode_job(data: bytes) -> tuple[str, dict, str, tuple, bool, int, Optional[tuple]]:
     """The hand-over's description, checked field by field: a spare takes
     nothing but what :func:`encode_job` writes."""
-    script, env, cwd, rlimits, no_network, rulesets = marshal.loads(data)
+    script, env, cwd, rlimits, no_network, rulesets, writable = marshal.loads(data)
     if not (type(script) is str and type(cwd) is str and type(no_network) is bool and type(env) is dict
             and type(rulesets) is int and 0 <= rulesets <= MAX_RULESETS
+            and (writable is None or type(writable) is tuple and all(type(path) is str for path in writable))
             and all(type(k) is str and type(v) is str for k, v in env.items())
             and type(rlimits) is tuple and len(rlimits) == len(RLIMIT_FIELDS)
             and all(type(value) is int for value in rlimits)):
         raise ValueError("not a warm job description")
-    return script, env, cwd, rlimits, no_network, rulesets
+    return script, env, cwd, rlimits, no_network, rulesets, writable
 
 
 def _taken() -> bytes:
@@ -139,7 +141,7 @@ def main(argv: list) -> NoReturn:
             with contextlib.suppress(BaseException):  # the worker already reported it
                 importlib.import_module(name)
         warm.rehearse()
-        decode_job(encode_job("", {}, "", _UNLIMITED, False, 0))
+        decode_job(encode_job("", {}, "", _UNLIMITED, False, 0, None))
         sandbox.prepare()
         gc.collect()
         gc.freeze()
@@ -187,7 +189,7 @@ def _park(channel: socket.socket, worker_pid: int, name: str) -> NoReturn:
         sock.close()
         description, stdin_fd, out_fd, err_fd, ready_w, *join_fds = fds
         os.write(ready_w, _taken())
-        script, env, cwd, rlimits, no_network, n_rulesets = decode_job(_read_all(description))
+        script, env, cwd, rlimits, no_network, n_rulesets, writable = decode_job(_read_all(description))
         if len(join_fds) < n_rulesets:
             raise ValueError("a sandboxed job came without its rulesets")
         rulesets, join_fds = tuple(join_fds[:n_rulesets]), join_fds[n_rulesets:]
@@ -197,7 +199,7 @@ def _park(channel: socket.socket, worker_pid: int, name: str) -> NoReturn:
             os.write(ready_w, f"warm spare: {exc}".encode("utf-8", "replace")[:2048])
         os._exit(127)
     become_tool(cwd, rlimits, (stdin_fd, out_fd, err_fd), no_network, join_fds, ready_w, worker_pid,
-                run_warm(script, env), rulesets)
+                run_warm(script, env), rulesets, writable)
 
 
 # -- the worker's handles -------------------------------------------------------

@@ -397,7 +397,9 @@ class Worker:
         if start.sandbox is not None:
             job.private_tmp = job.tmpdir if start.cwd is None else self._private_dir()
             job.sandbox_tmp = None if start.cwd is None else job.private_tmp  # removed with the job
-            job.rulesets = self._confiner().rulesets(start.python, start.sandbox, (cwd, job.private_tmp))
+            confiner = self._confiner()
+            job.writable = confiner.writable(start.sandbox, (cwd, job.private_tmp))
+            job.rulesets = confiner.rulesets(start.python, start.sandbox, (cwd, job.private_tmp))
         return argv, self.job_env(job), cwd
 
     def _spawn(self, job: RunningJob, argv: list, env: dict, cwd: str) -> None:
@@ -407,7 +409,7 @@ class Worker:
                 try:
                     pid, readers = start_tool(argv, env, cwd, start.limits, self.spawn_method, stdin_fd,
                                               not start.network, join_fds, start.separate_stderr,
-                                              job.confinement())
+                                              job.confinement(), job.writable)
                     break
                 except BlockingIOError:
                     # EAGAIN: the process cap (a cgroup's pids.max, RLIMIT_NPROC)

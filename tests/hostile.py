@@ -591,4 +591,33 @@ SANDBOX_ATTACKS = [
         "    if at is None or at == ctypes.c_void_p(-1).value:\n        "
         + _refused("os.strerror(ctypes.get_errno())") + "\n"
         "    else:\n        print('ESCAPED' if ctypes.string_at(at, 16) == b'@SHM_VALUE@' else 'other data')\n")),
+    # Metadata, which Landlock does not govern (the read-only view refuses it).
+    # Each control puts back what it changed.
+    _attack("chmod_outside", "shell",
+            "m=$(stat -c %a @OUTSIDE@); chmod 0701 @OUTSIDE@ && echo ESCAPED; chmod \"$m\" @OUTSIDE@"),
+    _attack("utime_outside", "shell",
+            "t=$(stat -c %Y @CWD_SECRET@); touch -m -d @2 @CWD_SECRET@ && echo ESCAPED; touch -m -d \"@$t\" @CWD_SECRET@"),
+    _attack("chmod_jobs_dir", "shell",
+            'd=$(dirname "$PWD"); m=$(stat -c %a "$d"); chmod 0 "$d" && echo ESCAPED; chmod "$m" "$d"'),
+    _attack("setuid_file", "shell", "cp /bin/true suid && chmod 4755 suid && [ -u suid ] && echo ESCAPED"),
+    _attack("setuid_in_shm", "python",
+            "import os, stat\npath = '/dev/shm/execpool-test-suid-%d' % os.getpid()\ntry:\n"
+            "    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o4755))\n"
+            "    if os.stat(path).st_mode & stat.S_ISUID:\n        print('ESCAPED')\n"
+            "except OSError as exc:\n    " + _refused("exc") + "\nfinally:\n"
+            "    if os.path.exists(path):\n        os.unlink(path)\n"),
+    # Another process's limits and priority (checked against the uid, not
+    # ptrace): each control sets what was already there.
+    _attack("prlimit_worker", "python",
+            "import os, resource\nparent = os.getppid()\ntry:\n"
+            "    resource.prlimit(parent, resource.RLIMIT_CORE, resource.prlimit(parent, resource.RLIMIT_CORE))\n"
+            "    print('ESCAPED')\nexcept OSError as exc:\n    " + _refused("exc")),
+    _attack("renice_worker", "python",
+            "import os\nparent = os.getppid()\ntry:\n"
+            "    os.setpriority(os.PRIO_PROCESS, parent, os.getpriority(os.PRIO_PROCESS, parent))\n"
+            "    print('ESCAPED')\nexcept OSError as exc:\n    " + _refused("exc")),
+    _attack("affinity_worker", "python",
+            "import os\nparent = os.getppid()\ntry:\n"
+            "    os.sched_setaffinity(parent, os.sched_getaffinity(parent))\n"
+            "    print('ESCAPED')\nexcept OSError as exc:\n    " + _refused("exc")),
 ]

@@ -25,7 +25,7 @@ import threading
 
 from execpool import ExecPool, PythonJob, ShellJob
 from execpool.jobs import Limits
-from execpool.sandbox import _SECCOMP_TABLES
+from execpool.seccomp import TABLES
 
 VICTIM = 'echo victim-secret > victim-secret; echo "VICTIM $$ $PWD"; exec sleep 600'
 READY_S = 30.0
@@ -36,11 +36,11 @@ _libc.shmat.restype = ctypes.c_void_p
 
 
 def _keyctl_number() -> int:
-    return _SECCOMP_TABLES[platform.machine()][1]["keyctl"]
+    return TABLES[platform.machine()][1]["keyctl"]
 
 
 def _add_key(name: str, value: bytes) -> int:
-    add_key = _SECCOMP_TABLES[platform.machine()][1]["add_key"]
+    add_key = TABLES[platform.machine()][1]["add_key"]
     key = _libc.syscall(add_key, b"user", name.encode(), value, len(value), ctypes.c_long(-4))  # @u
     if key < 0:
         raise OSError(ctypes.get_errno(), "add_key")

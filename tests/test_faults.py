@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -16,7 +18,8 @@ import pytest
 
 import hostile
 from execpool import ExecPool, Limits, PythonJob, ShellJob, dispatch
-from helpers import all_dead, marked_processes, open_fds, pids_in, wait_for, worker_records
+from helpers import (UNPRIVILEGED, all_dead, marked_processes, open_fds, pids_in, unprivileged_python,
+                     unprivileged_pythonpath, wait_for, worker_records)
 
 
 def test_sigkill_of_a_worker_fails_only_its_jobs_and_the_pool_recovers():
@@ -293,6 +296,28 @@ def test_remove_tree_removes_any_depth_and_follows_no_symlink(tmp_path):
     keep.write_text("not in the tree")
     assert remove_tree(str(top))
     assert not top.exists() and keep.read_text() == "not in the tree"
+
+
+def test_remove_tree_removes_a_directory_its_job_made_unreadable_as_nobody(tmp_path):
+    """Red team: a sandboxed job of a ``nobody`` pool ran ``chmod 0 .`` on
+    its own directory, which the worker then could not open to empty."""
+    python = unprivileged_python()
+    if os.getuid() != 0 or python is None:
+        pytest.skip("needs root, to run as nobody")
+    base = tempfile.mkdtemp(prefix="execpool-test-")  # tmp_path's parents are root's alone
+    os.chmod(base, 0o777)
+    script = ("import os, sys\nfrom execpool.dirs import remove_tree\n"
+              "top = os.path.join(sys.argv[1], 'job')\nos.makedirs(os.path.join(top, 'sub'))\n"
+              "open(os.path.join(top, 'sub', 'f'), 'w').close()\n"
+              "os.chmod(os.path.join(top, 'sub'), 0)\nos.chmod(top, 0)\n"
+              "print(remove_tree(top), os.path.exists(top))\n")
+    try:
+        done = subprocess.run([python, "-c", script, base], capture_output=True, text=True, timeout=60,
+                              user=UNPRIVILEGED, group=UNPRIVILEGED, extra_groups=[], cwd="/",
+                              env={"PYTHONPATH": unprivileged_pythonpath(base)})
+    finally:
+        shutil.rmtree(base)
+    assert done.stdout == "True False\n", done.stderr[-2000:]
 
 
 def test_remove_tree_cannot_be_blocked_by_taking_the_names_it_hoists_into(tmp_path):

@@ -16,7 +16,7 @@ CALLER_SIDE = {"execpool.supervisor", "execpool.config", "execpool.lifecycle", "
 WORKER_SIDE = {"execpool.worker", "execpool.handover", "execpool.running", "execpool.spawn", "execpool.template",
                "execpool.rulesets", "execpool.warm", "execpool.capture", "execpool._spawn"}
 SHARED = {"execpool.channel", "execpool.jobs", "execpool.result", "execpool.checks", "execpool.proctree",
-          "execpool.cgroups", "execpool._linux", "execpool.dirs", "execpool.sandbox"}
+          "execpool.cgroups", "execpool._linux", "execpool.dirs", "execpool.sandbox", "execpool.seccomp"}
 
 
 def _loaded_by(*modules: str) -> set:

@@ -236,7 +236,8 @@ def test_sandbox_paths_add_reading_and_writing(pool, tmp_path):
     (readable / "data").write_text("shared data\n")
     probe = f"cat {readable}/data; echo x > {readable}/nope; echo written > {writable}/out && echo wrote"
     added = pool.run(ShellJob(probe, sandbox=Sandbox(read=[str(readable)], write=[str(writable)])))
-    assert added.output.startswith("shared data\n") and "nope: Permission denied" in added.output, added.output
+    # Landlock refuses the write; the read-only view refuses it first
+    assert added.output.startswith("shared data\n") and "nope: Read-only file system" in added.output, added.output
     assert added.output.endswith("wrote\n") and (writable / "out").read_text() == "written\n"
     assert not (readable / "nope").exists()
     strict = pool.run(ShellJob(f"cat {readable}/data", sandbox="strict"))
@@ -287,6 +288,41 @@ def test_what_only_root_may_read_in_etc_stays_hidden_as_etc_changes(pool, etc_di
     assert pool.run(job("strict", public)).output == "public 2\n"
     named = pool.run(job(Sandbox(read=[private]), public, private))
     assert named.output == "public 2\nprivate 1\n", named.text
+
+
+def test_an_interpreter_named_through_a_linked_directory_opens_only_its_own_prefix(tmp_path):
+    """Red team: ``python="/bin/python3"`` on a merged-/usr system made the
+    prefix ``/`` (its ``lib`` is ``/usr/lib``, which holds ``python3.11``),
+    and every job could read the whole machine. The same shape here: a
+    ``bin`` linked to the real interpreter's, beside a ``lib/python3.11``."""
+    real = os.path.realpath(sys.executable)
+    fake = tmp_path / "fake"
+    (fake / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}").mkdir(parents=True)
+    (fake / "bin").symlink_to(os.path.dirname(real))
+    secret = fake / "secret"
+    secret.write_text("s3cret\n")
+    with ExecPool(workers=1, sandbox="strict", python=str(fake / "bin" / os.path.basename(real))) as linked:
+        assert "Permission denied" in linked.run(ShellJob(f"cat {secret}")).output
+        assert linked.run(PythonJob("import json\nprint(json.dumps('runs'))")).output == '"runs"\n'
+        assert linked.run(PythonJob(f"print(open({str(secret)!r}).read())", sandbox=False)).output == "s3cret\n\n"
+
+
+def test_an_interpreter_whose_prefix_holds_a_home_is_refused_clearly(tmp_path, monkeypatch):
+    from execpool import rulesets
+
+    home = tmp_path / "home"
+    (home / "bin").mkdir(parents=True)
+    (home / "lib" / "python3.11").mkdir(parents=True)
+    (home / "bin" / "python").write_text("")  # never run: its prefix is what matters
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (tmp_path / "venv" / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
+    monkeypatch.setenv("HOME", str(home))
+    assert rulesets._too_wide(str(home)) and rulesets._too_wide(str(tmp_path)) and rulesets._too_wide("/")
+    assert not rulesets._too_wide(str(home / "lib"))
+    with pytest.raises(OSError, match="holds home directories"):
+        rulesets._python_dirs(str(home / "bin" / "python"))  # a home that looks like a prefix
+    assert str(tmp_path / "venv") in rulesets._python_dirs(str(tmp_path / "venv" / "bin" / "python"))
 
 
 def test_a_sandbox_path_that_cannot_be_opened_fails_the_job_clearly(pool, tmp_path):
@@ -386,30 +422,40 @@ def test_sandbox_values_are_checked():
     assert Sandbox(read=["rel"]).read == (os.path.abspath("rel"),)
     assert ShellJob("true", sandbox="strict").sandbox == Sandbox()
     assert ShellJob("true").sandbox is None and ShellJob("true", sandbox=False).sandbox is False
+    with pytest.raises(TypeError, match="read_only_view"):
+        Sandbox(read_only_view="yes")
 
 
 def test_sandbox_support_reports_what_this_kernel_offers():
     support = sandbox_support()
     assert support.available and support.missing is None
     assert support.landlock_abi >= MIN_LANDLOCK_ABI and support.seccomp
+    assert support.read_only_view and support.view_missing is None
 
 
-#: Runs a pool in a process whose kernel seems to lack Landlock: a seccomp
-#: filter (inherited by its workers and tools) makes landlock_create_ruleset
-#: fail with ENOSYS, as on a kernel built without it.
-NO_LANDLOCK_FILTER = textwrap.dedent("""
+def _refusing(numbers: str, errno: int) -> str:
+    """Code that makes the process running it -- and its workers, tools and
+    probes, which inherit the filter -- see one system call fail with
+    ``errno``: ``numbers`` maps each machine to that call's number."""
+    return textwrap.dedent("""
     import ctypes, json, platform, struct, sys
     libc = ctypes.CDLL(None, use_errno=True)
     arch = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}[platform.machine()]
+    number = %s[platform.machine()]
     op = lambda code, k, jt=0, jf=0: struct.pack("=HBBI", code, jt, jf, k)
     program = b"".join([op(0x20, 4), op(0x15, arch, jt=1), op(0x06, 0x7FFF0000), op(0x20, 0),
-                        op(0x15, 444, jf=1), op(0x06, 0x00050000 | 38), op(0x06, 0x7FFF0000)])
+                        op(0x15, number, jf=1), op(0x06, 0x00050000 | %d), op(0x06, 0x7FFF0000)])
     buffer = ctypes.create_string_buffer(program, len(program))
     class Fprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
     fprog = Fprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p).value)
     assert libc.prctl(38, 1, 0, 0, 0) == 0 and libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0
-""")
+    """) % (numbers, errno)
+
+
+#: Runs a pool in a process whose kernel seems to lack Landlock:
+#: landlock_create_ruleset fails with ENOSYS, as on a kernel built without it.
+NO_LANDLOCK_FILTER = _refusing('{"x86_64": 444, "aarch64": 444}', 38)
 WITHOUT_LANDLOCK = NO_LANDLOCK_FILTER + textwrap.dedent("""
     from execpool import ExecPool, PythonJob, ShellJob, sandbox_support
     marker = sys.argv[1]
@@ -433,6 +479,37 @@ def test_where_the_kernel_lacks_landlock_a_sandboxed_job_fails_and_never_runs(tm
         assert report[kind] == f"Execution error: cannot start the tool: {report['support']}", report
     assert report["plain"] == "plain\n"
     assert not marker.exists()
+
+
+#: Runs a pool where no namespace may be made (unshare fails with EPERM, as
+#: in a container that forbids them): the read-only view is missing.
+WITHOUT_NAMESPACES = _refusing('{"x86_64": 272, "aarch64": 97}', 1) + textwrap.dedent("""
+    from execpool import ExecPool, Sandbox, ShellJob, sandbox_support
+    marker, secret = sys.argv[1], sys.argv[2]
+    support = sandbox_support()
+    with ExecPool(workers=1) as pool:
+        report = {"missing": support.missing, "view_missing": support.view_missing,
+                  "view": support.read_only_view,
+                  "strict": pool.run(ShellJob("echo ran > " + marker, sandbox="strict")).text,
+                  "without_view": pool.run(ShellJob("echo ran > ran; cat " + secret,
+                                                    sandbox=Sandbox(read_only_view=False))).text}
+    print(json.dumps(report))
+""")
+
+
+def test_where_namespaces_are_refused_the_view_is_missing_and_can_be_declined(tmp_path):
+    marker, secret = tmp_path / "ran", tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    done = subprocess.run([sys.executable, "-c", WITHOUT_NAMESPACES, str(marker), str(secret)],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["view"] is False and report["missing"] == report["view_missing"]
+    assert report["missing"].startswith("the sandbox's read-only view needs")
+    assert "Sandbox(read_only_view=False)" in report["missing"]
+    assert report["strict"] == f"Execution error: cannot start the tool: {report['missing']}", report
+    assert not marker.exists()
+    assert report["without_view"].endswith("Permission denied\n"), report  # Landlock still holds
 
 
 def test_a_sandboxed_job_whose_rulesets_are_gone_is_never_started():
@@ -524,14 +601,14 @@ def test_the_tool_layer_runs_model_code_in_the_strict_sandbox(tmp_path, monkeypa
 PURE_PYTHON = textwrap.dedent("""
     import os, socket, sys
     from execpool.rulesets import Confiner
-    from execpool.sandbox import Sandbox, enter
+    from execpool.sandbox import Sandbox, enter, view_arguments
     secret, own, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    confiner = Confiner()
-    rulesets = confiner.rulesets(sys.executable, Sandbox(connect=()), (own,))
+    confiner, sandbox = Confiner(), Sandbox(connect=())
+    rulesets = confiner.rulesets(sys.executable, sandbox, (own,))
     print("layers", len(rulesets))
-    enter(rulesets)
-    open(os.path.join(own, "written"), "w").write("ok")
-    for name, attempt in (("read", lambda: open(secret).read()),
+    enter(rulesets, view_arguments(confiner.writable(sandbox, (own,)), own))
+    open("written", "w").write("ok")
+    for name, attempt in (("read", lambda: open(secret).read()), ("chmod", lambda: os.chmod(secret, 0o666)),
                           ("connect", lambda: socket.create_connection(("127.0.0.1", port), timeout=5)),
                           ("signal", lambda: os.kill(os.getppid(), 0))):
         try:
@@ -553,8 +630,8 @@ def test_the_pure_python_path_confines_as_the_extension_does(tmp_path):
                                str(server.getsockname()[1])], capture_output=True, text=True, timeout=60,
                               env={**os.environ, "PYTHONPATH": REPO})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout == ("layers 2\nread Permission denied\nconnect Permission denied\n"
-                           "signal Operation not permitted\n")
+    assert done.stdout == ("layers 2\nread Permission denied\nchmod Read-only file system\n"
+                           "connect Permission denied\nsignal Operation not permitted\n")
     assert (own / "written").read_text() == "ok"
 
 

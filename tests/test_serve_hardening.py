@@ -11,21 +11,17 @@ import asyncio
 import errno
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
-import psutil
 import pytest
 
 from execpool.admission import Admission, Rejected
 from execpool.httpjobs import MAX_BATCH_JOBS, MAX_FILES
 from helpers import all_dead, alive, wait_for
-from test_serve import DEADLINE_S, REPO, Server, b64
+from test_serve import DEADLINE_S, Server, b64
 
 #: A job that waits for a file the test creates.
 def _gated(gate) -> str:
