@@ -86,7 +86,12 @@ class ExecPool:
     read any process outside its job -- root included; a job's own
     ``sandbox=`` overrides the pool's (``False``: none). Where the kernel
     lacks what it needs, sandboxed jobs end with an ``Execution error``
-    (``execpool.sandbox_support()`` says what is missing). Workers are
+    (``execpool.sandbox_support()`` says what is missing). ``niceness``
+    (-20..19) is the nice value of the workers and so of every tool; None,
+    the default, keeps the caller's -- a Ray worker's is 15, which is why
+    ``RayPool`` passes 0. Lowering it below the caller's needs
+    CAP_SYS_NICE (root); without it the workers keep the caller's value and
+    execpool logs a warning. Workers are
     recycled after ``max_jobs_per_worker`` jobs. The constructor returns
     once every worker is ready (at most ``startup_timeout`` seconds).
 
@@ -120,12 +125,14 @@ class ExecPool:
         cgroups: bool = True,
         warm_spares: int = DEFAULT_WARM_SPARES,
         sandbox: Union[None, str, Sandbox] = None,
+        niceness: Optional[int] = None,
     ) -> None:
         config = PoolConfig(
             workers=workers, python=python, limits=limits, env=env, env_allowlist=env_allowlist,  # type: ignore[arg-type]
             max_output_chars=max_output_chars, max_jobs_per_worker=max_jobs_per_worker,
             startup_timeout=startup_timeout, spawn_method=spawn_method, preload=preload,  # type: ignore[arg-type]
             non_dumpable=non_dumpable, cgroups=cgroups, warm_spares=warm_spares, sandbox=sandbox,  # type: ignore[arg-type]
+            niceness=niceness,
         )
         self._open(config)
 

@@ -121,3 +121,15 @@ def unprivileged_python() -> "str | None":
             if probe.stdout == "1\n":
                 return candidate
     return None
+
+
+def unprivileged_pythonpath(base: str) -> str:
+    """A world-readable directory under ``base`` that puts execpool and
+    psutil on an unprivileged interpreter's path (this checkout and the
+    venv may be root's alone)."""
+    path = os.path.join(base, "farm")
+    os.mkdir(path, 0o755)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.symlink(os.path.join(repo, "execpool"), os.path.join(path, "execpool"))
+    os.symlink(os.path.dirname(psutil.__file__), os.path.join(path, "psutil"))
+    return path
