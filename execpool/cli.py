@@ -168,6 +168,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="do not fdatasync OUT (a killed process still loses nothing; power loss may)")
     batch.add_argument("--sandbox", action="store_true",
                        help="run every job in the strict sandbox: each writes only its directory (see the README)")
+    batch.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                       help="spread the jobs over a Ray cluster: ADDRESS, 'auto' (one running here), 'local' (a new "
+                            "one), or nothing for Ray's default; --workers is then per node")
     progress = batch.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_true", default=None,
                           help="show the progress bar even when stderr is not a terminal")
@@ -580,7 +583,13 @@ class _Batch:
             pool_kwargs["sandbox"] = "strict"
         started = time.monotonic()
         try:
-            pool = ExecPool(**pool_kwargs)
+            if args.ray is None:
+                pool: Any = ExecPool(**pool_kwargs)
+            else:  # the driver keeps OUT, its lock and the bar; each node's actor an ExecPool
+                from .ray import batch_pool
+
+                pool = batch_pool(args.ray, pool_kwargs, args.workers is not None)
+                max_in_flight = args.max_in_flight or pool.default_max_in_flight
         except TypeError as exc:
             raise _UsageError(f"--preload needs an execpool that supports it ({exc})") from None
         except ValueError as exc:  # e.g. a --preload module the workers cannot import

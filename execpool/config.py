@@ -60,6 +60,7 @@ class PoolConfig:
     cgroups: bool = True
     warm_spares: int = DEFAULT_WARM_SPARES
     sandbox: Optional[Sandbox] = None
+    niceness: Optional[int] = None
     tool_env: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -72,6 +73,8 @@ class PoolConfig:
         checks.integer("warm_spares", self.warm_spares, minimum=0, maximum=MAX_WARM_SPARES)
         checks.flag("non_dumpable", self.non_dumpable)
         checks.flag("cgroups", self.cgroups)
+        if self.niceness is not None:
+            checks.integer("niceness", self.niceness, minimum=-20, maximum=19)
         settle(self, "sandbox", pool_sandbox(self.sandbox))
         if not isinstance(self.limits, Limits):
             raise TypeError(f"limits must be an execpool.Limits, not {type(self.limits).__name__}")

@@ -12,8 +12,10 @@ execpool.worker``), its channel on two inherited socket descriptors, its
 runs Python -- never forked from the caller (fork copies a big server's page
 tables, ~24 ms per GiB) and never through multiprocessing's spawn (it
 re-imports the caller's ``__main__``). Where a cgroup v2 hierarchy is
-writable it runs in a group of its own (execpool/cgroups.py), and the pool's
-lifeline (execpool/lifeline.py) is told about it before it starts.
+writable it runs in a group of its own (execpool/cgroups.py). The pool's
+lifeline (execpool/lifeline.py) starts it on the pool's behalf, so that the
+lifeline, a child subreaper, is every worker's parent: what escapes from a
+worker's jobs is handed to it, and killed, should the worker die.
 
 When a worker dies, its cleanup runs on a thread of its own
 (``execpool-cleanup-PID``), not on the dispatcher: waiting for the process,
@@ -41,7 +43,7 @@ from . import cgroups, channel, lifeline
 from .config import PoolConfig
 from .future import JobHandle
 from .dirs import remove_tree
-from .proctree import JOB_MARKER_ENV, kill_tree
+from .proctree import kill_tree
 from .result import Result, Status, describe_exit
 from .stats import StatsRecorder
 
@@ -55,9 +57,6 @@ MAX_STARTUP_FAILURES = 3
 #: passing shortage.
 RESPAWN_BACKOFF_S = 0.05
 RESPAWN_BACKOFF_MAX_S = 2.0
-
-#: Characters reserved for a job marker (a 12-character token, "/", a job id).
-_MARKER_ROOM = 48
 
 #: How long an exited worker's group may take to empty after cgroup.kill
 #: (a dying process leaves it within milliseconds; one stuck in the kernel
@@ -81,7 +80,7 @@ logger = logging.getLogger("execpool")
 class WorkerProcess:
     """The caller's record of one worker process and the jobs it runs."""
 
-    def __init__(self, proc: subprocess.Popen, send: Connection, recv: Connection, token: str,
+    def __init__(self, proc: lifeline.WorkerChild, send: Connection, recv: Connection, token: str,
                  jobs_dir: str, group: Optional[cgroups.WorkerGroup]) -> None:
         self.proc = proc
         self.send_conn = send
@@ -273,10 +272,6 @@ class Workers:
         """Called with the lock held."""
         config = self.config
         token = secrets.token_hex(6)
-        env = self._process_env()
-        # Blank room in the worker's environment block, which a warm job
-        # overwrites with its own marker (execpool/warm.py).
-        env[JOB_MARKER_ENV] = " " * _MARKER_ROOM
         # The worker makes each job's private directory in here; whatever a
         # dead worker left behind goes with it (see _release).
         jobs_dir = tempfile.mkdtemp(prefix=f"execpool-{token}-")
@@ -285,11 +280,9 @@ class Workers:
         to_worker_r, to_worker_w = channel.pipe()
         from_worker_r, from_worker_w = channel.pipe()
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "execpool.worker", str(to_worker_r), str(from_worker_w)],
-                pass_fds=(to_worker_r, from_worker_w), env=env, cwd="/", start_new_session=True,
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            )
+            # The lifeline starts it, so that it is the worker's parent and
+            # gets what escapes from the worker's jobs should the worker die.
+            proc = self.lifeline.spawn(token, to_worker_r, from_worker_w)
         except BaseException:
             os.close(to_worker_w)
             os.close(from_worker_r)
@@ -302,13 +295,19 @@ class Workers:
             os.close(to_worker_r)
             os.close(from_worker_w)
         # Now, before it is sent any job: the worker forks nothing until its
-        # first one, so every process of every job is born in the group.
+        # first one, so every process of every job is born in the group, at
+        # the pool's niceness.
+        if config.niceness is not None:
+            try:
+                os.setpriority(os.PRIO_PROCESS, proc.pid, config.niceness)
+            except OSError as exc:
+                logger.warning("execpool: cannot set worker %d's niceness to %d (%s); its tools run at %d",
+                               proc.pid, config.niceness, exc.strerror, os.getpriority(os.PRIO_PROCESS, 0))
         if group is not None and not group.add(proc.pid):
             logger.warning("execpool: cannot move worker %d into its cgroup %s; it runs without one",
                            proc.pid, group.path)
             group.remove()
             group = None
-        self.lifeline.started(token, proc.pid)
         worker = WorkerProcess(proc, Connection(to_worker_w, readable=False),
                                Connection(from_worker_r, writable=False), token, jobs_dir, group)
         worker.send(channel.WorkerConfig(

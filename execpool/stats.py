@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, Tuple
+from typing import Dict, Iterable, Tuple
 
 from .result import Result
 
@@ -91,3 +91,19 @@ class StatsRecorder:
                 durations[kind] = Histogram(DURATION_BUCKETS_S + (float("inf"),), tuple(cumulative),
                                             self._sums[kind], running)
             return PoolStats(dict(self._jobs), durations, in_flight, self._restarts, self._output_bytes)
+
+
+def combined(parts: Iterable[PoolStats]) -> PoolStats:
+    """The counts of several pools as one (``RayPool.stats()``: one pool per
+    actor). Histograms share their buckets, so they add up bucket by bucket."""
+    total = PoolStats()
+    for part in parts:
+        for key, n in part.jobs.items():
+            total.jobs[key] = total.jobs.get(key, 0) + n
+        for kind, h in part.durations.items():
+            mine = total.durations.get(kind)
+            total.durations[kind] = h if mine is None else Histogram(
+                h.buckets, tuple(a + b for a, b in zip(mine.counts, h.counts)), mine.sum + h.sum, mine.count + h.count)
+        total = PoolStats(total.jobs, total.durations, total.in_flight + part.in_flight,
+                          total.worker_restarts + part.worker_restarts, total.output_bytes + part.output_bytes)
+    return total

@@ -33,14 +33,15 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Iterable, Iterator, Optional, Union
+from typing import Iterable, Optional, Union
 
-from . import _linux, channel, checks, drain
+from . import _linux, channel, checks
 from .config import DEFAULT_ENV_ALLOWLIST, DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_WARM_SPARES, PoolConfig
 from .dispatch import Dispatcher
 from .future import TOOL_OUTPUT_STREAM_MAX_CHARS, CancelWatcher, JobFuture, JobHandle, OnEvent
 from .jobs import Limits, PythonJob, ShellJob
 from .lifecycle import PoolClosedError, Workers
+from .runner import JobRunner
 from .result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, Status
 from .sandbox import Sandbox
 from .stats import PoolStats, StatsRecorder
@@ -56,7 +57,7 @@ def _make_non_dumpable() -> None:
     _linux.prctl(_linux.PR_SET_DUMPABLE, 0)
 
 
-class ExecPool:
+class ExecPool(JobRunner):
     """A pool of isolated worker processes running Python and shell jobs.
 
     ``workers`` defaults to the number of CPUs; each worker runs any number of
@@ -86,7 +87,12 @@ class ExecPool:
     read any process outside its job -- root included; a job's own
     ``sandbox=`` overrides the pool's (``False``: none). Where the kernel
     lacks what it needs, sandboxed jobs end with an ``Execution error``
-    (``execpool.sandbox_support()`` says what is missing). Workers are
+    (``execpool.sandbox_support()`` says what is missing). ``niceness``
+    (-20..19) is the nice value of the workers and so of every tool; None,
+    the default, keeps the caller's -- a Ray worker's is 15, which is why
+    ``RayPool`` passes 0. Lowering it below the caller's needs
+    CAP_SYS_NICE (root); without it the workers keep the caller's value and
+    execpool logs a warning. Workers are
     recycled after ``max_jobs_per_worker`` jobs. The constructor returns
     once every worker is ready (at most ``startup_timeout`` seconds).
 
@@ -120,12 +126,14 @@ class ExecPool:
         cgroups: bool = True,
         warm_spares: int = DEFAULT_WARM_SPARES,
         sandbox: Union[None, str, Sandbox] = None,
+        niceness: Optional[int] = None,
     ) -> None:
         config = PoolConfig(
             workers=workers, python=python, limits=limits, env=env, env_allowlist=env_allowlist,  # type: ignore[arg-type]
             max_output_chars=max_output_chars, max_jobs_per_worker=max_jobs_per_worker,
             startup_timeout=startup_timeout, spawn_method=spawn_method, preload=preload,  # type: ignore[arg-type]
             non_dumpable=non_dumpable, cgroups=cgroups, warm_spares=warm_spares, sandbox=sandbox,  # type: ignore[arg-type]
+            niceness=niceness,
         )
         self._open(config)
 
@@ -225,62 +233,10 @@ class ExecPool:
             self._watcher.watch(future, cancel_event)
         return future
 
-    # -- built on submit -----------------------------------------------------
-
-    def run(self, job: PythonJob | ShellJob, *, cancel_event: Optional[threading.Event] = None) -> Result:
-        """Run ``job`` to its end and return its Result (never raises for the
-        tool's own failures: non-zero exit, timeout, cancellation). If the
-        wait is interrupted (Ctrl-C), the job is cancelled."""
-        future = self.submit(job, cancel_event=cancel_event)
-        try:
-            return future.result()
-        except BaseException:
-            future.cancel()
-            raise
-
-    def stream(self, job: PythonJob | ShellJob, *, tool_name: str = "", tool_call_id: str = "",
-               cancel_event: Optional[threading.Event] = None,
-               heartbeat_interval_s: float = 10.0) -> drain.EventStream:
-        """A generator of ``tool_output`` / ``heartbeat`` events that returns
-        the job's Result; ``close()`` cancels the job (SPEC §1)."""
-        self._check_open()
-        return drain.stream_job(self.submit, job, tool_name=tool_name, tool_call_id=tool_call_id,
-                                cancel_event=cancel_event, heartbeat_interval_s=heartbeat_interval_s)
-
-    def astream(self, job: PythonJob | ShellJob, *, tool_name: str = "", tool_call_id: str = "",
-                cancel_event: Optional[threading.Event] = None,
-                heartbeat_interval_s: float = 10.0) -> drain.AsyncJobStream:
-        """The asyncio form of :meth:`stream`: ``async for event in ...``, then
-        ``.result``. Cancelling the consuming task cancels the job."""
-        self._check_open()
-        return drain.AsyncJobStream(self.submit, job, tool_name=tool_name, tool_call_id=tool_call_id,
-                                    cancel_event=cancel_event, heartbeat_interval_s=heartbeat_interval_s)
-
-    def map(self, jobs: Iterable[PythonJob | ShellJob], *,
-            max_in_flight: Optional[int] = None) -> Iterator[Result]:
-        """Results of ``jobs`` in input order, as an iterator. Jobs are taken
-        from the iterable lazily and at most ``max_in_flight`` run at once
-        (default: two per CPU), so a million-job generator is fine; closing
-        the iterator early cancels what is still running."""
-        from .batch import map_jobs
-
-        self._check_open()
-        return map_jobs(self.submit, jobs, self._in_flight(max_in_flight))
-
-    def imap_unordered(self, jobs: Iterable[PythonJob | ShellJob], *,
-                       max_in_flight: Optional[int] = None) -> Iterator[tuple[int, Result]]:
-        """``(index, Result)`` pairs as jobs finish, ``index`` being the job's
-        position in ``jobs``; otherwise like :meth:`map`."""
-        from .batch import imap_unordered_jobs
-
-        self._check_open()
-        return imap_unordered_jobs(self.submit, jobs, self._in_flight(max_in_flight))
-
-    @staticmethod
-    def _in_flight(max_in_flight: Optional[int]) -> int:
-        if max_in_flight is None:
-            return 2 * (os.cpu_count() or 2)
-        return checks.integer("max_in_flight", max_in_flight)  # type: ignore[return-value]
+    @property
+    def default_max_in_flight(self) -> int:
+        """Two jobs per CPU of this machine."""
+        return 2 * (os.cpu_count() or 2)
 
     # -- the pool's life -----------------------------------------------------
 
@@ -334,12 +290,6 @@ class ExecPool:
     def worker_pids(self) -> list[int]:
         with self._workers.lock:
             return [w.pid for w in self._workers.all]
-
-    def __enter__(self) -> "ExecPool":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -9,7 +9,8 @@ import json
 import subprocess
 import sys
 
-CALLER_SIDE = {"execpool.supervisor", "execpool.config", "execpool.lifecycle", "execpool.dispatch",
+CALLER_SIDE = {"execpool.supervisor", "execpool.ray", "execpool.runner", "execpool.config", "execpool.lifecycle",
+               "execpool.dispatch",
                "execpool.future", "execpool.drain", "execpool.batch", "execpool.tools", "execpool.loop",
                "execpool.cli", "execpool.records", "execpool.stats", "execpool.jobfiles", "execpool.lifeline",
                "execpool.serve", "execpool.server", "execpool.metrics", "execpool.httpjobs", "execpool.admission"}

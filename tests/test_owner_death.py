@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -29,7 +31,8 @@ import psutil
 import pytest
 
 from execpool import ExecPool, ShellJob, cgroups
-from helpers import all_dead, alive, pids_in, remember, state, wait_for, worker_records
+from helpers import (UNPRIVILEGED, all_dead, alive, pids_in, remember, state, unprivileged_python,
+                     unprivileged_pythonpath, wait_for, worker_records)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -247,9 +250,8 @@ def test_sigkill_of_the_owner_leaves_no_worker_tool_daemon_or_directory(cgroups,
                 destroy_group(path)
 
 
-#: Kills the pool's lifeline (a child of the worker's parent, the owner).
-KILLS_THE_LIFELINE = ('owner=$(ps -o ppid= -p $PPID | tr -d " "); pkill -KILL -P "$owner" -f execpool.lifeline; '
-                      'echo "PIDS $$"; sleep 100')
+#: Kills the pool's lifeline (the worker's parent).
+KILLS_THE_LIFELINE = 'kill -KILL "$(ps -o ppid= -p $PPID | tr -d " ")"; echo "PIDS $$"; sleep 100'
 
 
 def _lifelines(owner: int) -> list:
@@ -264,9 +266,10 @@ def _lifelines(owner: int) -> list:
 
 
 def test_a_lifeline_a_tool_killed_is_replaced_before_the_owner_dies(tmp_path, doomed):
-    """A tool can kill the lifeline (it runs as the tool's user), then keep
-    its worker stopped: the owner's death would then leave both behind. The
-    watchdog replaces a dead lifeline while jobs run."""
+    """A tool can kill the lifeline (it runs as the tool's user, and it is
+    its worker's parent), then keep its worker stopped: the owner's death
+    would then leave both behind. The watchdog replaces a dead lifeline
+    while jobs run, and the new one knows the workers of the old."""
     tmpdir = tmp_path / "owner-tmp"
     tmpdir.mkdir()
     env = {**os.environ, "TMPDIR": str(tmpdir)}
@@ -412,3 +415,66 @@ def test_a_scratch_directory_goes_with_close_and_with_a_sigkilled_owner(tmp_path
         _kill_and_expect_nothing_left(owner, [proc.pid for proc in doomed], tmpdir)
     finally:
         _let_go(owner, doomed)
+
+
+#: An owner whose only job leaves a daemon that escaped its session, double
+#: forked and cleared its environment; it says which pids run and waits.
+ESCAPING_OWNER = textwrap.dedent("""
+    import json, sys, time
+    from execpool import ExecPool, ShellJob
+    pool = ExecPool(workers=1, cgroups=sys.argv[1] == "cgroups")
+    texts = []
+    pool.submit(ShellJob(sys.argv[2], timeout=None), on_event=lambda event: texts.append(event.text))
+    deadline = time.monotonic() + 20
+    while "PIDS" not in "".join(texts) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    tools = [int(p) for p in "".join(texts).split() if p.isdigit()]
+    print(json.dumps({"workers": pool.worker_pids, "tools": tools, "uid": __import__("os").getuid()}), flush=True)
+    sys.stdin.read()
+""")
+
+
+@pytest.mark.parametrize("user, cgroups", [("root", False), ("nobody", True)])
+def test_owner_and_worker_sigkilled_together_leave_no_escaped_daemon(user, cgroups, tmp_path, doomed, request):
+    """The gap the lifeline used to leave: the owner and the worker die at
+    once, and a daemon that left its session, double forked and cleared its
+    environment (no marker) was re-parented to init and lived on wherever no
+    worker cgroup could be killed -- as ``nobody`` everywhere, as root with
+    ``cgroups=False``. The lifeline is the workers' parent and a child
+    subreaper, so the daemon is handed to it when the worker dies, and
+    killed."""
+    env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)}
+    if user == "root":
+        python, credentials, env["PYTHONPATH"] = sys.executable, {}, REPO
+    else:
+        python = unprivileged_python()
+        if python is None:
+            pytest.skip("no Python interpreter the unprivileged user may run")
+        credentials = {"user": UNPRIVILEGED, "group": UNPRIVILEGED, "extra_groups": []}
+        base = tempfile.mkdtemp(prefix="execpool-owner-test-")  # pytest's tmp_path is root's alone
+        request.addfinalizer(lambda: shutil.rmtree(base, ignore_errors=True))
+        os.chmod(base, 0o755)
+        env["PYTHONPATH"] = unprivileged_pythonpath(base)
+        env["TMPDIR"] = os.path.join(base, "tmp")
+        os.mkdir(env["TMPDIR"], 0o700)
+        os.chown(env["TMPDIR"], UNPRIVILEGED, UNPRIVILEGED)
+    owner = subprocess.Popen([python, "-c", ESCAPING_OWNER, "cgroups" if cgroups else "no-cgroups", ESCAPE + "sleep 100"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/", env=env, text=True, **credentials)
+    try:
+        line = owner.stdout.readline()
+        assert line, "the owner said nothing"
+        report = json.loads(line)
+        assert report["uid"] == (0 if user == "root" else UNPRIVILEGED)
+        (worker,), (daemon,) = report["workers"], report["tools"]
+        remember(doomed, [worker, daemon] + [p.pid for p in psutil.Process(owner.pid).children(recursive=True)])
+        _assert_escaped(daemon, worker)
+        for pid in (owner.pid, worker):
+            os.kill(pid, signal.SIGKILL)
+        owner.wait()
+        assert all_dead([worker], timeout=2.0)
+        assert all_dead([daemon], timeout=3.0), "the escaped daemon outlived its owner and its worker"
+        assert all_dead([proc.pid for proc in doomed], timeout=5.0), "the lifeline never ended"
+    finally:
+        _let_go(owner, doomed)
+        owner.stdin.close()
+        owner.stdout.close()

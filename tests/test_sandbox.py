@@ -21,7 +21,6 @@ import sys
 import tempfile
 import textwrap
 
-import psutil
 import pytest
 
 import hostile
@@ -30,7 +29,7 @@ from execpool import tools as tool_layer
 from execpool.cgroups import _mounts
 from execpool.sandbox import MIN_LANDLOCK_ABI
 from execpool.spawn import SPAWN_METHODS
-from helpers import UNPRIVILEGED, all_dead, pids_in, unprivileged_python
+from helpers import UNPRIVILEGED, all_dead, pids_in, unprivileged_python, unprivileged_pythonpath
 
 pytestmark = pytest.mark.skipif(not sandbox_support().available,
                                 reason=f"no sandbox here: {sandbox_support().missing}")
@@ -96,11 +95,7 @@ class _Owner:
             python = unprivileged_python()
             if python is None:
                 pytest.skip("no Python interpreter the unprivileged user may run")
-            # A world-readable directory that puts execpool and psutil on its path.
-            pythonpath = os.path.join(self.base, "farm")
-            os.mkdir(pythonpath, 0o755)
-            os.symlink(os.path.join(REPO, "execpool"), os.path.join(pythonpath, "execpool"))
-            os.symlink(os.path.dirname(psutil.__file__), os.path.join(pythonpath, "psutil"))
+            pythonpath = unprivileged_pythonpath(self.base)
             env_home = dirs["home"]
         cwd_secret = _secret_file(dirs["cwd"], "cwd-secret", uid)
         mounts = _mounts()

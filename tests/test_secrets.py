@@ -185,7 +185,8 @@ OWNER = textwrap.dedent("""
     import json, os, sys
     from execpool import ExecPool, PythonJob, ShellJob
     non_dumpable = sys.argv[1] == "1"
-    read_caller = ("caller=$(ps -o ppid= -p $PPID | tr -d ' '); "
+    # The tool's parent is its worker, the worker's the pool's lifeline, the lifeline's the caller.
+    read_caller = ("caller=$(ps -o ppid= -p $(ps -o ppid= -p $PPID) | tr -d ' '); "
                    "if [ \\"$caller\\" = %d ]; then tr '\\\\0' '\\\\n' < /proc/$caller/environ; "
                    "else echo wrong caller $caller; fi" % os.getpid())
     with ExecPool(workers=1, non_dumpable=non_dumpable, python=sys.executable) as pool:

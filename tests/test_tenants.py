@@ -82,13 +82,19 @@ def test_no_descriptor_reaches_a_tool_above_its_open_files_limit(held, open_file
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-#: Opens every descriptor of the process that owns the pool (its worker's
-#: parent) through /proc, as a tool after the pool's channels would, and
-#: prints the numbers of those it could open.
+#: Opens every descriptor of the process that owns the pool (the first
+#: ancestor that is none of the pool's: above the worker and the lifeline)
+#: through /proc, as a tool after the pool's channels would, and prints the
+#: numbers of those it could open.
 OPEN_THE_OWNERS_DESCRIPTORS = r"""
 import os
-with open(f"/proc/{os.getppid()}/stat") as f:
-    owner = int(f.read().rpartition(")")[2].split()[1])
+owner = os.getppid()
+while True:
+    with open(f"/proc/{owner}/cmdline", "rb") as f:
+        if b"execpool." not in f.read():
+            break
+    with open(f"/proc/{owner}/stat") as f:
+        owner = int(f.read().rpartition(")")[2].split()[1])
 opened = set()
 for name in os.listdir(f"/proc/{owner}/fd"):
     for flags in (os.O_RDONLY, os.O_WRONLY):
