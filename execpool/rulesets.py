@@ -12,9 +12,10 @@ an access must pass both:
    uid 0 with no capability, and the owner's read bit alone would
    otherwise open those to it. Landlock grants, never denies, so the layer
    grants every sibling of what it hides and of each of their ancestors
-   (170 or so rules here), built once per worker and renewed when one of
-   those directories changes or a minute passed -- a file replaced by a
-   rename is a new inode the old rule does not cover.
+   (170 or so rules here), built once per worker and built again for the
+   next job whenever inotify reports a change beneath ``/etc`` (or in
+   ``/``): a file made, replaced by a rename (a new inode the old rule
+   does not cover) or made root-only.
 2. **The job's layer** handles every right: read and execute on the
    system's software, ``/proc`` and ``/sys``, a few devices, ``/dev/shm``
    by name, every right on the job's directory and its private
@@ -30,14 +31,16 @@ a first layer of the job's own.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import pwd
 import stat
 import sys
-import time
 from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from .sandbox import SYS_LANDLOCK_CREATE_RULESET, Sandbox, errno_error, prepare, sandbox_support, syscall
+
+logger = logging.getLogger("execpool")
 
 # -- Landlock's ABI (include/uapi/linux/landlock.h) ------------------------------------------------
 
@@ -94,8 +97,13 @@ _FOLLOWED = ("/etc/resolv.conf",)
 #: Beneath these, what the world may not read stays unreadable to a root
 #: tool (the world-readable layer).
 GUARDED_TREES = ("/etc",)
-#: How old the world-readable layer may grow before it is built again.
-GUARD_REFRESH_S = 60.0
+
+# inotify (sys/inotify.h): what in a watched directory makes the layer stale.
+_IN_ATTRIB, _IN_MOVED_FROM, _IN_MOVED_TO, _IN_CREATE, _IN_DELETE = 0x4, 0x40, 0x80, 0x100, 0x200
+_IN_DELETE_SELF, _IN_MOVE_SELF, _IN_ONLYDIR, _IN_DONT_FOLLOW = 0x400, 0x800, 0x01000000, 0x02000000
+_WATCHED = (_IN_ATTRIB | _IN_MOVED_FROM | _IN_MOVED_TO | _IN_CREATE | _IN_DELETE | _IN_DELETE_SELF | _IN_MOVE_SELF
+            | _IN_ONLYDIR | _IN_DONT_FOLLOW)
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -186,18 +194,21 @@ def _beneath(path: str, ancestor: str) -> bool:
     return path != ancestor and path.startswith(ancestor.rstrip("/") + "/")
 
 
-def _unreadable(top: str) -> Set[str]:
-    """What beneath ``top`` the world may not read: files without the
+def _unreadable(top: str) -> Tuple[Set[str], List[str]]:
+    """What beneath ``top`` the world may not read -- files without the
     others' read bit, and directories without their read or search bit,
-    which are not looked into. Symbolic links are left alone: the kernel
-    checks what a link resolves to."""
+    which are not looked into -- and the directories that were: ``top``
+    and those beneath it. Symbolic links are left alone: the kernel checks
+    what a link resolves to."""
     hidden: Set[str] = set()
-    pending = [top]
+    pending, looked = [top], []
     while pending:
+        directory = pending.pop()
         try:
-            entries = list(os.scandir(pending.pop()))
+            entries = list(os.scandir(directory))
         except OSError:
             continue
+        looked.append(directory)
         for entry in entries:
             try:
                 mode = entry.stat(follow_symlinks=False).st_mode
@@ -210,7 +221,46 @@ def _unreadable(top: str) -> Set[str]:
                     pending.append(entry.path)
             elif not stat.S_ISLNK(mode) and not mode & stat.S_IROTH:
                 hidden.add(entry.path)
-    return hidden
+    return hidden, looked
+
+
+class _Changes:
+    """An inotify instance watching the directories the layer was built
+    from: a file made, moved, removed, or its mode or owner changed, in
+    any of them. Read (without blocking) before each job, so that no job
+    starts with a layer older than a change the kernel has already
+    reported -- a key written 0600 under /etc/letsencrypt, a file chmod'ed
+    to 0600. Where inotify cannot watch them all (out of instances or
+    watches), every job finds the layer stale: slower, never wrong."""
+
+    def __init__(self, directories: Iterable[str]) -> None:
+        self.fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if self.fd < 0:
+            return
+        for directory in directories:
+            if _libc.inotify_add_watch(self.fd, os.fsencode(directory), _WATCHED) < 0:
+                self.close()
+                return
+
+    @property
+    def watching(self) -> bool:
+        return self.fd >= 0
+
+    def seen(self) -> bool:
+        """Whether anything changed since the last call (always, unwatched)."""
+        if self.fd < 0:
+            return True
+        changed = False
+        while True:
+            try:
+                changed = bool(os.read(self.fd, 65536)) or changed
+            except BlockingIOError:
+                return changed
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class _WorldReadable:
@@ -220,20 +270,26 @@ class _WorldReadable:
     def __init__(self, build: RulesetBuilder) -> None:
         self.build = build
         self.fd = -1
-        self.built_at = 0.0
+        self.changes: Optional[_Changes] = None
+        self.unwatched_said = False
         self.hidden: Set[str] = set()
-        self.ancestors: Dict[str, int] = {}  # directory -> its st_mtime_ns
+        self.ancestors: Set[str] = set()
         self.granted: Set[str] = set()
 
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        if self.changes is not None:
+            self.changes.close()
+            self.changes = None
 
     def layer(self, paths: Iterable[str]) -> Optional[int]:
         """A descriptor of the layer for a job that names ``paths``, the
-        caller's to close; None where nothing is hidden."""
-        if self.fd < 0 or self._stale():
+        caller's to close; None where nothing is hidden. A job keeps the
+        layer it started with: what changes while it runs is hidden from
+        the jobs that start after."""
+        if self.changes is None or self.changes.seen():
             self._rebuild()
         if not self.hidden:
             return None
@@ -242,28 +298,26 @@ class _WorldReadable:
             return os.dup(self.fd)
         return self._ruleset([*self.granted, *extra])
 
-    def _stale(self) -> bool:
-        if time.monotonic() - self.built_at > GUARD_REFRESH_S:
-            return True
-        for directory, mtime in self.ancestors.items():
-            try:
-                if os.stat(directory).st_mtime_ns != mtime:
-                    return True
-            except OSError:
-                return True
-        return False
-
     def _rebuild(self) -> None:
         self.close()
-        self.hidden = set()
+        self.hidden, looked = set(), ["/"]  # "/": a directory made there is new to the layer
         for top in GUARDED_TREES:
             if os.path.isdir(top):
-                self.hidden |= _unreadable(os.path.realpath(top))
-        self.ancestors, self.granted = {}, set()
+                hidden, directories = _unreadable(os.path.realpath(top))
+                self.hidden |= hidden
+                looked += directories
+        # Watched before the layer is read off the disk: a change from here
+        # on makes the next job build it again.
+        self.changes = _Changes(looked)
+        if not self.changes.watching and not self.unwatched_said:
+            self.unwatched_said = True
+            logger.warning("execpool: inotify cannot watch %s here; every sandboxed job builds its layers anew",
+                           " ".join(GUARDED_TREES))
+        self.ancestors, self.granted = set(), set()
         for path in self.hidden:
             parent = os.path.dirname(path)
             while parent not in self.ancestors:
-                self.ancestors[parent] = os.stat(parent).st_mtime_ns
+                self.ancestors.add(parent)
                 if parent == "/":
                     break
                 parent = os.path.dirname(parent)
@@ -272,7 +326,6 @@ class _WorldReadable:
                 path = os.path.join(directory, name)
                 if path not in self.ancestors and path not in self.hidden and not os.path.islink(path):
                     self.granted.add(path)
-        self.built_at = time.monotonic()
         if self.hidden:
             self.fd = self._ruleset(self.granted)
 

@@ -12,6 +12,9 @@ What it refuses, and why (each an attack in tests/hostile.py):
   job's group.
 - The kernel keyrings and System V IPC (EPERM): a tool read a key its user
   had stored, and attached another process's shared memory segment.
+- io_uring (ENOSYS, as where it is disabled): its operations -- open
+  with a mode, setxattr -- run past this filter's argument checks, which
+  made a setuid file in ``/dev/shm``.
 - Setting another process's limits, priority, scheduling or I/O priority
   (``prlimit64``, ``setpriority``, ``sched_set*``, ``ioprio_set``) unless
   the call names the tool itself (pid 0), or, for ``prlimit64``, only
@@ -52,7 +55,8 @@ _X32_BIT = 0x40000000
 Rule = Tuple[Union[str, int], ...]
 
 _RULES: Dict[str, Rule] = {
-    "clone3": ("refuse", _ENOSYS), "openat2": ("refuse", _ENOSYS),
+    "clone3": ("refuse", _ENOSYS), "openat2": ("refuse", _ENOSYS), "io_uring_setup": ("refuse", _ENOSYS),
+    "io_uring_enter": ("refuse", _ENOSYS), "io_uring_register": ("refuse", _ENOSYS),
     "keyctl": ("refuse", _EPERM), "add_key": ("refuse", _EPERM), "request_key": ("refuse", _EPERM),
     "shmget": ("refuse", _EPERM), "shmat": ("refuse", _EPERM), "shmctl": ("refuse", _EPERM),
     "semget": ("refuse", _EPERM), "semop": ("refuse", _EPERM), "semctl": ("refuse", _EPERM),
@@ -72,14 +76,16 @@ _RULES: Dict[str, Rule] = {
 #: (aarch64 has no chmod, open, creat or mknod: only the *at forms).
 TABLES = {
     "x86_64": (0xC000003E, {
-        "clone3": 435, "openat2": 437, "keyctl": 250, "add_key": 248, "request_key": 249, "shmget": 29,
+        "clone3": 435, "openat2": 437, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+        "keyctl": 250, "add_key": 248, "request_key": 249, "shmget": 29,
         "shmat": 30, "shmctl": 31, "semget": 64, "semop": 65, "semctl": 66, "semtimedop": 220, "msgget": 68,
         "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "prlimit64": 302, "setpriority": 141, "ioprio_set": 251,
         "sched_setaffinity": 203, "sched_setscheduler": 144, "sched_setparam": 142, "sched_setattr": 314,
         "chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "open": 2, "openat": 257, "creat": 85,
         "mknod": 133, "mknodat": 259}),
     "aarch64": (0xC00000B7, {
-        "clone3": 435, "openat2": 437, "keyctl": 219, "add_key": 217, "request_key": 218, "shmget": 194,
+        "clone3": 435, "openat2": 437, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+        "keyctl": 219, "add_key": 217, "request_key": 218, "shmget": 194,
         "shmctl": 195, "shmat": 196, "semget": 190, "semctl": 191, "semtimedop": 192, "semop": 193,
         "msgget": 186, "msgctl": 187, "msgrcv": 188, "msgsnd": 189, "prlimit64": 261, "setpriority": 140,
         "ioprio_set": 30, "sched_setaffinity": 122, "sched_setscheduler": 119, "sched_setparam": 118,

@@ -606,6 +606,13 @@ SANDBOX_ATTACKS = [
             "    if os.stat(path).st_mode & stat.S_ISUID:\n        print('ESCAPED')\n"
             "except OSError as exc:\n    " + _refused("exc") + "\nfinally:\n"
             "    if os.path.exists(path):\n        os.unlink(path)\n"),
+    # io_uring runs its operations past seccomp's argument checks (round 2:
+    # an IORING_OP_OPENAT with mode 04755 made a setuid file in /dev/shm).
+    _attack("io_uring", "python", _PY_LIBC + (
+        "params = ctypes.create_string_buffer(120)\n"  # struct io_uring_params, zeroed
+        "ring = libc.syscall(425, 4, params)\n"
+        "if ring >= 0:\n    os.close(ring)\n    print('ESCAPED')\n"
+        "else:\n    " + _refused("os.strerror(ctypes.get_errno())"))),
     # Another process's limits and priority (checked against the uid, not
     # ptrace): each control sets what was already there.
     _attack("prlimit_worker", "python",

@@ -248,7 +248,8 @@ def etc_dir():
     path = tempfile.mkdtemp(prefix="execpool-test-", dir="/etc")
     try:
         os.chmod(path, 0o755)
-        for name, mode in (("public", 0o644), ("private", 0o600)):
+        os.mkdir(os.path.join(path, "plain"), 0o755)  # nothing hidden in it, at first
+        for name, mode in (("public", 0o644), ("private", 0o600), ("plain/later", 0o644)):
             with open(os.path.join(path, name), "w") as f:
                 f.write(f"{name} 1\n")
             os.chmod(os.path.join(path, name), mode)
@@ -283,6 +284,17 @@ def test_what_only_root_may_read_in_etc_stays_hidden_as_etc_changes(pool, etc_di
     assert pool.run(job("strict", public)).output == "public 2\n"
     named = pool.run(job(Sandbox(read=[private]), public, private))
     assert named.output == "public 2\nprivate 1\n", named.text
+    # Red team, round 2: a root-only file made, or a file made root-only,
+    # in a directory where nothing was hidden, was readable until the
+    # layer was next built (a minute, or a change in another directory).
+    later, made = os.path.join(etc_dir, "plain", "later"), os.path.join(etc_dir, "plain", "made")
+    assert pool.run(job("strict", later)).output == "plain/later 1\n"
+    with open(made, "w") as f:
+        f.write("made\n")
+    os.chmod(made, 0o600)
+    os.chmod(later, 0o600)
+    assert pool.run(job("strict", made, later)).output == f"{made} Permission denied\n{later} Permission denied\n"
+    assert pool.run(job(False, made, later)).output == "made\nplain/later 1\n"  # the control
 
 
 def test_an_interpreter_named_through_a_linked_directory_opens_only_its_own_prefix(tmp_path):
@@ -505,6 +517,32 @@ def test_where_namespaces_are_refused_the_view_is_missing_and_can_be_declined(tm
     assert report["strict"] == f"Execution error: cannot start the tool: {report['missing']}", report
     assert not marker.exists()
     assert report["without_view"].endswith("Permission denied\n"), report  # Landlock still holds
+
+
+#: The same, where inotify is refused (a user out of instances): every job
+#: builds the layer anew.
+WITHOUT_INOTIFY = _refusing('{"x86_64": 294, "aarch64": 26}', 24) + textwrap.dedent("""
+    import os
+    from execpool import ExecPool, PythonJob
+    public, made = sys.argv[1], sys.argv[2]
+    read = "import sys\\nfor p in sys.argv[1:] or %r:\\n    try: print(open(p).read(), end='')\\n    except OSError as e: print(e.strerror)"
+    with ExecPool(workers=1, sandbox="strict") as pool:
+        before = pool.run(PythonJob(read % [public])).output
+        with open(made, "w") as f:
+            f.write("made")
+        os.chmod(made, 0o600)
+        after = pool.run(PythonJob(read % [public, made])).output
+    print(json.dumps([before, after]))
+""")
+
+
+def test_without_inotify_every_job_builds_the_layer_anew(etc_dir):
+    public, made = os.path.join(etc_dir, "plain", "later"), os.path.join(etc_dir, "plain", "made")
+    done = subprocess.run([sys.executable, "-c", WITHOUT_INOTIFY, public, made], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == ["plain/later 1\n", "plain/later 1\nPermission denied\n"]
+    assert "inotify cannot watch /etc here" in done.stderr
 
 
 def test_a_sandboxed_job_whose_rulesets_are_gone_is_never_started():
