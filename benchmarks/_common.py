@@ -402,15 +402,17 @@ def wait_gone(tree: dict[int, int], t0: float) -> tuple[float | None, float | No
 
 
 def pool_tree(pool, size: int = TREE_SIZE, wait_s: float = 5.0) -> dict[int, int]:
-    """The running job processes below the pool's workers (those carrying the
-    job marker), once there are ``size`` of them (or after ``wait_s``)."""
+    """The running job processes below the pool's workers (those carrying a
+    job marker: the warm template and its spares carry the variable blank,
+    room for a warm job's marker), once there are ``size`` of them (or after
+    ``wait_s``)."""
     deadline = time.monotonic() + wait_s
     while True:
         pids = []
         for worker_pid in pool.worker_pids:
             for proc in descendants(worker_pid):
                 env = environ_of(proc)
-                if env is not None and MARKER_VAR in env:
+                if env is not None and env.get(MARKER_VAR, "").strip():
                     pids.append(proc.pid)
         tree = record_tree(pids)
         if len(tree) >= size or time.monotonic() > deadline:
