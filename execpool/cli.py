@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import math
 import os
 import signal
 import sys
 import time
-from typing import Any, Iterator, NamedTuple, NoReturn, Optional, Sequence
+from typing import Any, Iterator, NoReturn, Optional, Sequence
 
 from .batch import run_tagged
 from .jobs import PythonJob, ShellJob
@@ -37,7 +36,8 @@ from . import checks
 from .admission import DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT_S
 from .httpjobs import (DEFAULT_GRACE_S, DEFAULT_HEARTBEAT_S, DEFAULT_MAX_BODY_MB, DEFAULT_MAX_CONNECTIONS,
                        DEFAULT_READ_TIMEOUT_S, ServiceDefaults)
-from .records import NO_COST, STATUSES, RecordsError, ResultsFile, json_type, line_key, result_record
+from .batchlines import JobDefaults, input_lines, make_job, parse_line
+from .records import STATUSES, RecordsError, ResultsFile, invalid_record, result_record
 from .result import Result, Status
 from .supervisor import ExecPool
 
@@ -46,10 +46,6 @@ EXIT_INTERRUPTED = 130
 #: 128 + SIGPIPE, as a shell reports a writer whose reader went away.
 EXIT_BROKEN_PIPE = 141
 EXIT_USAGE = 2
-
-#: Keys an input line of ``execpool batch`` may have. Anything else is
-#: refused (a misspelt "timout" would otherwise silently run with the default).
-BATCH_KEYS = ("id", "python", "shell", "timeout", "cwd", "env", "stdin")
 
 #: Output kept per record by default (``output_chars`` always has the full
 #: length). Smaller than the pool's default: a batch's OUT is a data file
@@ -66,17 +62,6 @@ NON_DUMPABLE = True
 DUPLICATES_SHOWN = 3
 ID_SHOWN_CHARS = 80
 
-#: The longest input line read, in bytes without its newline. A longer one
-#: is read past in pieces and becomes an invalid record, so no single line
-#: costs more memory than this.
-MAX_LINE_BYTES = 16 * 1024 * 1024
-
-#: The most digits an integer in an input line may have. Python converts
-#: this many whatever PYTHONINTMAXSTRDIGITS says (it cannot be set lower:
-#: ``sys.int_info.str_digits_check_threshold``), so an id that is read is
-#: always written and read back on resume; past its own limit Python refuses
-#: the whole line, and with no limit a line of digits takes quadratic time.
-MAX_INT_DIGITS = 640
 
 
 class _Parser(argparse.ArgumentParser):
@@ -287,131 +272,8 @@ def default_output_path(input_path: str) -> str:
     return base + ".out.jsonl"
 
 
-class _Line(NamedTuple):
-    """One input line, parsed as far as it goes."""
-
-    number: int
-    key: str  # what resume compares: the id as JSON, or "#L<number>" for a line without a usable id
-    id: Any  # the id as given, or None
-    obj: Optional[dict]  # the JSON object, when the line is one
-    reason: Optional[str]  # why the line is invalid, when it is
-
-
 def _shortened(key: str) -> str:
     return key if len(key) <= ID_SHOWN_CHARS else key[:ID_SHOWN_CHARS] + "..."
-
-
-class _HugeInt(ValueError):
-    """An integer past MAX_INT_DIGITS, raised from inside ``json.loads``."""
-
-
-def _bounded_int(text: str) -> int:
-    digits = len(text.lstrip("-"))
-    if digits > MAX_INT_DIGITS:
-        raise _HugeInt(f"an integer of {digits} digits (a line's integers may have at most {MAX_INT_DIGITS})")
-    return int(text)
-
-
-def _parse_line(number: int, raw: Optional[bytes]) -> _Line:
-    """The line's JSON and id: all that the scan for duplicate ids needs.
-    ``raw`` is None for a line over MAX_LINE_BYTES."""
-    no_id = line_key(number)
-    if raw is None:
-        return _Line(number, no_id, None, None, f"line is longer than {MAX_LINE_BYTES >> 20} MiB")
-    try:
-        obj = json.loads(raw, parse_int=_bounded_int)
-    except _HugeInt as exc:
-        return _Line(number, no_id, None, None, str(exc))
-    except UnicodeDecodeError as exc:
-        return _Line(number, no_id, None, None, f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})")
-    except json.JSONDecodeError as exc:
-        return _Line(number, no_id, None, None, f"bad JSON: {exc.msg} at column {exc.colno}")
-    except RecursionError:
-        return _Line(number, no_id, None, None, "bad JSON: nested too deeply")
-    if not isinstance(obj, dict):
-        return _Line(number, no_id, None, None, f"a line must be a JSON object, not {json_type(obj)}")
-    if "id" not in obj:
-        return _Line(number, no_id, None, obj, 'missing "id"')
-    ident = obj["id"]
-    if isinstance(ident, bool) or not isinstance(ident, (str, int)):
-        return _Line(number, no_id, None, obj, f'"id" must be a string or an integer, not {json_type(ident)}')
-    if isinstance(ident, str):
-        if not ident:
-            return _Line(number, no_id, None, obj, '"id" must not be empty')
-        try:
-            ident.encode("utf-8")
-        except UnicodeEncodeError:
-            return _Line(number, no_id, None, obj, '"id" is not valid text (a lone surrogate)')
-    return _Line(number, json.dumps(ident), ident, obj, None)
-
-
-@dataclasses.dataclass(frozen=True)
-class _JobDefaults:
-    timeout: Optional[float]
-    warm: bool
-
-
-def _make_job(line: _Line, defaults: _JobDefaults) -> tuple[Optional[Any], Optional[str]]:
-    """(job, None) or (None, why the line is invalid)."""
-    if line.reason is not None:
-        return None, line.reason
-    obj = line.obj
-    assert obj is not None
-    unknown = sorted(set(obj) - set(BATCH_KEYS))
-    if unknown:
-        return None, (f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(json.dumps, unknown))} "
-                      f"(a line has {', '.join(BATCH_KEYS)})")
-    if ("python" in obj) == ("shell" in obj):
-        return None, ('give either "python" or "shell", not both' if "python" in obj
-                      else 'missing "python" or "shell"')
-    kind = "python" if "python" in obj else "shell"
-    source = obj[kind]
-    if not isinstance(source, str):
-        return None, f'"{kind}" must be a string, not {json_type(source)}'
-    if not source.strip():
-        return None, "No code provided." if kind == "python" else "No command provided."
-    kwargs: dict = {"timeout": obj.get("timeout", defaults.timeout)}
-    for name in ("env", "stdin"):
-        if obj.get(name) is not None:
-            kwargs[name] = obj[name]
-    cwd = obj.get("cwd")
-    if cwd is not None:
-        if not isinstance(cwd, str):
-            return None, f'"cwd" must be a string, not {json_type(cwd)}'
-        kwargs["cwd"] = cwd
-    if kind == "python" and defaults.warm:
-        kwargs["warm"] = True
-    try:
-        job = (PythonJob if kind == "python" else ShellJob)(source, **kwargs)
-    except (TypeError, ValueError) as exc:
-        return None, str(exc)
-    # The job made cwd absolute, relative to where the command runs (workers
-    # run in /); checked here so one missing directory is one invalid record,
-    # not a failed batch.
-    if job.cwd is not None and not os.path.isdir(job.cwd):
-        return None, f"cwd {job.cwd!r} is not an existing directory"
-    return job, None
-
-
-def invalid_record(line: _Line, reason: str) -> dict:
-    return {"id": line.id, "status": "invalid", "exit_code": None, "output": "", "output_chars": 0,
-            "duration_s": 0.0, **NO_COST, "line": line.number, "error": reason}
-
-
-def _input_lines(f) -> Iterator[tuple[int, Optional[bytes]]]:
-    """Numbered non-blank lines; numbers count every line, as editors do.
-    A line over MAX_LINE_BYTES comes as None, never held whole."""
-    for number in itertools.count(1):
-        raw = f.readline(MAX_LINE_BYTES + 1)
-        if not raw:
-            return
-        if len(raw) <= MAX_LINE_BYTES or raw.endswith(b"\n"):
-            if raw.strip():
-                yield number, raw
-            continue
-        while raw and not raw.endswith(b"\n"):
-            raw = f.readline(MAX_LINE_BYTES)
-        yield number, None
 
 
 class _StdoutResults:
@@ -505,7 +367,7 @@ class _Batch:
         out_path = args.output or default_output_path(self.input)
         if out_path != "-" and os.path.exists(out_path) and os.path.samefile(out_path, self.input):
             raise _UsageError(f"the output {out_path} is the input file")
-        defaults = _JobDefaults(timeout=args.timeout, warm=args.warm)
+        defaults = JobDefaults(timeout=args.timeout, warm=args.warm)
         if args.warm and "warm" not in {f.name for f in dataclasses.fields(PythonJob)}:
             raise _UsageError("--warm needs an execpool with warm Python (PythonJob(warm=True))")
         preload = tuple(m.strip() for m in args.preload.split(",") if m.strip())
@@ -539,8 +401,8 @@ class _Batch:
         duplicates: list[tuple[str, int]] = []
         n_duplicates = lines = todo = 0
         with open(self.input, "rb") as f:
-            for number, raw in _input_lines(f):
-                line = _parse_line(number, raw)
+            for number, raw in input_lines(f):
+                line = parse_line(number, raw)
                 lines += 1
                 if line.key not in done:
                     todo += 1
@@ -560,8 +422,8 @@ class _Batch:
         wanted = {key for key, _ in duplicates}
         first: dict[str, int] = {}
         with open(self.input, "rb") as f:
-            for number, raw in _input_lines(f):
-                key = _parse_line(number, raw).key
+            for number, raw in input_lines(f):
+                key = parse_line(number, raw).key
                 if key in wanted and key not in first:
                     first[key] = number
                 if len(first) == len(wanted):
@@ -571,7 +433,7 @@ class _Batch:
         return (f"{self.input} has duplicate ids: {shown}{more}; ids must be unique, because resume skips "
                 "the ids already in the output")
 
-    def _run(self, defaults: _JobDefaults, preload: tuple, todo: int, skipped: int, out_path: str) -> int:
+    def _run(self, defaults: JobDefaults, preload: tuple, todo: int, skipped: int, out_path: str) -> int:
         args = self.args
         workers = args.workers or os.cpu_count() or 2
         max_in_flight = args.max_in_flight or 2 * workers
@@ -634,17 +496,17 @@ class _Batch:
         records = "record" if written == 1 else "records"
         return f"execpool batch: {written} {records} in {elapsed:.1f} s: {counts}{already} -> {where}"
 
-    def _jobs(self, defaults: _JobDefaults) -> Iterator[tuple[tuple[int, Any], Any]]:
+    def _jobs(self, defaults: JobDefaults) -> Iterator[tuple[tuple[int, Any], Any]]:
         """The second, lazy pass: jobs for run_tagged, one line at a time.
         Invalid lines get their record here and are not submitted."""
         with open(self.input, "rb") as f:
-            for number, raw in _input_lines(f):
-                line = _parse_line(number, raw)
+            for number, raw in input_lines(f):
+                line = parse_line(number, raw)
                 if line.key in self.out.done:
                     continue
-                job, reason = _make_job(line, defaults)
+                job, reason = make_job(line, defaults)
                 if job is None:
-                    self._emit(invalid_record(line, reason or "invalid"))
+                    self._emit(invalid_record(line.id, line.number, reason or "invalid"))
                     continue
                 yield (number, line.id), job
 

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Union
 
 from .jobfiles import JobFileError, check_path
 from .jobs import Limits, PythonJob, ShellJob
-from .records import NO_COST, json_type, result_record
+from .records import json_type, result_record
 from .result import Result, Status
 
 Job = Union[PythonJob, ShellJob]
@@ -173,13 +173,6 @@ def record(request: JobRequest, result: Result, files: Mapping[str, bytes], numb
     if request.fetch:
         answer["files"] = {path: base64.b64encode(data).decode("ascii") for path, data in files.items()}
     return answer
-
-
-def invalid_record(ident: Any, number: int, reason: str) -> dict:
-    """The record of a job that could not run as asked (a bad line, a file
-    that could not be written), with the reason in ``error``."""
-    return {"id": ident, "status": "invalid", "exit_code": None, "output": "", "output_chars": 0,
-            "duration_s": 0.0, **NO_COST, "line": number, "error": reason}
 
 
 def test_record(request: JobRequest, result: Result, expected: str) -> dict:

@@ -236,3 +236,10 @@ class ResultsFile:
             self.sync()
             os.close(self.fd)
             self.fd = None
+
+
+def invalid_record(ident: Any, number: int, reason: str) -> dict:
+    """The record of a job that could not run as asked (a line that is no
+    job, a file that could not be written), with the reason in ``error``."""
+    return {"id": ident, "status": "invalid", "exit_code": None, "output": "", "output_chars": 0,
+            "duration_s": 0.0, **NO_COST, "line": number, "error": reason}

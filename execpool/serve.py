@@ -67,6 +67,7 @@ from .httpjobs import (DEFAULT_HEARTBEAT_S, DEFAULT_MAX_BODY_MB, DEFAULT_READ_TI
 from .jobfiles import DEFAULT_FETCH_MAX_BYTES, JobFileError, read_files, write_files
 from .jobs import Limits, ShellJob
 from .metrics import ServiceMetrics
+from .records import invalid_record
 from .result import Result, Status
 from .supervisor import ExecPool
 
@@ -390,9 +391,9 @@ class _Service:
             answer = (httpjobs.record(job_request, result, files, number) if expected is None
                       else httpjobs.test_record(job_request, result, expected))
         except BadRequest as exc:  # its files could not be written: this job's record says so
-            answer = httpjobs.invalid_record(job_request.ident, number, str(exc))
+            answer = invalid_record(job_request.ident, number, str(exc))
         except Rejected as exc:  # no worker, or no directory, for it now
-            answer = httpjobs.invalid_record(job_request.ident, number, f"execpool is busy ({exc.reason})")
+            answer = invalid_record(job_request.ident, number, f"execpool is busy ({exc.reason})")
         finally:
             self.admission.release()
         await done.put((asyncio.current_task(), answer))
@@ -566,7 +567,7 @@ def _batch_jobs(body: bytes, defaults: ServiceDefaults) -> list:
         try:
             items.append((httpjobs.run_request(httpjobs.parse_json(line), defaults), None, number))
         except BadRequest as exc:
-            items.append(httpjobs.invalid_record(None, number, str(exc)))
+            items.append(invalid_record(None, number, str(exc)))
     if not items:
         raise BadRequest("the body has no jobs (NDJSON: one job object per line)")
     return items

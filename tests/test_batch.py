@@ -410,10 +410,10 @@ def test_an_overlong_line_is_an_invalid_record_read_past_in_bounded_memory(tmp_p
 
 
 def test_a_line_of_exactly_the_longest_length_is_read(tmp_path, monkeypatch):
-    from execpool import cli
-    monkeypatch.setattr(cli, "MAX_LINE_BYTES", 10)
+    from execpool import batchlines
+    monkeypatch.setattr(batchlines, "MAX_LINE_BYTES", 10)
     lines = io.BytesIO(b"0123456789\n01234567890\n\n0123456789")
-    assert list(cli._input_lines(lines)) == [(1, b"0123456789\n"), (2, None), (4, b"0123456789")]
+    assert list(batchlines.input_lines(lines)) == [(1, b"0123456789\n"), (2, None), (4, b"0123456789")]
 
 
 def test_empty_cwd_is_an_invalid_record_not_the_callers_directory(tmp_path):

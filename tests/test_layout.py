@@ -12,7 +12,8 @@ import sys
 CALLER_SIDE = {"execpool.supervisor", "execpool.ray", "execpool.runner", "execpool.config", "execpool.lifecycle",
                "execpool.dispatch",
                "execpool.future", "execpool.drain", "execpool.batch", "execpool.tools", "execpool.loop",
-               "execpool.cli", "execpool.records", "execpool.stats", "execpool.jobfiles", "execpool.lifeline",
+               "execpool.cli", "execpool.batchlines", "execpool.records", "execpool.stats", "execpool.jobfiles",
+               "execpool.lifeline",
                "execpool.serve", "execpool.server", "execpool.metrics", "execpool.httpjobs", "execpool.admission"}
 WORKER_SIDE = {"execpool.worker", "execpool.handover", "execpool.running", "execpool.spawn", "execpool.template",
                "execpool.rulesets", "execpool.warm", "execpool.capture", "execpool._spawn"}
