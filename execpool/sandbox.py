@@ -15,18 +15,19 @@ tries every escape below):
 
 - **Landlock** (unprivileged, binds root as well, survives exec and new
   namespaces, and nothing a process does undoes it): the filesystem --
-  read and execute on the system's software, read on ``/proc`` and
-  ``/sys``, every right on the job's directory and its private ``TMPDIR``,
-  nothing else -- and, from ABI 6, signals and abstract Unix sockets scoped
+  read and execute on the system's software (beneath ``/etc`` only what
+  the world may read, for a root tool: a second layer), read on ``/proc``
+  and ``/sys``, every right on the job's directory and its private
+  ``TMPDIR``, nothing else -- and, from ABI 6, signals and abstract Unix sockets scoped
   to the job's own domain. Landlock also refuses ptrace, and every
   ``/proc/<pid>`` file guarded by a ptrace check (``mem``, ``environ``,
   ``fd/*``, ``cwd``, ``root``, ``ns/*``), for any process outside the
   domain: the worker, the caller, other jobs (each job is a domain of its
   own, so two jobs are strangers to each other) -- which is also what keeps
   a tool out of ``setns`` into the worker's or the caller's network
-  namespace, by path or by pidfd. Mounting is refused to a restricted process, so a
-  tool cannot mount its way around the rules, also in a user namespace of
-  its own.
+  namespace, by path or by pidfd. Mounting is refused to a restricted
+  process, so a tool cannot mount its way around the rules, also in a
+  user namespace of its own.
 - **No capabilities**: a root tool keeps its uid but loses every capability
   (bounding set, effective, permitted, inheritable, ambient). Under
   Landlock alone a root tool still read the worker's ``/proc/<pid>/environ``
@@ -45,9 +46,9 @@ tries every escape below):
   a file anywhere world-writable or setuid. ``Sandbox(read_only_view=False)``
   goes without it where the machine cannot make one.
 - **A small seccomp filter** (execpool/seccomp.py, which says why each
-  rule) for what the rest does not cover: ``clone3``, the keyrings, System
-  V IPC, another process's limits and priorities, setuid and setgid files,
-  other system call ABIs.
+  rule) for what the rest does not cover: ``clone3``, io_uring, the
+  keyrings, System V IPC, another process's limits and priorities, setuid
+  and setgid files, other system call ABIs.
 
 What the sandbox does not cover is in the README's threat model.
 """
