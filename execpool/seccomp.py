@@ -52,7 +52,7 @@ _X32_BIT = 0x40000000
 #: ``("which_self", which_arg, allowed_whiches, who_arg)``: allowed only for
 #: the caller's own process or process group, never a user's processes;
 #: ``("no_setid", mode_arg)``: refused when the mode sets setuid or setgid.
-Rule = Tuple[Union[str, int], ...]
+Rule = Tuple[Union[str, int, Tuple[int, ...]], ...]
 
 _RULES: Dict[str, Rule] = {
     "clone3": ("refuse", _ENOSYS), "openat2": ("refuse", _ENOSYS), "io_uring_setup": ("refuse", _ENOSYS),
@@ -154,12 +154,13 @@ def _rule(program: _Program, name: str, rule: Rule) -> None:
         program.op(_LD_ABS, _arg_low(other) + 4)
         program.op(_JEQ, 0, None, refuse)
     elif kind == "which_self":
-        which, allowed, who = int(rule[1]), rule[2], int(rule[3])
+        which, who = int(rule[1]), int(rule[3])
+        allowed = [int(value) for value in rule[2]]  # type: ignore[union-attr]
         program.op(_LD_ABS, _arg_low(who))
         program.op(_JEQ, 0, None, refuse)
         program.op(_LD_ABS, _arg_low(which))
-        for n, value in enumerate(allowed):  # type: ignore[arg-type]
-            program.op(_JEQ, value, allow, refuse if n == len(allowed) - 1 else None)  # type: ignore[arg-type]
+        for n, value in enumerate(allowed):
+            program.op(_JEQ, value, allow, refuse if n == len(allowed) - 1 else None)
     elif kind == "no_setid":
         program.op(_LD_ABS, _arg_low(int(rule[1])))
         program.op(_JSET, _S_ISUID_GID, refuse, allow)
