@@ -140,6 +140,16 @@ def _ready(fds: list, timeout: Optional[float], events: int = select.POLLIN) -> 
     return [fd for fd, _ in poller.poll(None if timeout is None else max(0.0, timeout) * 1000)]
 
 
+def _signal(pidfd: Optional[int], sig: int) -> None:
+    """Signal the process a pidfd holds; nothing once it is gone (a pidfd
+    never reaches whoever has the pid next)."""
+    if pidfd is not None:
+        try:
+            signal.pidfd_send_signal(pidfd, sig)
+        except OSError:
+            pass
+
+
 def _exited(pidfd: Optional[int], timeout: Optional[float] = 0) -> bool:
     return pidfd is None or bool(_ready([pidfd], timeout))
 
@@ -168,11 +178,7 @@ class _Known:
         self.pidfd = fd
 
     def signal(self, sig: int) -> None:
-        if self.pidfd is not None:
-            try:
-                signal.pidfd_send_signal(self.pidfd, sig)
-            except OSError:
-                pass
+        _signal(self.pidfd, sig)
 
     def exited(self) -> bool:
         return _exited(self.pidfd)
@@ -403,11 +409,7 @@ class WorkerChild:
 
     def send_signal(self, sig: int) -> None:
         with self._lock:
-            if self._pidfd is not None:
-                try:
-                    signal.pidfd_send_signal(self._pidfd, sig)
-                except ProcessLookupError:
-                    pass
+            _signal(self._pidfd, sig)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)

@@ -61,11 +61,14 @@ def leaves_nothing_behind(request):
     yield from nothing_left_behind(request)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_address(tmp_path_factory):
     """The one local Ray cluster of the test session (two CPUs, no
     dashboard, its files under the session's temporary directory), this
-    process its driver; its GCS address, for drivers in other processes."""
+    process its driver; its GCS address, for drivers in other processes.
+    Only tests/test_ray.py uses it, and it ends with that module: its
+    processes are this process's children, and a later module that checks
+    it left none (tests/test_faults.py) found Ray's GCS among them."""
     import ray
 
     os.environ["RAY_AUTH_MODE"] = "disabled"  # else the first init writes ~/.ray/auth_token

@@ -420,14 +420,18 @@ def test_a_scratch_directory_goes_with_close_and_with_a_sigkilled_owner(tmp_path
 #: An owner whose only job leaves a daemon that escaped its session, double
 #: forked and cleared its environment; it says which pids run and waits.
 ESCAPING_OWNER = textwrap.dedent("""
-    import json, sys, time
+    import json, sys, threading
     from execpool import ExecPool, ShellJob
     pool = ExecPool(workers=1, cgroups=sys.argv[1] == "cgroups")
-    texts = []
-    pool.submit(ShellJob(sys.argv[2], timeout=None), on_event=lambda event: texts.append(event.text))
-    deadline = time.monotonic() + 20
-    while "PIDS" not in "".join(texts) and time.monotonic() < deadline:
-        time.sleep(0.005)
+    texts, said = [], threading.Event()
+
+    def seen(event):
+        texts.append(event.text)
+        if "PIDS" in "".join(texts):
+            said.set()
+
+    pool.submit(ShellJob(sys.argv[2], timeout=None), on_event=seen)
+    said.wait(20)
     tools = [int(p) for p in "".join(texts).split() if p.isdigit()]
     print(json.dumps({"workers": pool.worker_pids, "tools": tools, "uid": __import__("os").getuid()}), flush=True)
     sys.stdin.read()

@@ -42,7 +42,7 @@ JOBS = [ShellJob("echo hi; exit 3"), ShellJob("sleep 5", timeout=0.3), PythonJob
 
 @pytest.fixture(scope="module", autouse=True)
 def leaves_nothing_behind(request, ray_address):
-    """The session's cluster is up before the module's processes and
+    """The cluster is up before the module's processes and
     threads are counted (descriptors: see ``nothing_left_behind``)."""
     with RayPool(workers=1) as pool:  # Ray's own driver threads start on first use
         pool.run(ShellJob("true"))
@@ -158,19 +158,24 @@ def test_ray_kill_of_an_actor_leaves_no_tool_alive_and_its_jobs_run_elsewhere(ra
         assert pool.actors == 1
 
 
-#: A driver of the session's cluster, in a process of its own: a RayPool
+#: A driver of the module's cluster, in a process of its own: a RayPool
 #: with a job that left a daemon; says its pids, then waits to be killed.
 DRIVER = textwrap.dedent("""
-    import sys, time
+    import sys, threading
     import ray
     from execpool import ShellJob
     from execpool.ray import RayPool
     ray.init(address=sys.argv[1], log_to_driver=False)
     pool = RayPool(workers=1)
-    texts = []
-    pool.submit(ShellJob(sys.argv[2], timeout=None), on_event=lambda e: texts.append(e.text))
-    while "".join(texts).count("PIDS") < 2:
-        time.sleep(0.01)
+    texts, said = [], threading.Event()
+
+    def seen(event):
+        texts.append(event.text)
+        if "".join(texts).count("PIDS") >= 2:
+            said.set()
+
+    pool.submit(ShellJob(sys.argv[2], timeout=None), on_event=seen)
+    said.wait(60)
     print(" ".join("".join(texts).split()), flush=True)
     sys.stdin.read()
 """)
