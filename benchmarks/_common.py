@@ -27,7 +27,7 @@ from typing import Iterable, Optional, Sequence
 
 import psutil
 
-from execpool.template import SPARE_NAME, TEMPLATE_NAME
+from execpool.worker.warm.wire import SPARE_NAME, TEMPLATE_NAME
 
 MiB = 1 << 20
 KiB = 1 << 10
@@ -325,8 +325,8 @@ print("ok")
 
 
 def is_pool_helper(proc: psutil.Process) -> bool:
-    """A worker's warm template or parked spare (execpool/template.py), or the
-    pool's lifeline (execpool/lifeline.py): the pool's own, not a tool."""
+    """A worker's warm template or parked spare (execpool/worker/warm/template.py), or the
+    pool's lifeline (execpool/lifeline/process.py): the pool's own, not a tool."""
     try:
         return proc.name() in (TEMPLATE_NAME, SPARE_NAME) or "execpool.lifeline" in proc.cmdline()
     except psutil.Error:

@@ -4,7 +4,7 @@ jobs grew: used by benchmarks/soak.py.
 A soak otherwise sees only the caller's side -- its own RSS, threads and
 descriptors -- while what a tool call costs is measured in the worker
 (``Result.cpu_user_s``, ``cpu_system_s``, ``max_rss_bytes``, ``processes``;
-execpool/result.py says which are exact and which bounds). Kept per job in
+execpool/shared/result.py says which are exact and which bounds). Kept per job in
 compact arrays (28 bytes a job, so a 10 000-job run does not grow the
 caller's heap with its own records), per kind, this gives:
 

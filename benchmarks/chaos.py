@@ -76,7 +76,7 @@ import psutil
 
 from benchmarks import _common as C
 from execpool import TOOL_OUTPUT_STREAM_MAX_CHARS, ExecPool, PythonJob, Result, ShellJob
-from execpool.drain import STREAM_CAP_NOTICE
+from execpool.shared.output import STREAM_CAP_NOTICE
 
 RUN_VAR = "EXECPOOL_CHAOS_RUN"
 KIND_VAR = "EXECPOOL_CHAOS_KIND"

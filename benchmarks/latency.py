@@ -21,7 +21,7 @@ Run from the repository root::
      the same raw cold start; reported as a speed-up, raw / pool. Left out,
      with a note, when this execpool's PythonJob has no ``warm``.
 
-2. What the sandbox adds (``--sandbox-iters``, 0 to skip; execpool/sandbox.py):
+2. What the sandbox adds (``--sandbox-iters``, 0 to skip; execpool/shared/kernel/sandbox.py):
    the same bash, cold and warm jobs with ``sandbox="strict"`` and without,
    in pairs whose order alternates (plain first, then sandboxed first), so
    neither gains from coming second; reported: the median of each, the

@@ -9,7 +9,7 @@ Run from the repository root::
     python -m benchmarks.profile_pool bash --iters 300
     python -m benchmarks.profile_pool warm --iters 300
 
-Nothing in execpool is changed: the pool's ``subprocess.Popen`` (execpool/lifecycle.py) is
+Nothing in execpool is changed: the pool's ``subprocess.Popen`` (execpool/pool/workers.py) is
 wrapped, for this process only, so that a worker's command line
 ``python -m execpool.worker ...`` becomes ``python -m cProfile -o FILE -m
 execpool.worker ...`` (and ``--tmpdir`` moves the jobs' private directories).
@@ -42,7 +42,7 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 
 from benchmarks import _common as C
 from execpool import ExecPool, PythonJob, ShellJob
-import execpool.lifecycle as lifecycle
+import execpool.pool.workers as lifecycle
 
 
 class _ProfilingSubprocess:

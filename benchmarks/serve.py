@@ -76,7 +76,7 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 
 from benchmarks import _common as C
 from execpool import ExecPool, PythonJob
-from execpool.admission import DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT_S
+from execpool.serve.admission import DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT_S
 
 #: SandboxFusion's default ``run_timeout``, and the library job's timeout.
 RUN_TIMEOUT_S = 10

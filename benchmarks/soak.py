@@ -119,7 +119,7 @@ from benchmarks import _jobcost
 from benchmarks._leftovers import (KIND_VAR, RUN_VAR, checkpoints_at, kill_leftovers, marked_processes,
                                    rss_baseline, rss_checkpoint, settle, slope, traced_growth, window_drift)
 from execpool import TOOL_OUTPUT_STREAM_MAX_CHARS, ExecPool, PythonJob, Result, ShellJob
-from execpool.drain import STREAM_CAP_NOTICE
+from execpool.shared.output import STREAM_CAP_NOTICE
 
 FLOOD_CHARS = 5_000_000
 DEFAULT_MAX_OUTPUT_CHARS = 1_000_000  # the pool's default Result head

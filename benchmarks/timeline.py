@@ -46,9 +46,9 @@ BASH_STEPS = ["c_run_in", "c_submit_in", "c_start_sent", "w_start_recv", "w_spaw
 
 
 def _worker_main(out_path: str, worker_argv: list[str]) -> None:
-    import execpool.proctree as proctree
-    import execpool.worker as worker
-    from execpool import channel
+    import execpool.shared.kernel.proctree as proctree
+    import execpool.worker.loop as worker
+    from execpool.shared import channel
 
     marks: dict[str, dict[str, float]] = {}
     current = {"job": None}
@@ -176,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                              "(cold python for warm), as the interleaved pairs of latency.py do")
     args = parser.parse_args(argv)
 
-    import execpool.lifecycle as lifecycle
-    import execpool.supervisor as supervisor
+    import execpool.pool.workers as lifecycle
+    import execpool.pool.supervisor as supervisor
     from benchmarks import _common as C
     from execpool import ExecPool, PythonJob, ShellJob
 

@@ -1,11 +1,24 @@
 """execpool: run untrusted, model-written Python and shell code in a pool of
 isolated worker processes, with live streaming, timeouts, cancellation and
-whole-tree kills. This module only re-exports the public API.
+whole-tree kills. This module is the public face: it only re-exports.
+
+Where the code lives says which process runs it:
+
+- ``execpool/pool``: the caller's process (``ExecPool`` and what it runs on);
+- ``execpool/worker``: each worker process, with warm Python inside it;
+- ``execpool/lifeline``: the pool's lifeline process;
+- ``execpool/serve``: the ``execpool serve`` process;
+- ``execpool/cli``: the ``execpool`` command's process;
+- ``execpool/agent``: the model-facing tools and the tool-calling loop,
+  in an LLM server's process (public as ``execpool.tools``, ``execpool.loop``);
+- ``execpool/ray``: the Ray driver and its actors;
+- ``execpool/formats``: the JSON shapes the command and the service share;
+- ``execpool/shared``: what every process may import.
 
 The exports are imported on first use (PEP 562): every worker process starts
 as ``python -m execpool.worker``, which runs this file first, and a worker
-that imported the caller-side modules (asyncio, the pool, httpx) would carry
-twice the memory into every fork of itself -- its warm jobs' start-up cost.
+that imported the caller's side (asyncio, the pool, httpx) would carry twice
+the memory into every fork of itself -- its warm jobs' start-up cost.
 """
 
 from __future__ import annotations
@@ -14,50 +27,53 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .config import PoolConfig
-    from .drain import AsyncJobStream, accepts_output_callback, drain_queue, stream_tool_execution
-    from .future import TOOL_OUTPUT_STREAM_MAX_CHARS, JobEvent, JobFuture, JobOutput, OutputCapped
-    from .jobs import Limits, PythonJob, ShellJob
-    from .lifecycle import PoolClosedError
-    from .loop import chat_with_tools
-    from .proctree import capture_process_group, drain_process_output, kill_process_tree
-    from .result import Result, Status
-    from .sandbox import Sandbox, SandboxSupport, sandbox_support
-    from .stats import PoolStats
-    from .supervisor import ExecPool
+    from .agent.loop import chat_with_tools
+    from .pool.config import PoolConfig
+    from .pool.future import JobEvent, JobFuture, JobOutput, OutputCapped
+    from .pool.stats import PoolStats
+    from .pool.streams import AsyncJobStream, accepts_output_callback, drain_queue, stream_tool_execution
+    from .pool.supervisor import ExecPool
+    from .shared.errors import ExecPoolError, PoolBrokenError, PoolClosedError
+    from .shared.jobs import Limits, PythonJob, ShellJob
+    from .shared.kernel.proctree import capture_process_group, drain_process_output, kill_process_tree
+    from .shared.kernel.sandbox import Sandbox, SandboxSupport, sandbox_support
+    from .shared.output import TOOL_OUTPUT_STREAM_MAX_CHARS
+    from .shared.result import Result, Status
 
 _EXPORTS = {
-    "PoolConfig": "config",
-    "TOOL_OUTPUT_STREAM_MAX_CHARS": "future",
-    "JobEvent": "future",
-    "JobFuture": "future",
-    "JobOutput": "future",
-    "OutputCapped": "future",
-    "AsyncJobStream": "drain",
-    "accepts_output_callback": "drain",
-    "drain_queue": "drain",
-    "stream_tool_execution": "drain",
-    "Limits": "jobs",
-    "PythonJob": "jobs",
-    "ShellJob": "jobs",
-    "chat_with_tools": "loop",
-    "capture_process_group": "proctree",
-    "drain_process_output": "proctree",
-    "kill_process_tree": "proctree",
-    "Result": "result",
-    "Status": "result",
-    "Sandbox": "sandbox",
-    "SandboxSupport": "sandbox",
-    "sandbox_support": "sandbox",
-    "PoolStats": "stats",
-    "ExecPool": "supervisor",
-    "PoolClosedError": "lifecycle",
+    "chat_with_tools": "agent.loop",
+    "PoolConfig": "pool.config",
+    "JobEvent": "pool.future",
+    "JobFuture": "pool.future",
+    "JobOutput": "pool.future",
+    "OutputCapped": "pool.future",
+    "PoolStats": "pool.stats",
+    "AsyncJobStream": "pool.streams",
+    "accepts_output_callback": "pool.streams",
+    "drain_queue": "pool.streams",
+    "stream_tool_execution": "pool.streams",
+    "ExecPool": "pool.supervisor",
+    "ExecPoolError": "shared.errors",
+    "PoolBrokenError": "shared.errors",
+    "PoolClosedError": "shared.errors",
+    "Limits": "shared.jobs",
+    "PythonJob": "shared.jobs",
+    "ShellJob": "shared.jobs",
+    "capture_process_group": "shared.kernel.proctree",
+    "drain_process_output": "shared.kernel.proctree",
+    "kill_process_tree": "shared.kernel.proctree",
+    "Sandbox": "shared.kernel.sandbox",
+    "SandboxSupport": "shared.kernel.sandbox",
+    "sandbox_support": "shared.kernel.sandbox",
+    "TOOL_OUTPUT_STREAM_MAX_CHARS": "shared.output",
+    "Result": "shared.result",
+    "Status": "shared.result",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'execpool' has no attribute {name!r}")

@@ -1,3 +1,5 @@
-from .cli import console_main
+"""``python -m execpool``: the command line (execpool/cli)."""
+
+from .cli.main import console_main
 
 console_main()

@@ -8,7 +8,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from execpool import ExecPool  # noqa: E402
-from execpool.spawn import SPAWN_METHODS  # noqa: E402
+from execpool.worker.spawn import SPAWN_METHODS  # noqa: E402
 from helpers import wait_for  # noqa: E402
 
 #: How long a test module's last processes, threads and descriptors may

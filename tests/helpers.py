@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from typing import Callable, Iterable
 
 import psutil
 
-from execpool.proctree import JOB_MARKER_ENV
+from execpool.shared.kernel.proctree import JOB_MARKER_ENV
 
 #: The unprivileged user tests run pools and tools as: nobody.
 UNPRIVILEGED = 65534
@@ -124,12 +125,23 @@ def unprivileged_python() -> "str | None":
 
 
 def unprivileged_pythonpath(base: str) -> str:
-    """A world-readable directory under ``base`` that puts execpool and
-    psutil on an unprivileged interpreter's path (this checkout and the
-    venv may be root's alone)."""
-    path = os.path.join(base, "farm")
+    """A world-readable copy, under ``base``, of what an unprivileged
+    interpreter needs to run execpool: the package (its built extension
+    included) and its core dependencies. A copy, not links: this checkout
+    and its venv may lie in a directory only root may enter (``/root``, any
+    0700 folder), and a link does not make a path traversable."""
+    import tqdm
+
+    import execpool
+
+    path = os.path.join(base, "site")
     os.mkdir(path, 0o755)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    os.symlink(os.path.join(repo, "execpool"), os.path.join(path, "execpool"))
-    os.symlink(os.path.dirname(psutil.__file__), os.path.join(path, "psutil"))
+    for package in (execpool, psutil, tqdm):
+        source = os.path.dirname(os.path.abspath(package.__file__))
+        shutil.copytree(source, os.path.join(path, os.path.basename(source)),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            target = os.path.join(root, name)
+            os.chmod(target, os.stat(target).st_mode | 0o444 | (0o111 if name in dirs else 0))
     return path

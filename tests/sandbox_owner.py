@@ -24,8 +24,8 @@ import sys
 import threading
 
 from execpool import ExecPool, PythonJob, ShellJob
-from execpool.jobs import Limits
-from execpool.seccomp import TABLES
+from execpool.shared.jobs import Limits
+from execpool.shared.kernel.seccomp import TABLES
 
 VICTIM = 'echo victim-secret > victim-secret; echo "VICTIM $$ $PWD"; exec sleep 600'
 READY_S = 30.0

@@ -19,8 +19,8 @@ import psutil
 import pytest
 
 from execpool import ExecPool, PythonJob, ShellJob
-from execpool.batch import MAP_REORDER_WINDOW, imap_unordered_jobs, map_jobs, run_tagged
-from execpool.cli import default_output_path
+from execpool.pool.many import MAP_REORDER_WINDOW, imap_unordered_jobs, map_jobs, run_tagged
+from execpool.cli.batch import default_output_path
 from helpers import alive, all_dead, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -313,9 +313,9 @@ def test_invalid_lines_become_invalid_records_with_the_reason(tmp_path):
         2: (None, "bad JSON"), 3: (None, "JSON object, not array"), 4: (None, 'missing "id"'),
         5: (None, '"id" must be a string or an integer, not boolean'), 6: (None, "must not be empty"),
         7: ("both", "not both"), 8: ("neither", 'missing "python" or "shell"'),
-        9: ("typed", '"python" must be a string, not number'), 10: ("empty", "No code provided."),
+        9: ("typed", '"python" must be a string, not number'),
         11: ("negative", "positive"), 12: ("nul", "NUL"), 13: ("badenv", "env"),
-        14: ("nocwd", "not an existing directory"), 15: ("typo", 'unknown key "timout"'),
+        14: ("nocwd", "not an existing directory"), 15: ("typo", 'unknown field "timout"'),
         18: (None, "not valid UTF-8"),
     }
     for line, (ident, fragment) in expected.items():
@@ -323,6 +323,8 @@ def test_invalid_lines_become_invalid_records_with_the_reason(tmp_path):
         assert (got_id, status) == (ident, "invalid"), (line, reasons[line])
         assert fragment in error, (line, error)
     assert reasons[1][1] == "ok" and reasons[17] == (7, "ok", None)
+    # No code is a job whose Result says so, as the library's does -- not a line that is no job.
+    assert reasons[10] == ("empty", "error", "No code provided.")
     # Resume treats invalid lines as done too: nothing runs twice.
     again = batch(src, "--no-progress")
     assert again.returncode == 0 and "nothing to run" in again.stderr
@@ -353,7 +355,7 @@ def test_huge_numbers_odd_ids_and_deep_nesting_are_invalid_records_and_resume(tm
     assert sorted(recs) == list(range(1, 12)), "one record per line"
     expected = {
         1: (None, "integer of 5000 digits"), 2: (None, "integer of 5000 digits"),
-        3: (None, "integer of 5000 digits"), 4: ("nan", "timeout must be a positive, finite number"),
+        3: (None, "integer of 5000 digits"), 4: ("nan", '"timeout" must be a positive, finite number'),
         5: (None, "not number"), 6: (None, "not number"), 7: (None, "not object"),
         8: (None, "nested too deeply"), 9: (None, "nested too deeply"),
     }
@@ -379,7 +381,7 @@ def test_huge_numbers_odd_ids_and_deep_nesting_are_invalid_records_and_resume(tm
 #: Runs the CLI, then prints its peak RSS in KiB: VmHWM, which belongs to the
 #: process's memory since its exec -- not ru_maxrss, which counts the RSS of
 #: the process that forked it (this test run's, however big that has grown).
-PEAK_RSS_PROBE = ("import sys\nfrom execpool.cli import main\ncode = main(sys.argv[1:])\n"
+PEAK_RSS_PROBE = ("import sys\nfrom execpool.cli.main import main\ncode = main(sys.argv[1:])\n"
                   "peak = [line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM:')]\n"
                   "print(peak[0])\nsys.exit(code)")
 
@@ -410,7 +412,7 @@ def test_an_overlong_line_is_an_invalid_record_read_past_in_bounded_memory(tmp_p
 
 
 def test_a_line_of_exactly_the_longest_length_is_read(tmp_path, monkeypatch):
-    from execpool import batchlines
+    from execpool.cli import lines as batchlines
     monkeypatch.setattr(batchlines, "MAX_LINE_BYTES", 10)
     lines = io.BytesIO(b"0123456789\n01234567890\n\n0123456789")
     assert list(batchlines.input_lines(lines)) == [(1, b"0123456789\n"), (2, None), (4, b"0123456789")]
@@ -422,7 +424,7 @@ def test_empty_cwd_is_an_invalid_record_not_the_callers_directory(tmp_path):
     assert done.returncode == 0, done.stderr
     [rec] = records(default_output_path(src))
     assert rec["status"] == "invalid" and rec["output"] == "", rec
-    assert rec["error"].startswith("cwd must not be empty"), rec["error"]
+    assert rec["error"].startswith('"cwd" must not be empty'), rec["error"]
 
 
 def test_duplicate_ids_are_refused_before_anything_runs(tmp_path):
@@ -687,12 +689,31 @@ def test_memory_stays_bounded_for_a_big_input(tmp_path):
 @pytest.mark.parametrize("args", [
     [], ["/nonexistent.jsonl"], [REPO], [EXAMPLES, "--workers", "0"], [EXAMPLES, "--max-in-flight", "x"],
     [EXAMPLES, "--timeout", "-1"], [EXAMPLES, "-o", EXAMPLES], [EXAMPLES, "--progress", "--no-progress"],
+    [EXAMPLES, "--timeout", "1e9"], [EXAMPLES, "--timeout", "nan"], [EXAMPLES, "--preload", "not a module"],
+    [EXAMPLES, "--max-output-chars", "0"],
 ])
 def test_bad_batch_arguments_get_a_one_line_error(args):
     done = batch(*args)
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("execpool: error:")
+
+
+@pytest.mark.parametrize("flags, named", [(["--timeout", "1e9"], "--timeout"),
+                                          (["--preload", "no_such_module_here"], "no_such_module_here")])
+def test_a_bad_flag_writes_nothing_and_a_rerun_with_a_good_one_runs_every_line(tmp_path, flags, named):
+    """A flag the job rules refuse (a timeout past their bound) once gave
+    every line an invalid record, and the rerun then found them all done;
+    a preload that does not import is found only as the pool starts. Both
+    stop the command before OUT is touched."""
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(src, [{"id": 1, "shell": "echo one"}, {"id": 2, "python": "print(2)"}])
+    refused = batch(src, "-o", out, "--no-progress", *flags)
+    assert refused.returncode == 2 and named in refused.stderr, refused.stderr
+    assert not out.exists()
+    again = batch(src, "-o", out, "--no-progress", "--timeout", "30")
+    assert again.returncode == 0, again.stderr
+    assert {(r["id"], r["status"]) for r in records(out)} == {(1, "ok"), (2, "ok")}
 
 
 def test_default_output_path():

@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from execpool import ExecPool, Limits, PythonJob, ShellJob
-from execpool.cgroups import Cgroups
+from execpool.shared.kernel.cgroups import Cgroups
 from helpers import all_dead, pids_in, wait_for, worker_records
 
 

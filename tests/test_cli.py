@@ -54,13 +54,25 @@ def test_output_is_live_before_the_tool_exits(tmp_path):
 @pytest.mark.parametrize("args", [
     ["run"], ["run", "--timeout", "abc", "--shell", "true"], ["run", "--timeout", "-1", "--shell", "true"],
     ["run", "--shell", "true", "--python", "1"], ["frobnicate"], ["run", "/nonexistent/file.py"],
-    ["run", "--shell", "echo \x01\udcff"],
+    ["run", "--shell", "echo \x01\udcff"], ["run", "--timeout", "1e9", "--shell", "true"],
+    ["run", "--cwd", "/nonexistent/dir", "--shell", "true"], ["serve", "--port", "70000"],
+    ["serve", "--workers", "0"], ["serve", "--preload", "a-b"],
 ])
 def test_bad_arguments_get_a_one_line_error(args):
     done = execpool(*args)
     assert done.returncode == 2
     assert done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("execpool: error:")
+
+
+def test_serve_without_its_extra_says_what_to_install():
+    """The core install has no service stack; ``execpool serve`` then says
+    how to get it (starlette hidden here, as a core install lacks it)."""
+    code = ("import sys\nsys.modules['starlette'] = None\nfrom execpool.cli.main import main\n"
+            "sys.exit(main(['serve', '--port', '0']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'execpool[serve]'" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_reader_that_goes_away_stops_the_job_without_a_traceback():

@@ -23,9 +23,9 @@ import psutil
 import pytest
 
 from execpool import ExecPool, JobOutput, Limits, PythonJob, ShellJob, Status
-from execpool.cgroups import Cgroups, JobGroup
-from execpool.spawn import SPAWN_METHODS
-from execpool.template import _taken, read_report
+from execpool.shared.kernel.cgroups import Cgroups, JobGroup
+from execpool.worker.spawn import SPAWN_METHODS
+from execpool.worker.warm.wire import read_report, taken
 from helpers import wait_for
 
 MiB = 1 << 20
@@ -239,9 +239,9 @@ def test_a_spares_report_keeps_its_spent_cpu_apart_from_a_failure():
     """What a spare writes on its ready pipe when it takes a job: the CPU it
     had spent (taken off the job's figures), then any start failure."""
     before = resource.getrusage(resource.RUSAGE_SELF)
-    report = _taken()
-    taken, spent, failure = read_report(report)
-    assert taken and failure == b"" and spent[0] >= before.ru_utime and spent[1] >= before.ru_stime
+    report = taken()
+    took, spent, failure = read_report(report)
+    assert took and failure == b"" and spent[0] >= before.ru_utime and spent[1] >= before.ru_stime
     assert read_report(report + b"warm spare: no such directory") == (True, spent, b"warm spare: no such directory")
     assert read_report(b"")[0] is False  # a spare that died parked said nothing
 

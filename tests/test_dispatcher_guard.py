@@ -27,7 +27,8 @@ from typing import Callable
 import psutil
 import pytest
 
-from execpool import ExecPool, Limits, Result, ShellJob, Status, channel
+from execpool import ExecPool, Limits, Result, ShellJob, Status
+from execpool.shared import channel
 from helpers import alive, pids_in, remember, state, wait_for, worker_records
 
 #: How long a job that must end may take to end, here.

@@ -17,7 +17,8 @@ import psutil
 import pytest
 
 import hostile
-from execpool import ExecPool, Limits, PythonJob, ShellJob, dispatch
+from execpool import ExecPool, Limits, PythonJob, ShellJob
+from execpool.pool import dispatch
 from helpers import (UNPRIVILEGED, all_dead, marked_processes, open_fds, pids_in, unprivileged_python,
                      unprivileged_pythonpath, wait_for, worker_records)
 
@@ -211,7 +212,7 @@ def _bare_worker(first: object, tmp_path) -> tuple:
     is ``first``: (its exit code, or None while it runs; what it sent)."""
     from multiprocessing.connection import Connection
 
-    from execpool import channel
+    from execpool.shared import channel
 
     to_r, to_w = channel.pipe()
     from_r, from_w = channel.pipe()
@@ -236,7 +237,7 @@ def _bare_worker(first: object, tmp_path) -> tuple:
 
 
 def test_a_worker_takes_its_configuration_as_its_first_message_and_nothing_else(tmp_path):
-    from execpool import channel
+    from execpool.shared import channel
 
     jobs_dir = tmp_path / "jobs"
     jobs_dir.mkdir()
@@ -278,7 +279,7 @@ def test_a_job_that_builds_a_very_deep_tree_kills_nothing_and_leaves_nothing():
 
 
 def test_remove_tree_removes_any_depth_and_follows_no_symlink(tmp_path):
-    from execpool.dirs import remove_tree
+    from execpool.shared.kernel.dirs import remove_tree
 
     top = tmp_path / "top"
     top.mkdir()
@@ -306,7 +307,7 @@ def test_remove_tree_removes_a_directory_its_job_made_unreadable_as_nobody(tmp_p
         pytest.skip("needs root, to run as nobody")
     base = tempfile.mkdtemp(prefix="execpool-test-")  # tmp_path's parents are root's alone
     os.chmod(base, 0o777)
-    script = ("import os, sys\nfrom execpool.dirs import remove_tree\n"
+    script = ("import os, sys\nfrom execpool.shared.kernel.dirs import remove_tree\n"
               "top = os.path.join(sys.argv[1], 'job')\nos.makedirs(os.path.join(top, 'sub'))\n"
               "open(os.path.join(top, 'sub', 'f'), 'w').close()\n"
               "os.chmod(os.path.join(top, 'sub'), 0)\nos.chmod(top, 0)\n"
@@ -324,7 +325,7 @@ def test_remove_tree_cannot_be_blocked_by_taking_the_names_it_hoists_into(tmp_pa
     """Red team: hoisting tried ``.execpool-hoisted-0`` to ``-63``; a job
     that made those 64 directories (not empty) beside and inside its tree
     made its directory impossible to remove, for good."""
-    from execpool.dirs import remove_tree
+    from execpool.shared.kernel.dirs import remove_tree
 
     top = tmp_path / "top"
     for level in (top, top / "sub", top / "sub" / "deeper"):

@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 
 from execpool import ExecPool, Limits, PythonJob, ShellJob
 from execpool import tools as tool_layer
-from execpool.checks import MAX_SECONDS as MAX_TIMEOUT_S
-from execpool.jobs import MAX_SHELL_COMMAND_BYTES
+from execpool.shared.checks import MAX_SECONDS as MAX_TIMEOUT_S
+from execpool.shared.jobs import MAX_SHELL_COMMAND_BYTES
 
 FUZZ = settings(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
 FEW = settings(FUZZ, max_examples=12)

@@ -32,8 +32,8 @@ import pytest
 
 import hostile
 from execpool import ExecPool, Limits, PythonJob, ShellJob
-from execpool.drain import STREAM_CAP_NOTICE
-from execpool.spawn import SPAWN_METHODS
+from execpool.shared.output import STREAM_CAP_NOTICE
+from execpool.worker.spawn import SPAWN_METHODS
 from helpers import all_dead, alive, collect, joined_output, pids_in, processes_with_env, wait_for
 
 RUN = uuid.uuid4().hex
@@ -599,7 +599,7 @@ def test_single_line_of_multibyte_characters_is_counted_exactly(pool):
     result = pool.run(PythonJob(code, timeout=60, max_output_chars=1000, env=env()))
     assert result.exit_code == 0 and result.output_chars == 25_000_000
     assert result.output == "\u00e9" * 1000
-    assert result.text.endswith("(output truncated: 25000000 chars total, the first 1000 kept)")
+    assert result.text.endswith("[output truncated: 25000000 chars total, the first 1000 kept]")
 
 
 # --- stdin ---------------------------------------------------------------------------------------

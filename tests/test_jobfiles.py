@@ -1,5 +1,5 @@
 """Files into and out of a job's directory: confined to it whatever the
-request asks or the job plants (execpool/jobfiles.py)."""
+request asks or the job plants (execpool/serve/files.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import threading
 import pytest
 
 from execpool import ExecPool, ShellJob
-from execpool.jobfiles import JobFileError, check_path, read_files, write_files
+from execpool.formats.request import BadField, check_path
+from execpool.serve.files import JobFileError, read_files, write_files
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +21,8 @@ def pool():
 
 @pytest.mark.parametrize("path", ["../x", "a/../../x", "/etc/passwd", "", "a//b", "./a", "a/.", "a\x00b", "a/"])
 def test_paths_that_leave_or_are_not_plain_are_refused_before_anything_runs(path):
-    with pytest.raises(JobFileError):
-        check_path(path)
+    with pytest.raises(BadField, match="file path"):
+        check_path("file path", path)
 
 
 def test_files_go_in_and_come_back(tmp_path, pool):

@@ -1,24 +1,106 @@
-"""The two sides of execpool meet only in the shared modules (DESIGN.md):
-what runs in the caller never loads what runs only in a worker, and the
-worker never loads the caller's side. Checked in fresh interpreters, since
-this test process has imported everything."""
+"""The package is laid out by process (DESIGN.md, "Layout: folders by
+process"): a module's folder says which process runs it, and what a folder
+may import is fixed here. The worker's and the lifeline's folders import
+only the shared one; the caller's folders never import theirs. Checked
+twice: statically, from every module's imports, and in fresh interpreters,
+since this test process has imported everything."""
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
+import os
 import subprocess
 import sys
 
-CALLER_SIDE = {"execpool.supervisor", "execpool.ray", "execpool.runner", "execpool.config", "execpool.lifecycle",
-               "execpool.dispatch",
-               "execpool.future", "execpool.drain", "execpool.batch", "execpool.tools", "execpool.loop",
-               "execpool.cli", "execpool.batchlines", "execpool.records", "execpool.stats", "execpool.jobfiles",
-               "execpool.lifeline",
-               "execpool.serve", "execpool.server", "execpool.metrics", "execpool.httpjobs", "execpool.admission"}
-WORKER_SIDE = {"execpool.worker", "execpool.handover", "execpool.running", "execpool.spawn", "execpool.template",
-               "execpool.rulesets", "execpool.warm", "execpool.capture", "execpool._spawn"}
-SHARED = {"execpool.channel", "execpool.jobs", "execpool.result", "execpool.checks", "execpool.proctree",
-          "execpool.cgroups", "execpool._linux", "execpool.dirs", "execpool.sandbox", "execpool.seccomp"}
+import execpool
+
+PACKAGE = os.path.dirname(os.path.abspath(execpool.__file__))
+
+#: What each folder may import (besides itself and the package's top,
+#: ``execpool/__init__.py``, which imports nothing at import time).
+ALLOWED = {
+    "shared": set(),
+    "worker": {"shared"},
+    "lifeline": {"shared"},
+    "pool": {"shared"},
+    "formats": {"shared"},
+    "agent": {"pool", "shared"},
+    "ray": {"pool", "shared"},
+    "serve": {"pool", "formats", "shared"},
+    "cli": {"pool", "formats", "shared", "ray", "serve"},
+}
+
+#: The top of the package: the public face and nothing else -- the
+#: re-exports, ``python -m execpool``, and the tool layer and the loop
+#: under the names they were first published with.
+TOP = {"__init__", "__main__", "tools", "loop"}
+
+
+@functools.lru_cache(maxsize=None)
+def _modules() -> dict[str, str]:
+    """Every Python file of the package, by dotted name."""
+    found = {}
+    for root, _dirs, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                rel = os.path.relpath(path, os.path.dirname(PACKAGE))[:-3].replace(os.sep, ".")
+                found[rel.removesuffix(".__init__")] = path
+    return found
+
+
+def _folder(module: str) -> str:
+    """The top folder a module is in ("" for the package's top)."""
+    path = _modules()[module]
+    rel = os.path.relpath(path, PACKAGE).split(os.sep)
+    return rel[0] if len(rel) > 1 else ""
+
+
+def _imports(module: str, path: str) -> set[str]:
+    """The execpool modules ``module`` imports, wherever in it (a lazy
+    import inside a function counts: it runs in the same process)."""
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read(), path)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("execpool"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("execpool"):
+                found.add(target)
+                found.update(f"{target}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_every_module_is_in_a_folder_of_its_process():
+    modules = _modules()
+    top = {os.path.basename(path)[:-3] for name, path in modules.items() if _folder(name) == ""}
+    assert top == TOP, f"the package's top holds only its public face; found {sorted(top - TOP)}"
+    folders = {_folder(name) for name in modules} - {""}
+    assert folders == set(ALLOWED), folders ^ set(ALLOWED)
+
+
+def test_each_folder_imports_only_what_its_process_may():
+    modules = _modules()
+    crossings = []
+    for module, path in sorted(modules.items()):
+        folder = _folder(module)
+        if not folder or module.startswith("execpool.agent.shim"):
+            continue  # the top re-exports everything, lazily; the shim runs inside a tool and imports nothing
+        for target in _imports(module, path):
+            if target == "execpool" or target.count(".") == 0:
+                continue
+            other = target.split(".")[1]
+            if other in ALLOWED and other != folder and other not in ALLOWED[folder]:
+                crossings.append(f"{module} imports {target}")
+    assert not crossings, "\n".join(crossings)
 
 
 def _loaded_by(*modules: str) -> set:
@@ -28,35 +110,33 @@ def _loaded_by(*modules: str) -> set:
     return set(json.loads(done.stdout))
 
 
-def test_the_callers_side_loads_nothing_of_the_workers():
-    loaded = _loaded_by(*sorted(CALLER_SIDE))
-    assert loaded >= CALLER_SIDE
-    assert not loaded & WORKER_SIDE
+def _in(folders: set, loaded: set) -> set:
+    """What of ``loaded`` lies outside ``folders`` (the package itself aside)."""
+    return {m for m in loaded if m != "execpool" and m.split(".")[1] not in folders}
 
 
-def test_the_workers_side_loads_nothing_of_the_callers():
-    loaded = _loaded_by("execpool.worker", "execpool.template")
-    assert loaded >= WORKER_SIDE - {"execpool._spawn"}
-    assert not loaded & CALLER_SIDE
+def test_a_worker_loads_only_its_folder_and_the_shared_one():
+    """What a worker process, its template and its spares import."""
+    loaded = _loaded_by("execpool.worker.loop", "execpool.worker.warm.template", "execpool.worker.warm.spare")
+    assert {"execpool.worker.loop", "execpool.worker.warm.handover", "execpool.shared.channel"} <= loaded
+    assert not _in({"worker", "shared"}, loaded)
 
 
-def test_the_lifeline_loads_only_itself_and_shared_modules():
-    loaded = _loaded_by("execpool.lifeline")
-    assert not loaded & (CALLER_SIDE | WORKER_SIDE) - {"execpool.lifeline"}
+def test_the_lifeline_loads_only_its_folder_and_the_shared_one():
+    loaded = _loaded_by("execpool.lifeline.process")
+    assert not _in({"lifeline", "shared"}, loaded)
 
 
-def test_the_shared_modules_load_neither_side():
-    loaded = _loaded_by(*sorted(SHARED))
-    assert loaded >= SHARED
-    assert not loaded & (CALLER_SIDE | WORKER_SIDE)
+def test_the_shared_folder_loads_nothing_else():
+    shared = [name for name in _modules() if name.startswith("execpool.shared")]
+    assert not _in({"shared"}, _loaded_by(*shared))
 
 
-def test_every_module_has_a_side():
-    """A new module is placed on purpose: the checks above cover it."""
-    import pkgutil
-
-    import execpool
-
-    modules = {f"execpool.{info.name}" for info in pkgutil.iter_modules(execpool.__path__)}
-    modules -= {"execpool._shim", "execpool.__main__"}
-    assert modules == CALLER_SIDE | WORKER_SIDE | SHARED, modules ^ (CALLER_SIDE | WORKER_SIDE | SHARED)
+def test_the_callers_side_loads_nothing_of_the_workers_or_the_lifelines():
+    """Every module of the caller's folders at once, in one interpreter."""
+    modules = _modules()
+    callers = [name for name in modules if _folder(name) in {"pool", "formats", "agent", "serve", "cli", "ray"}
+               and not name.endswith("__main__") and ".shim" not in name]
+    loaded = _loaded_by("execpool", "execpool.tools", "execpool.loop", *callers)
+    assert set(callers) <= loaded
+    assert not {m for m in loaded if m.split(".")[1:2] in (["worker"], ["lifeline"])}

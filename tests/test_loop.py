@@ -16,7 +16,7 @@ import uuid
 import httpx
 import pytest
 
-from execpool.loop import READER_THREAD_NAME, chat_with_tools
+from execpool.agent.loop import READER_THREAD_NAME, chat_with_tools
 from fake_openai import (
     DONE,
     DROP,

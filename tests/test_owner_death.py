@@ -7,7 +7,7 @@ that its own tool keeps stopped.
 Where a cgroup v2 hierarchy is writable (root here) each worker runs in a
 group of its own, and ``cgroup.kill`` reaches whatever a job did to its
 session, group or environment; when the owner dies, the pool's lifeline
-(execpool/lifeline.py) continues and kills the workers, kills those groups
+(execpool/lifeline/process.py) continues and kills the workers, kills those groups
 and removes the workers' directories. Without a writable hierarchy (a
 non-root user on most machines) the lifeline still continues and kills the
 workers and removes their directories; a daemon that cleared its
@@ -30,7 +30,8 @@ import time
 import psutil
 import pytest
 
-from execpool import ExecPool, ShellJob, cgroups
+from execpool import ExecPool, ShellJob
+from execpool.shared.kernel import cgroups
 from helpers import (UNPRIVILEGED, all_dead, alive, pids_in, remember, state, unprivileged_python,
                      unprivileged_pythonpath, wait_for, worker_records)
 

@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from execpool.drain import STREAM_CAP_NOTICE
-from execpool.future import TOOL_OUTPUT_STREAM_MAX_CHARS
+from execpool.shared.output import STREAM_CAP_NOTICE
+from execpool.shared.output import TOOL_OUTPUT_STREAM_MAX_CHARS
 from helpers import alive, all_dead, pids_in, remember
 from hostile import SETSID_DAEMON
 from test_serve import REPO, Server

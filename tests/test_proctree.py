@@ -8,8 +8,8 @@ import uuid
 import psutil
 import pytest
 
-from execpool import proctree
-from execpool.proctree import capture_process_group, drain_process_output, kill_process_tree
+from execpool.shared.kernel import proctree
+from execpool.shared.kernel.proctree import capture_process_group, drain_process_output, kill_process_tree
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="uses bash and process groups")
 

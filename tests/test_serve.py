@@ -139,13 +139,25 @@ def test_a_symlink_the_job_plants_is_not_followed_when_fetching(server, tmp_path
 @pytest.mark.parametrize("body, field", [
     ({"python": 5}, '"python"'), ({"python": "x", "shell": "y"}, "either"), ({"shell": "true", "timeout": -1}, "timeout"),
     ({"shell": "true", "timeout": "1"}, "timeout"), ({"shell": "true", "bogus": 1}, '"bogus"'),
-    ({"shell": "true", "env": {"A": 1}}, "env"), ({"shell": "true", "id": [1]}, '"id"'), ({"shell": ""}, "No command"),
+    ({"shell": "true", "env": {"A": 1}}, "env"), ({"shell": "true", "id": [1]}, '"id"'),
     ({"shell": "true", "timeout": 10 ** 6}, "limit"), ([1, 2], "object"),
 ])
 def test_bad_bodies_get_400_naming_the_field(server, body, field):
     answer = server.client.post("/v1/run", json=body)
     assert answer.status_code == 400, answer.text
     assert field in answer.json()["detail"]
+
+
+def test_no_code_is_answered_as_the_library_answers_it_in_each_dialect(server):
+    """One rule: a job with no code runs to a Result that says so. execpool's
+    routes give that Result's record; /run_code gives what SandboxFusion
+    makes of an empty program (an empty file, run: it succeeds)."""
+    for body, text in (({"shell": "  "}, "No command provided."), ({"python": ""}, "No code provided.")):
+        answer = server.client.post("/v1/run", json=body)
+        assert answer.status_code == 200, answer.text
+        assert (answer.json()["status"], answer.json()["error"]) == ("error", text)
+    answer = server.client.post("/run_code", json={"code": "", "language": "python"}).json()
+    assert answer["status"] == "Success" and answer["run_result"]["return_code"] == 0
 
 
 def test_not_json_and_too_large_bodies(server):

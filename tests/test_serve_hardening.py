@@ -18,8 +18,8 @@ import time
 import httpx
 import pytest
 
-from execpool.admission import Admission, Rejected
-from execpool.httpjobs import MAX_BATCH_JOBS, MAX_FILES
+from execpool.serve.admission import Admission, Rejected
+from execpool.formats.request import MAX_BATCH_JOBS, MAX_FILES
 from helpers import all_dead, alive, wait_for
 from test_serve import DEADLINE_S, Server, b64
 

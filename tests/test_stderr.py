@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from execpool import channel
+from execpool.shared import channel
 from execpool import TOOL_OUTPUT_STREAM_MAX_CHARS, JobOutput, Limits, OutputCapped, PythonJob, ShellJob, Status
 from helpers import all_dead, collect, pids_in, wait_for, worker_records
 

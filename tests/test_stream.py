@@ -11,7 +11,7 @@ import pytest
 
 import hostile
 from execpool import TOOL_OUTPUT_STREAM_MAX_CHARS, JobOutput, OutputCapped, PythonJob, ShellJob
-from execpool.drain import STREAM_CAP_NOTICE
+from execpool.shared.output import STREAM_CAP_NOTICE
 from helpers import (all_dead, collect, joined_output, marked_processes, open_fds, pids_in, wait_for,
                      worker_records)
 

@@ -23,7 +23,7 @@ import pytest
 from helpers import alive, all_dead, pids_in, state, wait_for, worker_records
 
 from execpool import ExecPool, Limits, PythonJob, ShellJob
-from execpool.template import SPARE_NAME, TEMPLATE_NAME
+from execpool.worker.warm.wire import SPARE_NAME, TEMPLATE_NAME
 
 #: A tool's view of its own descriptors, less the one the listing opens.
 LIST_FDS_PYTHON = """
@@ -246,7 +246,7 @@ def test_a_template_killed_as_it_starts_fails_the_waiting_warm_jobs_not_the_work
             while not stop.is_set():
                 for child in worker.children():
                     try:
-                        if child.name() == TEMPLATE_NAME or "execpool.template" in child.cmdline():
+                        if child.name() == TEMPLATE_NAME or "execpool.worker.warm.template" in child.cmdline():
                             child.kill()
                     except psutil.Error:
                         pass
@@ -363,6 +363,6 @@ def _cont(proc: psutil.Process) -> None:
 
 
 def _has_vfork() -> bool:
-    from execpool.spawn import SPAWN_METHODS
+    from execpool.worker.spawn import SPAWN_METHODS
 
     return "vfork" in SPAWN_METHODS

@@ -16,7 +16,7 @@ import pytest
 
 from execpool import ExecPool, PythonJob, ShellJob
 from execpool import tools
-from execpool.tools import (
+from execpool.agent.tools import (
     MAX_OUTPUT_CHARS,
     PYTHON_TOOL,
     TERMINAL_TOOL,

@@ -11,8 +11,8 @@ import pytest
 
 import hostile
 from execpool import ExecPool, Limits, PythonJob, ShellJob
-from execpool.template import SPARE_NAME, TEMPLATE_NAME
-from execpool.config import DEFAULT_WARM_SPARES as WARM_SPARES
+from execpool.worker.warm.wire import SPARE_NAME, TEMPLATE_NAME
+from execpool.pool.config import DEFAULT_WARM_SPARES as WARM_SPARES
 from helpers import all_dead, pids_in, wait_for
 
 CORPUS = {

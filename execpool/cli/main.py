@@ -1,0 +1,212 @@
+"""``execpool`` on the command line.
+
+Runs in the user's shell process and owns one ExecPool for the command's life.
+
+``execpool run [--timeout S] [--json] (--python CODE | --shell CMD | FILE.py)``
+runs one tool, streamed live to the terminal, and exits with the tool's exit
+code, 124 on timeout (as coreutils' ``timeout``), 128+N for a tool killed by
+signal N, 130 when interrupted, and 1 with an ``Execution error:`` line when
+execpool itself could not run the tool. With ``--json`` nothing is streamed:
+stdout gets one JSON line instead, the job's record as ``execpool batch``
+writes it (without ``id`` and ``line``), with what the job cost; the exit
+status is the same.
+
+``execpool batch IN.jsonl [-o OUT.jsonl]`` runs one job per input line through
+``batch.run_tagged`` and appends one record per job to OUT as each job ends.
+Re-running the same command resumes: ids already in OUT are skipped. The
+rules that make that exact -- every input line ends up in OUT once, whatever
+killed an earlier run -- are in ``execpool/formats/records.py`` and ``_Batch``.
+"""
+
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import Any, Callable, NoReturn, Optional, Sequence, Tuple
+
+from ..formats.request import BadField, timeout_flag
+from ..serve import settings
+from ..shared import checks
+from ..shared.output import BATCH_RECORD_CHARS
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line, not argparse's usage block: scripts and humans both read it."""
+        message = re.sub(r"^argument (\S+): \1 ", r"\1 ", message)  # a rule's message names its flag already
+        self.exit(2, f"execpool: error: {message} (see 'execpool {self.prog.split()[-1]} --help')\n")
+
+
+def _flag(flag: str, convert: Callable[[str], Any], rule: Callable[..., Any], **bounds: Any) -> Callable[[str], Any]:
+    """An argparse type for ``flag``: the text converted, then checked by the
+    library's own rule, so that a flag takes exactly what the option it sets
+    takes -- and a bad one stops the command before it does anything."""
+    def parse(text: str) -> Any:
+        try:
+            return rule(flag, convert(text), **bounds)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+def _number(kind: Callable[[str], Any], what: str) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return kind(text)
+        except ValueError:
+            raise ValueError(f"give {what}, not {text!r}") from None
+    return convert
+
+
+def _count(flag: str, **bounds: Any) -> Callable[[str], int]:
+    return _flag(flag, _number(int, "a whole number"), checks.integer, **bounds)
+
+
+def _seconds(flag: str) -> Callable[[str], float]:
+    """Seconds, finite (no 'none': the service always has a limit)."""
+    return _flag(flag, _number(float, "a number of seconds"), checks.seconds)
+
+
+def _modules(flag: str) -> Callable[[str], Tuple[str, ...]]:
+    """Comma-separated module names."""
+    return _flag(flag, lambda text: [name.strip() for name in text.split(",") if name.strip()], checks.names,
+                 module=True)
+
+
+def _timeout(text: str) -> Optional[float]:
+    try:
+        return timeout_flag(text)
+    except BadField as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="execpool", description="Run untrusted code in isolated worker processes.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = commands.add_parser("run", help="run one Python or shell tool, streaming its output")
+    run.add_argument("--timeout", type=_timeout, default=300.0,
+                     help="wall-clock limit in seconds, or 'none' (default 300)")
+    run.add_argument("--cwd", metavar="DIR",
+                     help="working directory to run in and keep (default: a fresh temporary one)")
+    run.add_argument("--json", action="store_true",
+                     help="print one JSON record (output, status, CPU time, memory, processes) instead of "
+                          "streaming the output")
+    run.add_argument("--sandbox", action="store_true",
+                     help="run the tool in the strict sandbox: it writes only its directory (see the README)")
+    source = run.add_mutually_exclusive_group(required=True)
+    source.add_argument("--python", metavar="CODE", help="Python code to run")
+    source.add_argument("--shell", metavar="CMD", help="shell command to run with bash -c")
+    source.add_argument("file", nargs="?", metavar="FILE.py", help="a Python file to run")
+
+    batch = commands.add_parser(
+        "batch", help="run a JSONL file of jobs, appending one JSONL record per job (resumable)",
+        description="Run one job per line of IN.jsonl ({\"id\", \"python\": CODE | \"shell\": CMD, optional "
+                    "\"timeout\", \"cwd\", \"env\", \"stdin\"}) and append one record per job to OUT as it ends. "
+                    "Re-running the same command skips the ids already in OUT. Exit status: 0 when every line "
+                    "has its record (whatever the jobs' own statuses), 130 when interrupted, 2 for bad usage, "
+                    "1 when execpool itself failed.")
+    batch.add_argument("input", metavar="IN.jsonl", help="the jobs, one JSON object per line")
+    batch.add_argument("-o", "--output", metavar="OUT.jsonl",
+                       help="where records go (default: IN with .jsonl replaced by .out.jsonl); "
+                            "'-' writes to stdout, without resume")
+    batch.add_argument("--workers", type=_count("--workers"), default=None, metavar="N",
+                       help="worker processes (default: the number of CPUs)")
+    batch.add_argument("--max-in-flight", type=_count("--max-in-flight"), default=None, metavar="N",
+                       help="jobs running at once (default: two per worker)")
+    batch.add_argument("--timeout", type=_timeout, default=300.0, metavar="S",
+                       help="seconds per job for lines without a \"timeout\", or 'none' (default 300)")
+    batch.add_argument("--warm", action="store_true",
+                       help="run Python jobs in a fork of a worker instead of a new interpreter")
+    batch.add_argument("--preload", type=_modules("--preload"), metavar="MODULES", default=(),
+                       help="comma-separated modules every worker's warm template imports (speeds up --warm jobs)")
+    batch.add_argument("--max-output-chars", type=_count("--max-output-chars"), default=BATCH_RECORD_CHARS,
+                       metavar="N", help="output kept per record; output_chars has the full length "
+                                         f"(default {BATCH_RECORD_CHARS})")
+    batch.add_argument("--no-retry-infra", dest="retry_infra", action="store_false",
+                       help="keep the records of jobs that execpool failed to run (status infra) instead of "
+                            "running them again")
+    batch.add_argument("--no-fsync", dest="fsync", action="store_false",
+                       help="do not fdatasync OUT (a killed process still loses nothing; power loss may)")
+    batch.add_argument("--sandbox", action="store_true",
+                       help="run every job in the strict sandbox: each writes only its directory (see the README)")
+    batch.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                       help="spread the jobs over a Ray cluster: ADDRESS, 'auto' (one running here), 'local' (a new "
+                            "one), or nothing for Ray's default; --workers is then per node")
+    progress = batch.add_mutually_exclusive_group()
+    progress.add_argument("--progress", dest="progress", action="store_true", default=None,
+                          help="show the progress bar even when stderr is not a terminal")
+    progress.add_argument("--no-progress", dest="progress", action="store_false",
+                          help="never show the progress bar")
+    serve = commands.add_parser("serve", help="serve the pool over HTTP (execpool's API and SandboxFusion's "
+                                              "/run_code)")
+    _serve_arguments(serve)
+    return parser
+
+
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """``execpool serve``'s options; the service itself (execpool/serve:
+    Starlette and uvicorn, the ``serve`` extra) is imported only when it runs."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other "
+                                                            "needs a token)")
+    parser.add_argument("--port", type=_count("--port", minimum=0, maximum=65535), default=8080, help="port (default 8080; 0: any free port)")
+    parser.add_argument("--workers", type=_count("--workers"), default=None,
+                        help="pool workers (default: the number of CPUs)")
+    parser.add_argument("--max-in-flight", type=_count("--max-in-flight"), default=None,
+                        help="jobs running at once (default: two per CPU, as a job waits on I/O part of its time)")
+    parser.add_argument("--max-queue", type=_count("--max-queue"), default=settings.DEFAULT_MAX_QUEUE,
+                        help=f"requests waiting for a slot (default {settings.DEFAULT_MAX_QUEUE})")
+    parser.add_argument("--queue-timeout", type=_seconds("--queue-timeout"), default=settings.DEFAULT_QUEUE_TIMEOUT_S,
+                        help=f"seconds a request may wait for a slot (default {settings.DEFAULT_QUEUE_TIMEOUT_S:g})")
+    parser.add_argument("--token-file", help="file holding the bearer token (or set EXECPOOL_TOKEN)")
+    parser.add_argument("--max-body-mb", type=_count("--max-body-mb"), default=settings.DEFAULT_MAX_BODY_MB,
+                        help=f"largest request body (default {settings.DEFAULT_MAX_BODY_MB} MiB)")
+    parser.add_argument("--max-connections", type=_count("--max-connections"), default=settings.DEFAULT_MAX_CONNECTIONS,
+                        help=f"open connections at most; more are closed at once (default {settings.DEFAULT_MAX_CONNECTIONS}, "
+                             "or what the descriptor limit leaves room for)")
+    parser.add_argument("--read-timeout", type=_seconds("--read-timeout"), default=settings.DEFAULT_READ_TIMEOUT_S,
+                        help=f"seconds a request's headers, then its body, may take to arrive "
+                             f"(default {settings.DEFAULT_READ_TIMEOUT_S:g})")
+    parser.add_argument("--grace", type=_seconds("--grace"), default=settings.DEFAULT_GRACE_S,
+                        help=f"seconds running jobs get at shutdown (default {settings.DEFAULT_GRACE_S:g})")
+    parser.add_argument("--timeout", type=_seconds("--timeout"), default=settings.DEFAULT_TIMEOUT_S,
+                        help=f"timeout of jobs that give none (default {settings.DEFAULT_TIMEOUT_S:g} s)")
+    parser.add_argument("--max-timeout", type=_seconds("--max-timeout"), default=settings.DEFAULT_MAX_TIMEOUT_S,
+                        help=f"largest timeout a request may ask (default {settings.DEFAULT_MAX_TIMEOUT_S:g} s)")
+    parser.add_argument("--heartbeat", type=_seconds("--heartbeat"), default=settings.DEFAULT_HEARTBEAT_S,
+                        help=f"seconds between keep-alives of a quiet /v1/stream (default {settings.DEFAULT_HEARTBEAT_S:g})")
+    parser.add_argument("--warm", action="store_true", help="run Python jobs warm (see the README)")
+    parser.add_argument("--preload", type=_modules("--preload"), metavar="MODULES", default=(), help="comma-separated modules the warm templates import")
+    parser.add_argument("--no-network", dest="network", action="store_false",
+                        help="jobs run without network (a network namespace of their own)")
+    parser.add_argument("--sandbox", choices=("strict", "off"), default="strict",
+                        help="the kernel-enforced sandbox every job runs in (default strict: a job writes only its "
+                             "own directory and reads the system's software; see the README); the service does not "
+                             "start where the kernel lacks it, unless given off")
+
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "batch":
+        from .batch import batch
+
+        return batch(args)
+    if args.command == "serve":
+        try:
+            from ..serve.command import main as serve
+        except ImportError as exc:
+            if not settings.stack_missing(exc):
+                raise
+            print(f"execpool serve: {settings.INSTALL_HINT} ({exc})", file=sys.stderr)
+            return 2
+        return serve(args)
+    from .run import run
+
+    return run(args)
+
+
+def console_main() -> None:
+    sys.exit(main())
+

@@ -1,0 +1,70 @@
+"""SandboxFusion's answer to ``/run_code`` (its ``RunCodeResponse``), field
+for field, so that its clients -- its own ``sandbox-fusion`` package,
+verl's reward and tool code -- work unchanged.
+
+Runs in the service's process (execpool/serve). The request side is the
+``RUN_CODE`` dialect of execpool/formats/request.py.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Dict, Mapping, Optional
+
+from ..shared.result import Result, Status
+
+
+def encoded(files: Mapping[str, bytes]) -> Dict[str, str]:
+    """Fetched files as an answer carries them: base64 text."""
+    return {path: base64.b64encode(data).decode("ascii") for path, data in files.items()}
+
+
+def answer(result: Result, files: Mapping[str, bytes]) -> Dict[str, Any]:
+    """The ``RunCodeResponse`` for a job's Result. A program with no code is
+    what SandboxFusion makes of it -- an empty file, run: it succeeds."""
+    fetched = encoded(files)
+    if result.status is Status.INFRA:
+        return sandbox_error(f"execpool could not run the code: {result.error}")
+    if result.empty_message is not None:
+        return {**_response("Success", ""), "run_result": _run_result("Finished", 0.0, 0.0, 0, "", ""),
+                "files": fetched}
+    if result.status is Status.TIMEOUT:
+        run = _run_result("TimeLimitExceeded", result.duration_s, result.cpu_s, None, result.output, result.stderr)
+        return {**_response("Failed", result.text), "run_result": run, "files": fetched}
+    # A program killed over a cap (memory, processes) got SIGKILL: -9, as
+    # SandboxFusion reports an out-of-memory kill.
+    code = result.exit_code if result.exit_code is not None else -9
+    run = _run_result("Finished", result.duration_s, result.cpu_s, code, result.output, result.stderr)
+    top = "Success" if result.status is Status.OK else "Failed"
+    return {**_response(top, result.error or ""), "run_result": run, "files": fetched}
+
+
+def sandbox_error(message: str) -> Dict[str, Any]:
+    """The answer for a request that cannot run (HTTP 200, as SandboxFusion
+    answers; its clients raise on ``SandboxError`` with this message)."""
+    return {**_response("SandboxError", message), "run_result": None, "files": {}}
+
+
+def _response(status: str, message: str) -> Dict[str, Any]:
+    return {"status": status, "message": message, "compile_result": None, "run_result": None,
+            "executor_pod_name": None, "files": {}}
+
+
+def _run_result(status: str, seconds: float, cpu_seconds: Optional[float], code: Optional[int], stdout: str,
+                stderr: str) -> Dict[str, Any]:
+    """``execution_time`` is wall-clock, ``cpu_time`` the CPU of the job's
+    whole tree (``Result.cpu_s``), both in seconds as SandboxFusion's."""
+    return {"status": status, "execution_time": round(seconds, 6),
+            "cpu_time": None if cpu_seconds is None else round(cpu_seconds, 6), "return_code": code,
+            "stdout": stdout, "stderr": stderr}
+
+
+#: The ``RunCodeResponse``, for the OpenAPI document.
+RUN_RESULT_SCHEMA = {"type": ["object", "null"], "properties": {
+    "status": {"type": "string", "enum": ["Finished", "Error", "TimeLimitExceeded"]},
+    "execution_time": {"type": "number"}, "cpu_time": {"type": ["number", "null"]},
+    "return_code": {"type": ["integer", "null"]}, "stdout": {"type": "string"}, "stderr": {"type": "string"}}}
+RESPONSE_SCHEMA = {"type": "object", "properties": {
+    "status": {"type": "string", "enum": ["Success", "Failed", "SandboxError"]}, "message": {"type": "string"},
+    "compile_result": RUN_RESULT_SCHEMA, "run_result": RUN_RESULT_SCHEMA, "executor_pod_name": {"type": "null"},
+    "files": {"type": "object", "additionalProperties": {"type": "string", "contentEncoding": "base64"}}}}

@@ -1,0 +1,182 @@
+"""The dispatcher: the one thread that reads every worker's messages.
+
+::
+
+    dispatcher thread (one per pool)
+    --------------------------------
+    connection.wait(worker channels + wake pipe)
+      Output   -> the job's handle -> on_event (JobOutput / OutputCapped)
+      Finished -> the job's handle -> its future's result
+      Spawned  -> the process groups to kill should the worker die
+      Ready    -> the worker takes jobs
+      EOF, or a message the channel does not allow -> Workers.lost(worker):
+                  its cleanup and its jobs' INFRA results on a thread of their own
+    every WATCHDOG_PERIOD_S while jobs run: continue stopped workers, kill
+    wedged ones, keep the lifeline alive
+
+Runs in the caller, on a thread of its own: the caller's thread count does
+not grow with the number of concurrent jobs. Everything every job depends on
+passes through here, so nothing a worker sends can stop it: it reads without
+blocking, whole frames only, a bounded amount per worker per turn, and a
+worker whose message is not what the channel allows (execpool/shared/channel.py
+checks every field) or cannot be handled is killed and treated as dead.
+Nothing slow runs here either: a dead worker's cleanup is handed to
+execpool/pool/workers.py at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from multiprocessing.connection import wait
+from typing import Optional
+
+from ..shared import channel
+from .workers import WorkerProcess, Workers
+from ..shared.kernel.proctree import is_stopped, stat_fields
+
+#: While jobs run, how often the dispatcher looks for a stopped worker (and
+#: continues it) and for jobs past their timeout, and how late a job may be
+#: before its worker is killed.
+WATCHDOG_PERIOD_S = 0.25
+WATCHDOG_KILL_S = 10.0
+
+#: Bytes the dispatcher reads from one worker before it looks at the others.
+_DISPATCH_BUDGET = 256 * 1024
+
+logger = logging.getLogger("execpool")
+
+
+class Dispatcher:
+    """Routes worker messages to job handles; doubles as the watchdog."""
+
+    def __init__(self) -> None:
+        self._wake_r, self._wake_w = channel.pipe()
+        os.set_blocking(self._wake_w, False)  # a full wake pipe is awake enough
+        self._next_watchdog = 0.0
+        self._thread: Optional[threading.Thread] = None
+        self.workers: Optional[Workers] = None
+
+    def start(self, workers: Workers) -> None:
+        self.workers = workers
+        self._thread = threading.Thread(target=self._run, name="execpool-dispatcher", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """The workers or the running jobs changed: look again."""
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def stop(self, timeout: float) -> None:
+        """After ``Workers.close``: the thread ends once every worker's
+        channel has ended."""
+        self.wake()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _run(self) -> None:
+        workers = self.workers
+        assert workers is not None
+        while True:
+            with workers.lock:
+                by_conn = {w.recv: w for w in workers.all}
+                if workers.closed and not by_conn:
+                    return
+                watching = workers.running_jobs > 0
+            ready_list = wait([self._wake_r, *by_conn], WATCHDOG_PERIOD_S if watching else None)
+            if watching and time.monotonic() >= self._next_watchdog:
+                self._next_watchdog = time.monotonic() + WATCHDOG_PERIOD_S
+                self._watchdog(workers)
+            for ready in ready_list:
+                if ready == self._wake_r:
+                    os.read(self._wake_r, 4096)
+                else:
+                    self._serve(workers, by_conn[ready])
+
+    def _serve(self, workers: Workers, worker: WorkerProcess) -> None:
+        """Route what one worker sent (a bounded amount, so one flooding
+        worker cannot starve the others). Whatever goes wrong doing so is
+        that worker's fault -- it is killed and replaced -- never the
+        dispatcher's, which every other job depends on."""
+        try:
+            for frame in worker.frames.frames(_DISPATCH_BUDGET):
+                self._route(workers, worker, channel.decode(frame, channel.FROM_WORKER))
+        except EOFError:
+            workers.lost(worker)
+        except Exception as exc:  # noqa: BLE001 - a broken or forged channel, or a bug handling it
+            if isinstance(exc, channel.ChannelError):
+                worker.fault = str(exc)
+                logger.warning("execpool: killing worker %d, which broke the channel protocol: %s",
+                               worker.pid, worker.fault)
+            else:
+                worker.fault = f"handling its message failed: {exc!r}"
+                logger.error("execpool: killing worker %d: handling its message failed", worker.pid, exc_info=exc)
+            worker.proc.kill()
+            workers.lost(worker)
+
+    def _route(self, workers: Workers, worker: WorkerProcess, msg: channel.FromWorker) -> None:
+        """Hand one message to its job; ChannelError for one that this worker
+        had no business sending, which the fields' types alone do not show."""
+        if isinstance(msg, channel.Output):
+            handle = worker.jobs.get(msg.job_id)
+            if handle is None:
+                raise channel.ChannelError(f"output for job {msg.job_id}, which it does not run")
+            handle.output(msg.text, msg.stream)
+        elif isinstance(msg, channel.Finished):
+            handle = workers.finished(worker, msg.job_id)
+            if handle is None:
+                raise channel.ChannelError(f"a result for job {msg.job_id}, which it does not run")
+            handle.finish(msg.result)
+        elif isinstance(msg, channel.Spawned):
+            if msg.job_id not in worker.jobs:
+                raise channel.ChannelError(f"a tool for job {msg.job_id}, which it does not run")
+            # The group is killed when the worker dies: it must be a tool's
+            # own (a tool leads a session of its own), never someone else's.
+            if msg.pid <= 1 or msg.pgid != msg.pid or _parent(msg.pid) not in (worker.pid, None):
+                raise channel.ChannelError(f"process group {msg.pgid} for job {msg.job_id}, "
+                                           f"which is not its tool's")
+            worker.pgids[msg.job_id] = msg.pgid
+        elif isinstance(msg, channel.Ready):
+            if msg.pid != worker.pid:
+                raise channel.ChannelError(f"a Ready naming process {msg.pid}")
+            workers.ready(worker, msg.preload_errors)
+
+    def _watchdog(self, workers: Workers) -> None:
+        """A worker enforces its jobs' timeouts, answers Cancels and sees its
+        owner's end only while it runs -- and a tool runs as the worker's
+        user and can SIGSTOP it. While any job runs, a busy worker found
+        stopped is continued (its tool may stop it again, for at most a
+        period each time), and one with a job overdue by WATCHDOG_KILL_S --
+        stopped, wedged or looping -- is killed: its jobs fail as ``INFRA``
+        and a fresh worker takes over. The lifeline, which tools can stop or
+        kill too, is continued or replaced. Reads one ``/proc/PID/stat`` per
+        busy worker (and the lifeline's) per period, none while idle."""
+        now = time.monotonic()
+        with workers.lock:
+            busy = [(w, max((now - h.deadline for h in w.jobs.values() if h.deadline is not None), default=0.0))
+                    for w in workers.all if w.jobs]
+        for worker, late in busy:
+            if late > WATCHDOG_KILL_S:
+                worker.proc.kill()
+            elif is_stopped(worker.pid):
+                if not worker.stopped_seen:
+                    worker.stopped_seen = True
+                    logger.warning("execpool: worker %d was stopped (by one of its tools?); continuing it",
+                                   worker.pid)
+                worker.proc.send_signal(signal.SIGCONT)
+        workers.lifeline.watch()
+
+
+def _parent(pid: int) -> Optional[int]:
+    """The parent of a live process; None once it has ended (a tool may
+    have ended, even been reaped, before its Spawned is read; one being
+    reaped shows state X and parent 0)."""
+    fields = stat_fields(pid)
+    return int(fields[1]) if fields and fields[0] not in (b"Z", b"X", b"x") else None

@@ -1,0 +1,256 @@
+"""The pool, as the caller's process runs it: ``ExecPool``.
+
+::
+
+    caller threads / asyncio tasks                  execpool's threads in this process
+    ------------------------------                  -----------------------------------
+    pool.submit(job, on_event, cancel_event)         dispatcher (execpool/pool/dispatch.py):
+      -> Workers.assign: least-loaded worker  --->     worker messages -> the job's handle:
+         Start sent; a JobFuture returned              on_event(JobOutput), then the future's
+    run / stream / astream / map / CLI / service        Result
+      are all built on submit                        cleanup (execpool/pool/workers.py), one per
+    future.cancel() / cancel_event -> Cancel            dead worker: kill its trees, fail
+                                                       only its jobs (INFRA), replace it
+                                                     cancel watcher (execpool/pool/future.py):
+                                                       cancel_events -> Cancels, while any
+
+Who runs this: the caller's process -- typically a large, multithreaded
+server. What it owns: a ``PoolConfig`` (execpool/pool/config.py), the worker
+processes (execpool/pool/workers.py; each one an execpool/worker/loop.py process
+running many tools at once), the one dispatcher thread that routes their
+messages, and the pool's lifeline (execpool/lifeline/process.py). The caller's thread
+count does not grow with the number of concurrent jobs.
+
+``submit`` is the one entry point: it validates the job, sends it to the
+least-loaded worker and returns a ``JobFuture`` (execpool/pool/future.py).
+Everything above it -- ``run``, ``stream`` and ``astream`` (execpool/pool/streams.py),
+``map`` and ``imap_unordered`` (execpool/pool/many.py), the tool layer, the CLI,
+the service -- is a client of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from typing import Any, Optional
+
+from ..shared.kernel import linux
+from ..shared import channel
+from ..shared import checks
+from .config import PoolConfig
+from .dispatch import Dispatcher
+from .future import CancelWatcher, JobFuture, JobHandle, OnEvent
+from ..shared.output import TOOL_OUTPUT_STREAM_MAX_CHARS
+from ..shared.jobs import Limits, PythonJob, ShellJob
+from .workers import Workers
+from .base import JobRunner
+from ..shared.result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, Status
+from ..shared.kernel.sandbox import Sandbox
+from .stats import PoolStats, StatsRecorder
+from ..shared.errors import PoolBrokenError, PoolClosedError
+
+__all__ = ["ExecPool"]
+
+#: What ``ExecPool(...)`` takes besides ``workers``: PoolConfig's fields.
+_OPTIONS = frozenset(field.name for field in dataclasses.fields(PoolConfig) if field.init) - {"workers"}
+
+
+def _make_non_dumpable() -> None:
+    """PR_SET_DUMPABLE 0 on the calling process: a tool running as the same
+    user can then no longer read ``/proc/<caller>/environ`` or ptrace it
+    (root still can). It applies to the whole process and disables its core
+    dumps, which is why it is an option."""
+    linux.prctl(linux.PR_SET_DUMPABLE, 0)
+
+
+class ExecPool(JobRunner):
+    """A pool of isolated worker processes running Python and shell jobs.
+
+    ``ExecPool(workers=None, **options)``: ``options`` are the fields of
+    ``PoolConfig`` -- the interpreter, default limits, environment, warm
+    templates, sandbox and the rest, each documented there -- checked
+    before anything starts. The constructor returns once every worker is
+    ready (at most ``startup_timeout`` seconds); a pool whose workers
+    cannot start raises ``PoolBrokenError``.
+
+    Example::
+
+        from concurrent.futures import as_completed
+        from execpool import ExecPool, PythonJob, Status
+
+        with ExecPool(workers=2) as pool:
+            futures = [pool.submit(PythonJob(f"print({i} * {i})")) for i in range(4)]
+            for future in as_completed(futures):
+                result = future.result()
+                assert result.status is Status.OK, result.text
+                print(result.output, end="")
+    """
+
+    def __init__(self, workers: Optional[int] = None, **options: Any) -> None:
+        unknown = sorted(set(options) - _OPTIONS)
+        if unknown:
+            raise TypeError(f"ExecPool got an unexpected option {unknown[0]!r} (its options are the fields of "
+                            "execpool.PoolConfig)")
+        self._open(PoolConfig(workers=workers, **options))
+
+    @classmethod
+    def from_config(cls, config: PoolConfig) -> "ExecPool":
+        """A pool from a ``PoolConfig`` built (and validated) elsewhere."""
+        if not isinstance(config, PoolConfig):
+            raise TypeError(f"config must be an execpool.PoolConfig, not {type(config).__name__}")
+        pool = cls.__new__(cls)
+        pool._open(config)
+        return pool
+
+    def _open(self, config: PoolConfig) -> None:
+        self.config = config
+        if config.non_dumpable:
+            _make_non_dumpable()
+        self._ids = iter(range(1, 1 << 62))
+        self._ids_lock = threading.Lock()
+        self._closed = False
+        self._watcher = CancelWatcher()
+        self._stats = StatsRecorder()
+        self._dispatcher = Dispatcher()
+        try:
+            self._workers = Workers(config, self._dispatcher.wake, self._stats)
+        except BaseException:
+            self._dispatcher.stop(0)
+            raise
+        # The dispatcher first: a worker that fails to start is then cleaned
+        # up like any other that dies.
+        self._dispatcher.start(self._workers)
+        try:
+            self._workers.start()
+            self._workers.wait_ready(config.startup_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- the entry point -----------------------------------------------------
+
+    def submit(self, job: PythonJob | ShellJob, *, on_event: Optional[OnEvent] = None,
+               cancel_event: Optional[threading.Event] = None) -> JobFuture:
+        """Start ``job`` on the least-loaded worker; its future's result is
+        its ``Result``. Never waits for the job.
+
+        ``on_event`` receives the job's ``JobOutput`` events as the tool
+        prints (up to ``TOOL_OUTPUT_STREAM_MAX_CHARS`` characters, then one
+        ``OutputCapped``), in order and all before the future is done. It is
+        called on the pool's dispatcher thread, which serves every job: hand
+        the event on (a queue, ``loop.call_soon_threadsafe``) and return. An
+        exception it raises is logged and changes nothing. Without
+        ``on_event`` the worker sends no live output at all.
+
+        ``cancel_event`` (a ``threading.Event``) cancels the job when set, as
+        ``future.cancel()`` does: the tree is killed and the Result is
+        ``CANCELLED``. Misuse -- a job that is no job, a ``cwd`` that does not
+        exist, a closed pool -- raises here (``TypeError``, ``ValueError``,
+        ``PoolClosedError``).
+        """
+        if not isinstance(job, (PythonJob, ShellJob)):
+            raise TypeError(f"job must be an execpool.PythonJob or ShellJob, not {type(job).__name__}")
+        if on_event is not None and not callable(on_event):
+            raise TypeError(f"on_event must be callable, not {type(on_event).__name__}")
+        checks.cancel_event(cancel_event)
+        if job.cwd is not None and not os.path.isdir(job.cwd):
+            raise ValueError(f"cwd {job.cwd!r} is not an existing directory")
+        self._check_open()
+        with self._ids_lock:
+            job_id = next(self._ids)
+        future = JobFuture(job_id)
+        handle = JobHandle(future, on_event, job.kind, self._stats)
+        if not job.source.strip():
+            empty = NO_CODE_TEXT if isinstance(job, PythonJob) else NO_COMMAND_TEXT
+            handle.finish(Result(status=Status.ERROR, empty_message=empty, timeout=job.timeout))
+            return future
+        config = self.config
+        env = dict(config.tool_env)
+        env.update(job.env or {})
+        start = channel.Start(
+            job_id=job_id, argv_kind=job.kind, source=job.source, cwd=job.cwd, env=env,
+            timeout=job.timeout, limits=job.limits or config.limits,
+            live_cap=None if on_event is None else TOOL_OUTPUT_STREAM_MAX_CHARS,
+            max_output_chars=job.max_output_chars or config.max_output_chars,
+            keep_background=job.keep_background, python=config.python, stdin=job.stdin,  # type: ignore[arg-type]
+            warm=getattr(job, "warm", False), network=job.network, separate_stderr=job.separate_stderr,
+            sandbox=config.sandbox if job.sandbox is None else job.sandbox or None,  # type: ignore[arg-type]
+        )
+        deadline = None if job.timeout is None else time.monotonic() + job.timeout
+        worker = self._workers.assign(handle, deadline)
+
+        def cancel() -> None:
+            if job_id in worker.jobs:
+                worker.send(channel.Cancel(job_id))
+
+        future._cancel = cancel
+        worker.send(start)
+        if cancel_event is not None:
+            self._watcher.watch(future, cancel_event)
+        return future
+
+    @property
+    def default_max_in_flight(self) -> int:
+        """Two jobs per CPU of this machine."""
+        return 2 * (os.cpu_count() or 2)
+
+    # -- the pool's life -----------------------------------------------------
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Kill every tool tree, stop the workers and the dispatcher; bounded
+        by ``timeout`` per phase, after which workers are SIGKILLed. Jobs
+        still running end as ``INFRA`` ("the pool was closed")."""
+        with self._ids_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._workers.close(timeout)
+        self._dispatcher.stop(timeout)
+        self._watcher.close()
+        # Last: whatever the cleanups have not done by now, the lifeline
+        # does before it exits.
+        self._workers.join_cleanups(timeout)
+
+    @property
+    def env(self) -> dict:
+        """The environment every tool starts from: the allow-listed caller
+        variables plus the pool's ``env`` (a job's own ``env`` goes on top)."""
+        return dict(self.config.tool_env)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def stats(self) -> PoolStats:
+        """What the pool has done so far: jobs ended by kind and status,
+        their durations, jobs running now, workers replaced, output produced
+        (execpool/pool/stats.py). The service's /metrics exports the same."""
+        return self._stats.snapshot(self.running_jobs)
+
+    def scratch_dir(self) -> str:
+        """A new private directory that lasts as long as the pool: for files
+        a caller puts in front of its jobs or reads back after them (a job
+        gets it as ``cwd=``). It is removed when the pool closes and, should
+        this process die without closing it, by the pool's lifeline -- a
+        ``tempfile`` directory would outlive a SIGKILLed owner."""
+        self._check_open()
+        return self._workers.scratch_dir()
+
+    @property
+    def running_jobs(self) -> int:
+        """Jobs submitted to a worker and not yet ended."""
+        with self._workers.lock:
+            return self._workers.running_jobs
+
+    @property
+    def worker_pids(self) -> list[int]:
+        with self._workers.lock:
+            return [w.pid for w in self._workers.all]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PoolClosedError("this ExecPool is closed")
+        if self._workers.broken is not None:
+            raise PoolBrokenError(self._workers.broken)

@@ -1,0 +1,412 @@
+"""Worker processes as the caller sees them: started, handed jobs, retired,
+replaced, and cleaned up after.
+
+Runs in the caller. :class:`Workers` owns the pool's worker processes and the
+one lock over them; the dispatcher (execpool/pool/dispatch.py) reads their
+messages and tells this module when one is gone, and ``ExecPool.submit``
+asks it for the least-loaded worker.
+
+A worker starts as a fresh interpreter (``sys.executable -m
+execpool.worker``), its channel on two inherited socket descriptors, its
+``WorkerConfig`` the first message on them, its environment scrubbed to what
+runs Python -- never forked from the caller (fork copies a big server's page
+tables, ~24 ms per GiB) and never through multiprocessing's spawn (it
+re-imports the caller's ``__main__``). Where a cgroup v2 hierarchy is
+writable it runs in a group of its own (execpool/shared/kernel/cgroups.py). The pool's
+lifeline (execpool/lifeline/process.py) starts it on the pool's behalf, so that the
+lifeline, a child subreaper, is every worker's parent: what escapes from a
+worker's jobs is handed to it, and killed, should the worker die.
+
+When a worker dies, its cleanup runs on a thread of its own
+(``execpool-cleanup-PID``), not on the dispatcher: waiting for the process,
+killing its cgroup and its process groups, scanning the host for its
+markers and removing its directories can take a second, and every other
+job's output would wait for it. Only that worker's jobs fail (``INFRA``,
+with the worker's pid and exit status), after their trees are dead, and a
+replacement starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Optional
+
+from ..shared.kernel import cgroups
+from ..shared import channel
+from .config import PoolConfig
+from .future import JobHandle
+from ..shared.kernel.dirs import remove_tree
+from ..shared.kernel.proctree import kill_tree
+from ..shared.result import Result, Status, describe_exit
+from .stats import StatsRecorder
+from ..shared.package import PACKAGE_PARENT
+from ..shared.errors import PoolBrokenError, PoolClosedError
+from .lifeline import Lifeline, WorkerChild
+
+#: A worker that dies before saying Ready this many times in a row means the
+#: interpreter or the package is broken: stop respawning and say so.
+MAX_STARTUP_FAILURES = 3
+
+#: A replacement worker that cannot be started (no descriptors, no memory,
+#: no process slots -- all of which a job can take for a while) is tried
+#: again after this, doubling up to the most: a pool never gives up on a
+#: passing shortage.
+RESPAWN_BACKOFF_S = 0.05
+RESPAWN_BACKOFF_MAX_S = 2.0
+
+#: How long an exited worker's group may take to empty after cgroup.kill
+#: (a dying process leaves it within milliseconds; one stuck in the kernel
+#: may take longer, and then the group stays until the lifeline's turn).
+GROUP_EMPTY_TIMEOUT_S = 2.0
+
+#: How long a worker that closed its channel may take to exit before it is
+#: SIGKILLed.
+EXIT_WAIT_S = 1.0
+
+#: No honest worker message comes near this (live output is capped, a
+#: Result keeps max_output_chars); a longer one means the pipe was tampered
+#: with, and the worker is treated as dead.
+MAX_MESSAGE_BYTES = 1 << 30
+
+logger = logging.getLogger("execpool")
+
+
+class WorkerProcess:
+    """The caller's record of one worker process and the jobs it runs."""
+
+    def __init__(self, proc: WorkerChild, send: Connection, recv: Connection, token: str,
+                 jobs_dir: str, group: Optional[cgroups.WorkerGroup]) -> None:
+        self.proc = proc
+        self.send_conn = send
+        self.recv = recv
+        self.frames = channel.FrameReader(recv.fileno(), MAX_MESSAGE_BYTES)
+        self.token = token
+        self.jobs_dir = jobs_dir
+        self.group = group
+        self.send_lock = threading.Lock()
+        self.jobs: dict[int, JobHandle] = {}
+        self.pgids: dict[int, int] = {}
+        self.started = 0
+        self.ready = threading.Event()
+        self.retiring = False
+        # Why the dispatcher killed it, when it broke the channel protocol.
+        self.fault: Optional[str] = None
+        self.stopped_seen = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, msg: channel.ToWorker) -> bool:
+        try:
+            with self.send_lock:
+                channel.send(self.send_conn, msg)
+            return True
+        except OSError:
+            return False  # it died; the dispatcher sees the EOF and fails its jobs
+
+    def close(self) -> None:
+        """Under the send lock: a Cancel being sent from another thread must
+        never write to a descriptor number that was closed and reused."""
+        with self.send_lock:
+            self.send_conn.close()
+        self.recv.close()
+
+
+class Workers:
+    """The pool's worker processes and the lock over them and their jobs."""
+
+    def __init__(self, config: PoolConfig, on_change, stats: StatsRecorder) -> None:
+        self.config = config
+        self._stats = stats
+        # Wakes the dispatcher: a worker to listen to, or the first job to watch.
+        self._on_change = on_change
+        self.lock = threading.Lock()
+        self.all: list[WorkerProcess] = []
+        self.running_jobs = 0
+        self.closed = False
+        self.broken: Optional[str] = None
+        self.preload_errors: tuple = ()
+        self._startup_failures = 0
+        self._cleanups: set[threading.Thread] = set()
+        self._cleaned = threading.Condition(self.lock)
+        self._closing = threading.Event()  # wakes a replacement waiting to try again
+        self._scratch: dict[str, str] = {}  # token -> directory (scratch_dir)
+        # Before any worker, so that it is in none of their groups and knows them all.
+        self.lifeline = Lifeline(self._process_env())
+
+    def start(self) -> None:
+        with self.lock:
+            for _ in range(self.config.workers):  # type: ignore[arg-type]
+                self.all.append(self._spawn())
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until every worker can take a job, so the first job's latency
+        is a job's latency and a broken interpreter fails here, loudly."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                pending = [w for w in self.all if not w.ready.is_set()]
+            if self.broken is not None:
+                raise PoolBrokenError(self.broken)
+            if self.preload_errors:
+                raise ValueError("cannot preload in the workers: " + "; ".join(self.preload_errors))
+            if not pending:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PoolBrokenError(f"execpool workers did not start within {timeout} s")
+            pending[0].ready.wait(min(remaining, 0.1))
+
+    def assign(self, handle: JobHandle, deadline: Optional[float]) -> WorkerProcess:
+        """The least-loaded worker, now running ``handle``'s job."""
+        with self.lock:
+            if self.closed:
+                raise PoolClosedError("this ExecPool is closed")
+            candidates = [w for w in self.all if not w.retiring]
+            if not candidates:
+                raise PoolBrokenError(self.broken or "execpool has no worker to run this job right now: every worker died and none could be started again yet")
+            worker = min(candidates, key=lambda w: len(w.jobs))
+            handle.worker = worker
+            handle.deadline = deadline
+            worker.jobs[handle.job_id] = handle
+            if not self.running_jobs:
+                self._on_change()  # the dispatcher sleeps without a timeout while no job runs
+            self.running_jobs += 1
+            worker.started += 1
+            if worker.started >= self.config.max_jobs_per_worker:
+                worker.retiring = True
+                self.all.append(self._spawn())
+        return worker
+
+    def finished(self, worker: WorkerProcess, job_id: int) -> Optional[JobHandle]:
+        """The job's handle, no longer running; None if the worker runs no
+        such job. Shuts a retiring worker down once it has no job left."""
+        with self.lock:
+            handle = worker.jobs.pop(job_id, None)
+            if handle is not None:
+                worker.pgids.pop(job_id, None)
+                self.running_jobs -= 1
+            retire = worker.retiring and not worker.jobs
+        if retire:
+            worker.send(channel.Shutdown())
+        return handle
+
+    def ready(self, worker: WorkerProcess, preload_errors: tuple) -> None:
+        self.preload_errors = self.preload_errors or preload_errors
+        worker.ready.set()
+        self._startup_failures = 0
+
+    def lost(self, worker: WorkerProcess) -> None:
+        """The dispatcher saw the worker's channel end: from now on it is no
+        one's to send jobs to or to listen to. Everything slow -- waiting for
+        it, killing what it left, replacing it, failing its jobs -- happens on
+        a cleanup thread."""
+        with self.lock:
+            if worker in self.all:
+                self.all.remove(worker)
+            lost, worker.jobs = worker.jobs, {}
+            self.running_jobs -= len(lost)
+            replace = not self.closed and not worker.retiring
+            thread = threading.Thread(target=self._clean_up, args=(worker, lost, replace),
+                                      name=f"execpool-cleanup-{worker.pid}", daemon=True)
+            self._cleanups.add(thread)
+        thread.start()
+
+    def close(self, timeout: float) -> None:
+        """Shut every worker down: bounded by ``timeout`` for them to finish
+        their trees, after which they are SIGKILLed."""
+        with self.lock:
+            self.closed = True
+            workers = list(self.all)
+        self._closing.set()
+        for worker in workers:
+            worker.send(channel.Shutdown())
+        for worker in workers:
+            try:
+                worker.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                worker.proc.kill()
+
+    def join_cleanups(self, timeout: float) -> None:
+        """After the dispatcher has stopped (no cleanup starts any more):
+        wait for the running ones, then end the lifeline, which cleans up
+        whatever is still left."""
+        deadline = time.monotonic() + timeout
+        with self._cleaned:
+            self._cleaned.wait_for(lambda: not self._cleanups, max(0.0, deadline - time.monotonic()))
+            scratch, self._scratch = self._scratch, {}
+        for token, directory in scratch.items():
+            remove_tree(directory)
+            self.lifeline.gone(token)
+        self.lifeline.close(timeout)
+
+    def scratch_dir(self) -> str:
+        """A new directory (0700) of the pool's, removed by ``close`` --
+        or, should the owner die first, by the lifeline, like a worker's."""
+        token = secrets.token_hex(6)
+        with self.lock:
+            if self.closed:
+                raise PoolClosedError("this ExecPool is closed")
+            directory = tempfile.mkdtemp(prefix=f"execpool-{token}-scratch-")
+            self.lifeline.worker(token, None, directory)
+            self._scratch[token] = directory
+        return directory
+
+    # -- one worker's life ------------------------------------------------
+
+    def _process_env(self) -> dict:
+        """The whole environment of a worker or the lifeline: enough to run
+        Python and find this package, none of the caller's secrets."""
+        env = {k: v for k, v in self.config.tool_env.items() if k in ("PATH", "LANG", "LC_ALL", "LC_CTYPE")}
+        env["PYTHONPATH"] = PACKAGE_PARENT
+        return env
+
+    def _spawn(self) -> WorkerProcess:
+        """Called with the lock held."""
+        config = self.config
+        token = secrets.token_hex(6)
+        # The worker makes each job's private directory in here; whatever a
+        # dead worker left behind goes with it (see _release).
+        jobs_dir = tempfile.mkdtemp(prefix=f"execpool-{token}-")
+        group = cgroups.WorkerGroup.create(token) if config.cgroups else None
+        self.lifeline.worker(token, None if group is None else group.path, jobs_dir)
+        to_worker_r, to_worker_w = channel.pipe()
+        from_worker_r, from_worker_w = channel.pipe()
+        try:
+            # The lifeline starts it, so that it is the worker's parent and
+            # gets what escapes from the worker's jobs should the worker die.
+            proc = self.lifeline.spawn(token, to_worker_r, from_worker_w)
+        except BaseException:
+            os.close(to_worker_w)
+            os.close(from_worker_r)
+            if group is not None:
+                group.remove()
+            remove_tree(jobs_dir)
+            self.lifeline.gone(token)
+            raise
+        finally:
+            os.close(to_worker_r)
+            os.close(from_worker_w)
+        # Now, before it is sent any job: the worker forks nothing until its
+        # first one, so every process of every job is born in the group, at
+        # the pool's niceness.
+        if config.niceness is not None:
+            try:
+                os.setpriority(os.PRIO_PROCESS, proc.pid, config.niceness)
+            except OSError as exc:
+                logger.warning("execpool: cannot set worker %d's niceness to %d (%s); its tools run at %d",
+                               proc.pid, config.niceness, exc.strerror, os.getpriority(os.PRIO_PROCESS, 0))
+        if group is not None and not group.add(proc.pid):
+            logger.warning("execpool: cannot move worker %d into its cgroup %s; it runs without one",
+                           proc.pid, group.path)
+            group.remove()
+            group = None
+        worker = WorkerProcess(proc, Connection(to_worker_w, readable=False),
+                               Connection(from_worker_r, writable=False), token, jobs_dir, group)
+        worker.send(channel.WorkerConfig(
+            token=token, spawn_method=config.spawn_method, preload=config.preload, cgroups=config.cgroups,
+            jobs_dir=jobs_dir, warm_spares=config.warm_spares,
+        ))
+        self._on_change()
+        return worker
+
+    def _clean_up(self, worker: WorkerProcess, lost: dict[int, JobHandle], replace: bool) -> None:
+        """Whatever goes wrong here, the dead worker's jobs get their INFRA
+        Results: a future left pending would hang its caller for good. The
+        successor is started before they get them (a caller that submits
+        again at once finds it), unless the machine cannot start one yet:
+        then after, trying again until it can."""
+        code = None
+        successor_due = replace
+        try:
+            try:
+                code = worker.proc.wait(EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                worker.proc.kill()
+                code = worker.proc.wait()
+            # Before the successor: what the dead worker's jobs left may
+            # hold the very descriptors or memory a new worker needs.
+            self._release(worker, bool(lost))
+            successor_due = replace and self._may_replace(worker) and not self._start_successor(None)
+        except Exception as exc:  # noqa: BLE001 - logged; the jobs still end below
+            logger.error("execpool: cleaning up after worker %d failed", worker.pid, exc_info=exc)
+        finally:
+            if worker.fault is not None:
+                cause = f"it broke the channel protocol ({worker.fault}) and was killed"
+            else:
+                cause = "the pool was closed" if self.closed else "it died unexpectedly"
+            error = (f"worker process {worker.pid} running this job exited with {describe_exit(code)}: "
+                     f"{cause}; its process tree was killed")
+            for handle in lost.values():
+                handle.finish(Result(status=Status.INFRA, error=error, worker_pid=worker.pid,
+                                     worker_exit_code=code))
+            worker.close()
+            if successor_due:
+                self._keep_trying_successor()
+            with self._cleaned:
+                self._cleanups.discard(threading.current_thread())
+                self._cleaned.notify_all()
+
+    def _may_replace(self, worker: WorkerProcess) -> bool:
+        """Only a worker that dies before it is ready, again and again,
+        means the pool is broken: then it is not replaced."""
+        with self.lock:
+            if not worker.ready.is_set():
+                self._startup_failures += 1
+                if self._startup_failures >= MAX_STARTUP_FAILURES:
+                    self.broken = (f"execpool workers cannot start: {sys.executable} -m execpool.worker "
+                                   f"exited with {describe_exit(worker.proc.poll())} before it was ready")
+                    return False
+        return True
+
+    def _start_successor(self, retry_in: Optional[float]) -> bool:
+        """One try; False when the machine cannot start a worker right now
+        (no descriptors, memory or process slots -- a job can take them all
+        for a while)."""
+        with self.lock:
+            if self.closed:
+                return True
+            try:
+                self.all.append(self._spawn())
+            except OSError as exc:
+                logger.error("execpool: cannot start a replacement worker%s: %s",
+                             "" if retry_in is None else f" (trying again in {retry_in:g} s)", exc)
+                return False
+        self._stats.worker_restarted()
+        return True
+
+    def _keep_trying_successor(self) -> None:
+        """Until a successor starts or the pool closes: a pool whose last
+        worker died must not stay without one."""
+        backoff = RESPAWN_BACKOFF_S
+        while not self._closing.wait(backoff):
+            if self._start_successor(min(2 * backoff, RESPAWN_BACKOFF_MAX_S)):
+                return
+            backoff = min(2 * backoff, RESPAWN_BACKOFF_MAX_S)
+
+    def _release(self, worker: WorkerProcess, had_jobs: bool) -> None:
+        """Whatever an exited worker's jobs left, gone before their directory
+        is: its cgroup killed whole (daemons that left their session and
+        cleared their environment too), the process groups it reported and
+        its marker swept, its per-job groups removed. The lifeline is told
+        the worker is gone only once its group is: until then it is the
+        lifeline's to kill, should this process die."""
+        destroyed = worker.group is None or worker.group.destroy(GROUP_EMPTY_TIMEOUT_S)
+        if not destroyed:
+            logger.warning("execpool: the cgroup %s of worker %d is not empty %s s after cgroup.kill",
+                           worker.group.path, worker.pid, GROUP_EMPTY_TIMEOUT_S)
+        if had_jobs or worker.pgids:
+            kill_tree(worker.pgids.values(), marker=worker.token)
+        cgroups.remove_tree(cgroups.worker_bases(worker.token))
+        remove_tree(worker.jobs_dir)
+        if destroyed:
+            self.lifeline.gone(worker.token)

@@ -1,0 +1,245 @@
+"""``execpool serve``, the command: one pool, the app (execpool/serve/app.py)
+on uvicorn, the sockets it listens on, and its shutdown.
+
+Runs in the service's process. What it adds to the app is what only the
+process that owns the listening sockets can do:
+
+- refuse to listen beyond loopback without a token, and to start where
+  the kernel lacks the sandbox it runs every job in (unless told ``--sandbox
+  off``);
+- hold the port on both address families (127.0.0.1 and ::1, or 0.0.0.0
+  and ::), so that no job can take the other one and answer the clients
+  that say ``localhost``;
+- on loopback, answer only requests whose ``Host`` is a loopback name (a web
+  page that rebinds its own name to 127.0.0.1 is refused);
+- take as many descriptors as the machine allows, and close connections
+  past ``--max-connections`` at once: a job that opens thousands of
+  connections to the server must not leave it without descriptors;
+- give up on connections that do not send their request headers in time
+  (uvicorn has no such limit: a client that trickles a header byte every
+  few seconds would hold its connection for ever);
+- SIGTERM / SIGINT: stop listening, give running jobs ``--grace`` seconds,
+  then cancel what still runs (each request is answered with its
+  ``cancelled`` record), close the pool, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import errno
+import ipaddress
+import os
+import resource
+import signal
+import socket
+import sys
+from typing import List, Optional
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from ..formats.request import Defaults
+from ..shared.kernel.sandbox import sandbox_support
+from .app import LOOPBACK_NAMES, create_app
+from .jobs import ServiceJobs
+from ..pool.supervisor import ExecPool
+
+#: After the grace, cancelled jobs still answer their requests: this long.
+ANSWER_CANCELLED_S = 5.0
+#: Ports tried for a service on port 0 whose other-family twin was taken.
+_PORT_TRIES = 16
+#: Each address's twin in the other family.
+_TWINS = {"127.0.0.1": "::1", "::1": "127.0.0.1", "0.0.0.0": "::", "::": "0.0.0.0"}
+#: Descriptors kept for everything but connections: the pool, its jobs'
+#: pipes, files being written and read.
+_SPARE_FDS = 512
+
+
+def main(args: argparse.Namespace) -> int:
+    """``execpool serve``: exits 0 after a clean shutdown, 2 for bad usage."""
+    try:
+        token = _token(args)
+    except (OSError, ValueError) as exc:
+        print(f"execpool serve: {exc}", file=sys.stderr)
+        return 2
+    if token is None and not _loopback(args.host):
+        print(f"execpool serve: refusing to bind {args.host} without a token: anyone who can reach it could run "
+              "code here. Give --token-file PATH or set EXECPOOL_TOKEN.", file=sys.stderr)
+        return 2
+    sandbox = None if args.sandbox == "off" else "strict"
+    if sandbox is not None and not sandbox_support().available:
+        # Failing every job would be a service that answers nothing but
+        # errors; running them unsandboxed, one that says it sandboxes.
+        print(f"execpool serve: {sandbox_support().missing}. Give --sandbox off to serve without it.",
+              file=sys.stderr)
+        return 2
+    max_connections = _connection_room(args.max_connections)
+    try:
+        sockets = _listen(args.host, args.port)
+    except OSError as exc:
+        print(f"execpool serve: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
+        return 2
+    if args.timeout > args.max_timeout:
+        print(f"execpool serve: --timeout {args.timeout:g} is over --max-timeout {args.max_timeout:g}",
+              file=sys.stderr)
+        return 2
+    defaults = Defaults(timeout=args.timeout, max_timeout=args.max_timeout, warm=args.warm, network=args.network)
+    try:
+        # The token is in this process's memory and maybe its environment:
+        # tools running as the same user must not read them through /proc.
+        # Every job in the sandbox (execpool/shared/kernel/sandbox.py): its request's
+        # directory is its working directory, so files in and out still work.
+        with ExecPool(workers=args.workers, preload=args.preload, non_dumpable=True, sandbox=sandbox) as pool:
+            app = create_app(pool, max_in_flight=args.max_in_flight, max_queue=args.max_queue,
+                             queue_timeout=args.queue_timeout, token=token, max_body_mb=args.max_body_mb,
+                             defaults=defaults, heartbeat_s=args.heartbeat, read_timeout=args.read_timeout,
+                             allowed_hosts=LOOPBACK_NAMES if _loopback(args.host) else None)
+            _HeadersInTime.timeout = args.read_timeout
+            _HeadersInTime.max_connections = max_connections
+            config = uvicorn.Config(app, http=_HeadersInTime, log_level="warning", lifespan="off",
+                                    timeout_graceful_shutdown=args.grace + ANSWER_CANCELLED_S)
+            asyncio.run(_serve(_Server(config), sockets, app.state.jobs, args.grace))
+    finally:
+        for sock in sockets:
+            sock.close()
+    return 0
+
+
+def _token(args: argparse.Namespace) -> Optional[str]:
+    if args.token_file:
+        with open(args.token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+        if not token:
+            raise ValueError(f"the token file {args.token_file} is empty")
+        return token
+    return os.environ.get("EXECPOOL_TOKEN") or None
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _connection_room(wanted: int) -> int:
+    """Raise this process's descriptor limit as far as it may go; the
+    connections it leaves room for (at most ``wanted``)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return max(16, min(wanted, soft - _SPARE_FDS))
+
+
+def _listen(host: str, port: int) -> List[socket.socket]:
+    """The listening sockets: ``host``'s, and its twin's in the other
+    family on the same port, where this machine has that family."""
+    first = "127.0.0.1" if host == "localhost" else host
+    twin = _TWINS.get(first)
+    if twin is not None:
+        for _ in range(_PORT_TRIES if port == 0 else 1):
+            main_socket = _bound(first, port)
+            try:
+                return [main_socket, _bound(twin, main_socket.getsockname()[1])]
+            except OSError as exc:
+                if exc.errno == errno.EADDRNOTAVAIL or (exc.errno == errno.EAFNOSUPPORT):
+                    return [main_socket]  # no such loopback here: nobody can squat on it either
+                main_socket.close()
+                if exc.errno != errno.EADDRINUSE or port != 0:
+                    raise
+        raise OSError(errno.EADDRINUSE, "no free port on both 127.0.0.1 and ::1")
+    return [_bound(host, port)]
+
+
+def _bound(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP, not 0: asyncio turns TCP_NODELAY on only for sockets
+    # that say they are TCP, and without it every answer on a kept-alive
+    # connection waits ~40 ms for the client's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class _HeadersInTime(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, with a deadline for each request's
+    headers: ``timeout`` seconds from the connection, or from the end of
+    the answer before. (The body has its own, in the app.) The idle test
+    is the protocol's own, the one its ``shutdown`` uses."""
+
+    timeout: float = 30.0
+    max_connections: int = 4096
+
+    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            transport.abort()  # past the cap: its descriptor back at once, no answer
+            return
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._headers_due = self.loop.call_later(self.timeout, self._headers_late)
+
+    def _disarm(self) -> None:
+        due = getattr(self, "_headers_due", None)
+        if due is not None:
+            due.cancel()
+
+    def _headers_late(self) -> None:
+        if self.cycle is None or self.cycle.response_complete:
+            self.timeout_keep_alive_handler()  # closes the connection, as an idle one's end
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, but a SIGTERM or SIGINT only starts its graceful shutdown:
+    uvicorn raises the signal again once it has stopped, which would end
+    this process before it closed its pool."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[no-untyped-def]
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+async def _serve(server: uvicorn.Server, sockets: List[socket.socket], jobs: ServiceJobs, grace: float) -> None:
+    """Serve until told to stop; then the grace, then cancel what runs."""
+    task = asyncio.ensure_future(server.serve(sockets=sockets))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if server.started:
+        host, port = sockets[0].getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        print(f"execpool serve: ready at http://{shown}:{port}", flush=True)
+    while not server.should_exit and not task.done():
+        await asyncio.sleep(0.05)  # uvicorn itself looks at should_exit every 0.1 s
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(asyncio.shield(task), grace)
+    jobs.stop_jobs()
+    await task

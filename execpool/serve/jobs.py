@@ -1,0 +1,232 @@
+"""How the service runs a request's job: a slot, a directory for its files,
+the pool, and an end whatever the client does.
+
+Runs in the service's process, on its event loop; every route
+(execpool/serve/routes.py) runs its jobs through one ``ServiceJobs``. A job
+is a ``JobFuture`` of the pool's public ``submit`` (or, for a stream, the
+pool's ``astream``) awaited on the loop: no thread per request. A client
+that goes away -- waiting or running -- cancels its job, tree and all; at
+shutdown ``stop_jobs`` cancels every job still running, and each request
+still gets its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import logging
+import os
+import tempfile
+import threading
+from typing import AsyncIterator, Dict, Optional, Set, Tuple
+
+from starlette.requests import Request
+
+from ..formats.request import BadField, Defaults, Job, JobRequest
+from ..pool.future import JobFuture
+from ..pool.supervisor import ExecPool
+from ..shared.errors import ExecPoolError
+from ..shared.jobs import Limits, ShellJob
+from ..shared.kernel.dirs import remove_tree
+from ..shared.result import Result, Status
+from .admission import Admission, Reason, Rejected
+from .files import JobFileError, read_files, write_files
+from .metrics import ServiceMetrics
+from .settings import DEFAULT_FETCH_MAX_BYTES
+from .slots import OFF_LOOP_BYTES
+
+logger = logging.getLogger("execpool")
+
+
+class Route(str, enum.Enum):
+    """Where a job came from: the ``route`` label of ``execpool_jobs_total``."""
+
+    RUN_CODE = "run_code"
+    V1_RUN = "v1_run"
+    V1_STREAM = "v1_stream"
+    V1_BATCH = "v1_batch"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What the service's jobs run with."""
+
+    defaults: Defaults
+    heartbeat_s: float
+    #: Bytes a request's fetched files may come to in all.
+    fetch_bytes: int = DEFAULT_FETCH_MAX_BYTES
+
+
+class ServiceJobs:
+    """The jobs of one app: its pool, admission, metrics and directories."""
+
+    def __init__(self, pool: ExecPool, admission: Admission, settings: Settings) -> None:
+        self.pool = pool
+        self.admission = admission
+        self.metrics = ServiceMetrics(pool, admission)
+        self.settings = settings
+        # Directories of jobs that bring or fetch files: the pool's, so that
+        # they go with it even when this process is SIGKILLed.
+        self.root = pool.scratch_dir()
+        self._memory_by_cgroup: Optional[bool] = None
+        # For stop_jobs(), on the loop: the jobs that run now, and for the
+        # streams (their jobs are pool.astream's) an event apiece that
+        # cancels one -- apiece, as a stream whose client leaves sets its own.
+        self._jobs: Set[JobFuture] = set()
+        self._streams: Set[threading.Event] = set()
+        self._stopping = False
+
+    def stop_jobs(self) -> None:
+        """Cancel every job running or about to: the service is stopping
+        and the grace is over. Each request still gets its answer -- the
+        ``cancelled`` record -- and later ones are cancelled as they start."""
+        self._stopping = True
+        for future in list(self._jobs):
+            future.cancel()
+        for event in self._streams:
+            event.set()
+
+    async def slot(self, request: Optional[Request], *, bounded: bool = True) -> None:
+        """A slot to run one job in, waiting in the queue if need be; the
+        queue's timeout counts from the request's arrival."""
+        arrived = None if request is None else request.scope.get("state", {}).get("arrived")
+        waited = await self.admission.acquire(None if request is None else lambda: disconnected(request),
+                                              bounded=bounded, since=arrived)
+        self.metrics.queue_wait.observe(waited)
+
+    def memory_by_cgroup(self) -> bool:
+        """Whether a job's memory cap can be a cgroup here; asked of the
+        pool itself (a job with the cap either starts or is INFRA), and
+        remembered unless the probe's worker died under it."""
+        if self._memory_by_cgroup is None:
+            probe = self.pool.run(ShellJob("true", timeout=10, limits=Limits(memory=256 << 20)))
+            if probe.status is not Status.INFRA or probe.worker_pid is None:
+                self._memory_by_cgroup = probe.status is Status.OK
+            return probe.status is Status.OK
+        return self._memory_by_cgroup
+
+    @contextlib.asynccontextmanager
+    async def placed(self, job_request: JobRequest) -> AsyncIterator[Tuple[Job, Optional[str]]]:
+        """The job, in a directory of its own holding its files when the
+        request brings or fetches any (else where the pool puts it), and the
+        directory (or None). The directory goes when the job is done with.
+        Files are written, read and removed on threads: a job can leave a
+        tree that takes long to remove, and the loop serves everyone."""
+        if not job_request.needs_directory:
+            yield job_request.job, None
+            return
+        directory = self._new_directory()
+        try:
+            try:
+                await asyncio.to_thread(write_files, directory, job_request.files)
+            except JobFileError as exc:
+                raise BadField(f'"files": {exc}') from None
+            yield dataclasses.replace(job_request.job, cwd=directory), directory
+        finally:
+            # Shielded: a cancelled request still has its directory removed.
+            await asyncio.shield(asyncio.to_thread(remove_tree, directory))
+
+    def _new_directory(self) -> str:
+        """A job's directory under the root; a job that ran as this
+        process's user may have moved the root away: it is made again (the
+        lifeline knows its path), and failing that the request is refused."""
+        for _ in range(2):
+            try:
+                return tempfile.mkdtemp(dir=self.root)
+            except FileNotFoundError:
+                with contextlib.suppress(OSError):
+                    os.mkdir(self.root, 0o700)
+            except OSError as exc:
+                logger.error("execpool serve: cannot make a job directory in %s: %s", self.root, exc)
+                break
+        raise Rejected(Reason.NO_DIRECTORY, 1)
+
+    async def fetched(self, job_request: JobRequest, directory: Optional[str]) -> Dict[str, bytes]:
+        if directory is None or not job_request.fetch:
+            return {}
+        return await asyncio.to_thread(read_files, directory, job_request.fetch,
+                                       max_total_bytes=self.settings.fetch_bytes)
+
+    async def submit(self, job_request: JobRequest, job: Job) -> JobFuture:
+        """Start the job -- on a thread when it is big, since submitting
+        checks and pickles it -- or Rejected when the pool has no worker
+        to run it right now (one is being replaced)."""
+        try:
+            if job_request.size > OFF_LOOP_BYTES:
+                future = await asyncio.to_thread(self.pool.submit, job)
+            else:
+                future = self.pool.submit(job)
+        except ExecPoolError as exc:
+            logger.warning("execpool serve: cannot start a job: %s", exc)
+            raise Rejected(Reason.NO_WORKERS, 1) from None
+        self._jobs.add(future)
+        if self._stopping:
+            future.cancel()
+        return future
+
+    async def run(self, job_request: JobRequest, route: Route, request: Optional[Request]
+                  ) -> Tuple[Result, Dict[str, bytes]]:
+        """Run one admitted job and fetch its files (the slot stays the
+        caller's to release)."""
+        async with self.placed(job_request) as (job, directory):
+            future = await self.submit(job_request, job)
+            try:
+                result = await until_done_or_gone(future, request)
+            finally:
+                self._jobs.discard(future)
+            self.metrics.job(route, job.kind, result)
+            return result, await self.fetched(job_request, directory)
+
+    async def stream(self, job_request: JobRequest) -> AsyncIterator[object]:
+        """The job's events as the pool streams them (``pool.astream``), then
+        the job's Result and its fetched files as the last item. Closing the
+        generator (the client left) cancels the job."""
+        async with self.placed(job_request) as (job, directory):
+            stop = threading.Event()
+            if self._stopping:
+                stop.set()
+            self._streams.add(stop)
+            stream = self.pool.astream(job, tool_name=job.kind, heartbeat_interval_s=self.settings.heartbeat_s,
+                                       cancel_event=stop)
+            try:
+                async for event in stream:
+                    yield event
+            finally:
+                self._streams.discard(stop)
+                await stream.aclose()
+            result = stream.result
+            assert result is not None
+            self.metrics.job(Route.V1_STREAM, job.kind, result)
+            yield result, await self.fetched(job_request, directory)
+
+
+async def disconnected(request: Request) -> None:
+    """Completes when the client has gone (after its body was read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def until_done_or_gone(future: JobFuture, request: Optional[Request]) -> Result:
+    """The job's Result; if the client goes away first, or this request's
+    task is cancelled (server shutdown), the job is cancelled -- its tree
+    killed -- and its (cancelled) Result returned."""
+    job = asyncio.wrap_future(future)
+    watcher = asyncio.ensure_future(disconnected(request)) if request is not None else None
+    try:
+        await asyncio.wait({job} if watcher is None else {job, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        future.cancel()
+        raise
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+    if not job.done():
+        future.cancel()
+    return await asyncio.shield(job)

@@ -1,0 +1,70 @@
+"""The service's OpenAPI document (``GET /openapi.json``), generated from
+the same declarations that parse its bodies and build its answers
+(execpool/formats): a field added there is described here with no second
+edit.
+
+Runs in the service's process, once per app.
+"""
+
+from __future__ import annotations
+
+from ..formats import records, request, sandbox_fusion
+
+
+def _json(schema: dict) -> dict:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def document() -> dict:
+    job = {"$ref": "#/components/schemas/Job"}
+    record = {"$ref": "#/components/schemas/Record"}
+    refused = {"400": {"description": "a field is wrong; the message names it"},
+               "401": {"description": "token missing or wrong"},
+               "413": {"description": "body too large"},
+               "503": {"description": "overloaded or no worker right now; see Retry-After"}}
+    tests = request.schema(request.TESTS)
+    tests["properties"]["tests"] = {"type": "array", "maxItems": request.MAX_BATCH_JOBS, "items": {
+        "type": "object", "required": ["expected"], "additionalProperties": False,
+        "properties": {"stdin": {"type": ["string", "null"]}, "expected": {"type": "string"}}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "execpool serve", "version": "1",
+                 "description": "Run Python and shell code in isolated processes (execpool's own routes and "
+                                "SandboxFusion's /run_code)."},
+        "paths": {
+            "/v1/run": {"post": {"summary": "Run one job; answer its record",
+                                 "requestBody": _json(job),
+                                 "responses": {"200": {"description": "the job's record", **_json(record)},
+                                               **refused}}},
+            "/v1/stream": {"post": {"summary": "Run one job; answer Server-Sent Events: data lines with tool_output "
+                                               "events, ': keep-alive' comments, then 'event: result' with the "
+                                               "record",
+                                    "requestBody": _json(job),
+                                    "responses": {"200": {"description": "text/event-stream"}, **refused}}},
+            "/v1/batch": {"post": {"summary": "Run NDJSON jobs (each a Job), or one program against its tests; "
+                                              "answer NDJSON records as jobs finish",
+                                   "requestBody": {"content": {
+                                       "application/x-ndjson": {"schema": job},
+                                       "application/json": {"schema": {"$ref": "#/components/schemas/Tests"}}}},
+                                   "responses": {"200": {"description": "application/x-ndjson: one record per "
+                                                                        "line (with stderr and passed for tests)"},
+                                                 **refused}}},
+            "/run_code": {"post": {"summary": "SandboxFusion's run_code",
+                                   "requestBody": _json({"$ref": "#/components/schemas/RunCodeRequest"}),
+                                   "responses": {"200": {"description": "RunCodeResponse",
+                                                         **_json({"$ref": "#/components/schemas/RunCodeResponse"})},
+                                                 "504": {"description": "overloaded: retry"}}}},
+            "/": {"get": {"summary": "a page to run code by hand (it talks to /v1/stream)"}},
+            "/v1/ping": {"get": {"summary": "SandboxFusion's ping: \"pong\""}},
+            "/healthz": {"get": {"summary": "the process answers"}},
+            "/readyz": {"get": {"summary": "workers are alive and the queue is not full (else 503)"}},
+            "/metrics": {"get": {"summary": "Prometheus metrics"}},
+        },
+        "components": {"schemas": {
+            "Job": request.schema(request.HTTP_JOB),
+            "Tests": tests,
+            "RunCodeRequest": request.schema(request.RUN_CODE),
+            "Record": records.schema({**records.FILES_KEYS, **records.TEST_KEYS}),
+            "RunCodeResponse": sandbox_fusion.RESPONSE_SCHEMA,
+        }},
+    }

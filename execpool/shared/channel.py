@@ -1,0 +1,307 @@
+"""The closed set of messages between the supervisor and a worker.
+
+Both ends import this module and nothing else decides what crosses the pipe.
+Messages are frozen dataclasses sent with ``multiprocessing.connection``
+(length-prefixed pickles), each naming the job it concerns by the
+supervisor-assigned ``job_id``.
+
+supervisor -> worker:  WorkerConfig (first, once), Start, Cancel, Shutdown
+worker -> supervisor:  Ready, Spawned, Output, Finished
+
+Both ends decode with an allow-list unpickler and then check every field
+against the dataclass's annotations: a tool runs as the same user as its
+worker and may find a way to write into one of these pipes, and a plain
+``pickle.loads`` would then run whatever it sent in the caller, while a
+message of an allowed class with a field of the wrong type (a list for a
+job id) would fail wherever it is used -- in the supervisor, that is the
+one thread every job depends on. Anything else is a :class:`ChannelError`,
+and the end that reads it treats the writer as broken.
+
+The supervisor reads its workers' pipes without blocking, through a
+:class:`FrameReader`: a worker stopped (or forged into stopping) halfway
+through a message then holds up nobody but itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+import os
+import pickle
+import socket
+import struct
+import typing
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Callable, Dict, Literal, Optional, Tuple, Union
+
+from .jobs import Limits
+from .result import Result, Status
+from .kernel.sandbox import Sandbox
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs to know of its pool, sent once as the first
+    message: typed and checked like any other, rather than argv strings."""
+
+    token: str  # names the worker's processes, cgroups and job markers
+    spawn_method: str  # "vfork" or "fork" (execpool/worker/spawn.py)
+    preload: Tuple[str, ...]  # modules the warm template imports
+    cgroups: bool  # whether the worker may create cgroups for its jobs
+    jobs_dir: str  # where jobs without a cwd get their private directory
+    warm_spares: int  # spares kept parked once warm jobs came
+
+
+@dataclass(frozen=True)
+class Start:
+    """Run one tool. ``env`` is complete: the worker adds only the job marker."""
+
+    job_id: int
+    argv_kind: str  # "python" or "shell"
+    source: str
+    cwd: Optional[str]
+    env: Dict[str, str]
+    timeout: Optional[float]
+    limits: Limits
+    live_cap: Optional[int]  # None: the caller does not stream, send no Output
+    max_output_chars: int
+    keep_background: bool
+    python: str
+    stdin: Optional[str]
+    warm: bool
+    network: bool
+    separate_stderr: bool = False  # stderr on a pipe of its own, not merged into stdout
+    sandbox: Optional[Sandbox] = None  # the job's, or the pool's; None: none
+
+
+@dataclass(frozen=True)
+class Cancel:
+    job_id: int
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Kill every tree the worker owns, then exit."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The worker takes jobs; ``preload_errors`` names modules it could not import."""
+
+    pid: int
+    preload_errors: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Spawned:
+    """Sent as soon as a tool exists, so a supervisor outliving a crashed
+    worker still knows which process groups to kill."""
+
+    job_id: int
+    pid: int
+    pgid: int
+
+
+@dataclass(frozen=True)
+class Output:
+    job_id: int
+    text: str
+    # Only a job with ``separate_stderr`` has a stderr of its own; a merged
+    # job's output is all "stdout".
+    stream: Literal["stdout", "stderr"] = "stdout"
+
+
+@dataclass(frozen=True)
+class Finished:
+    job_id: int
+    result: Result
+
+
+ToWorker = Union[WorkerConfig, Start, Cancel, Shutdown]
+FromWorker = Union[Ready, Spawned, Output, Finished]
+
+#: What each end accepts: a message going the other way is as wrong as garbage.
+TO_WORKER = typing.get_args(ToWorker)
+FROM_WORKER = typing.get_args(FromWorker)
+MESSAGES = TO_WORKER + FROM_WORKER
+
+#: The only classes a message may name: the messages and what they carry.
+_ALLOWED = {(__name__, cls.__name__) for cls in MESSAGES} | {
+    (Limits.__module__, "Limits"), (Result.__module__, "Result"), (Status.__module__, "Status"),
+    (Sandbox.__module__, "Sandbox")}
+
+#: ``multiprocessing.connection``'s framing: a signed 32-bit length, or -1
+#: and an unsigned 64-bit one for messages of 2 GiB and more.
+_SHORT_HEADER = struct.Struct("!i")
+_LONG_HEADER = struct.Struct("!Q")
+
+_READ_SIZE = 1 << 16
+
+
+class ChannelError(OSError):
+    """Bytes that are no message this end accepts: a broken or forged writer.
+    An OSError, as a broken pipe is, for callers that treat both alike."""
+
+
+class _MessageUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> type:
+        if (module, name) not in _ALLOWED:
+            raise pickle.UnpicklingError(f"{module}.{name} is not a channel message")
+        return super().find_class(module, name)
+
+
+@functools.lru_cache(maxsize=None)
+def _fields(cls: type) -> tuple:
+    """(name, type, check) for each field, built once per class from its
+    annotations."""
+    hints = typing.get_type_hints(cls)
+    return tuple((field.name, hints[field.name], _checker(hints[field.name])) for field in dataclasses.fields(cls))
+
+
+@functools.lru_cache(maxsize=None)
+def _checker(hint: object) -> Callable[[object], bool]:
+    """Whether a value is of the annotated type. Exact types, not
+    isinstance: an unpickled bool must not pass for a job id; an int passes
+    for a float, as a timeout of 2 is 2.0 seconds."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Union:
+        options = tuple(map(_checker, args))
+        return lambda value: any(check(value) for check in options)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item = _checker(args[0])
+        return lambda value: type(value) is tuple and all(map(item, value))
+    if origin is tuple:
+        items = tuple(map(_checker, args))
+        return lambda value: (type(value) is tuple and len(value) == len(items)
+                              and all(check(v) for check, v in zip(items, value)))
+    if origin is dict:
+        key, item = map(_checker, args)
+        return lambda value: type(value) is dict and all(key(k) and item(v) for k, v in value.items())
+    if origin is Literal:
+        return lambda value: any(type(value) is type(arg) and value == arg for arg in args)
+    if hint is type(None):
+        return lambda value: value is None
+    if hint is float:
+        return lambda value: type(value) is float or type(value) is int
+    if dataclasses.is_dataclass(hint):
+        return lambda value: type(value) is hint and _fault(value) is None
+    return lambda value: type(value) is hint
+
+
+def _fault(obj: object) -> Optional[str]:
+    """What is wrong with an unpickled dataclass, which never went through
+    ``__init__``: a field missing, one too many, or one not of its annotated
+    type. None if nothing is."""
+    fields = _fields(type(obj))
+    state = getattr(obj, "__dict__", None)
+    if type(state) is not dict:
+        return "it has no fields"
+    if len(state) != len(fields):
+        unknown = set(state) - {name for name, _, _ in fields}
+        if unknown:
+            return f"it has no field {sorted(map(repr, unknown))[0]}"
+    for name, hint, check in fields:
+        if name not in state:
+            return f"{name} is missing"
+        value = state[name]
+        if not check(value):
+            inner = _fault(value) if dataclasses.is_dataclass(hint) and type(value) is hint else None
+            return f"{name}.{inner}" if inner else f"{name} has the wrong type ({type(value).__name__})"
+    return None
+
+
+def decode(data: bytes, accept: tuple = MESSAGES) -> Union[ToWorker, FromWorker]:
+    """The message in one frame; ChannelError unless it is one of ``accept``,
+    well formed."""
+    try:
+        msg = _MessageUnpickler(io.BytesIO(data)).load()
+    except Exception as exc:
+        raise ChannelError(f"not a channel message: {exc}") from None
+    if type(msg) not in accept:
+        raise ChannelError(f"a {type(msg).__name__} is not a message this end takes")
+    fault = _fault(msg)
+    if fault is not None:
+        raise ChannelError(f"a malformed {type(msg).__name__}: {fault}")
+    return msg
+
+
+def pipe() -> tuple[int, int]:
+    """``os.pipe()``, but made of a socket pair: the read end and the write
+    end of a one-way byte stream. A pipe can be opened again by any process
+    of the same user through ``/proc/<pid>/fd`` of a dumpable process -- the
+    caller's, usually -- so a tool could read the next job's Start or write
+    a forged message; a socket cannot be opened that way by anyone. Every
+    channel between the pool's processes is one of these."""
+    reader, writer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    reader.shutdown(socket.SHUT_WR)
+    writer.shutdown(socket.SHUT_RD)
+    return reader.detach(), writer.detach()
+
+
+def send(conn: Connection, msg: Union[ToWorker, FromWorker]) -> None:
+    conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def recv(conn: Connection, max_bytes: Optional[int] = None,
+         accept: tuple = MESSAGES) -> Union[ToWorker, FromWorker]:
+    """The next message; OSError (as for a broken pipe; ChannelError for
+    garbage) for anything that is not one of ``accept``, or is longer than
+    ``max_bytes``."""
+    return decode(conn.recv_bytes(max_bytes), accept)
+
+
+class FrameReader:
+    """Whole frames from a pipe read without blocking, as they complete."""
+
+    def __init__(self, fd: int, max_bytes: int) -> None:
+        os.set_blocking(fd, False)
+        self.fd = fd
+        self.max_bytes = max_bytes
+        self._buffer = bytearray()
+        self._eof = False
+
+    def frames(self, budget: int) -> list:
+        """The frames completed by what the pipe holds now (up to ``budget``
+        bytes of it, so that one flooding writer cannot keep the reader from
+        its other pipes); ChannelError for a length no message has, EOFError
+        once the writer is gone and every whole frame it sent was taken (a
+        message cut short by the writer's death is no message)."""
+        taken = 0
+        while taken < budget and not self._eof:
+            try:
+                data = os.read(self.fd, _READ_SIZE)
+            except BlockingIOError:
+                break
+            self._eof = not data
+            self._buffer += data
+            taken += len(data)
+        frames = self._split()
+        if self._eof and not frames:
+            raise EOFError
+        return frames
+
+    def _split(self) -> list:
+        frames = []
+        view = memoryview(self._buffer)
+        start = 0
+        try:
+            while len(view) - start >= _SHORT_HEADER.size:
+                size, = _SHORT_HEADER.unpack_from(view, start)
+                header = _SHORT_HEADER.size
+                if size == -1:
+                    if len(view) - start < header + _LONG_HEADER.size:
+                        break
+                    size, = _LONG_HEADER.unpack_from(view, start + header)
+                    header += _LONG_HEADER.size
+                if not 0 <= size <= self.max_bytes:
+                    raise ChannelError(f"a message of {size} bytes")
+                if len(view) - start < header + size:
+                    break
+                frames.append(bytes(view[start + header:start + header + size]))
+                start += header + size
+        finally:
+            view.release()
+        del self._buffer[:start]
+        return frames

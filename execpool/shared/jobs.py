@@ -1,0 +1,158 @@
+"""Job specs: what a caller asks the pool to run, validated where it is built.
+
+Misuse is caught here, in the caller's thread, with a precise ``TypeError`` or
+``ValueError``, so nothing malformed ever reaches a worker and a bad job cannot
+disturb the pool for the next one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Mapping, Optional, Union
+
+from . import checks
+from .kernel.sandbox import Sandbox, job_sandbox
+
+GiB = 1 << 30
+
+#: The kernel refuses a single argv string longer than this (MAX_ARG_STRLEN).
+MAX_SHELL_COMMAND_BYTES = 128 * 1024
+
+Number = Union[int, float]
+
+
+#: What the kernel takes for an rlimit or a cgroup cap (a signed 64-bit value).
+MAX_LIMIT = 2**63 - 1
+
+#: The kernel's ceiling for pid_max, and so for a job's process count.
+MAX_PROCESSES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-tool limits: rlimits applied in the tool's process before exec,
+    and the cgroup caps below.
+
+    ``None`` leaves the worker's own limit in place. The defaults stop a
+    runaway allocation, a disk fill or an fd leak without getting in the way
+    of ordinary programs (numpy and friends reserve a few GiB of address space).
+    CPU time is unlimited by default because the wall timeout already bounds it.
+    """
+
+    address_space: Optional[int] = 8 * GiB
+    cpu_seconds: Optional[int] = None
+    file_size: Optional[int] = 1 * GiB
+    open_files: Optional[int] = 1024
+    #: Processes (and threads) the job may have at once, and its memory in
+    #: bytes: caps that hold for root too, kept by a cgroup per job (see
+    #: execpool/shared/kernel/cgroups.py); a job asking for them where execpool cannot
+    #: create cgroups ends with an ``Execution error``.
+    processes: Optional[int] = None
+    memory: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for name in ("address_space", "cpu_seconds", "file_size", "open_files", "memory", "processes"):
+            checks.integer(name, getattr(self, name), none_ok=True,
+                           maximum=MAX_PROCESSES if name == "processes" else MAX_LIMIT,
+                           over="more than the kernel can apply; pass None for no limit")
+
+    @property
+    def needs_cgroup(self) -> bool:
+        return self.processes is not None or self.memory is not None
+
+
+@dataclass(frozen=True)
+class _Job:
+    _: KW_ONLY
+    timeout: Optional[Number] = 300
+    cwd: Optional[Union[str, os.PathLike]] = None
+    env: Optional[Mapping[str, str]] = None
+    limits: Optional[Limits] = None
+    keep_background: bool = False
+    max_output_chars: Optional[int] = None
+    stdin: Optional[str] = None
+    network: bool = True
+    #: Give stderr a pipe of its own (``Result.stderr``) instead of merging
+    #: it into ``output``: a service whose clients read the two apart.
+    separate_stderr: bool = False
+    #: The kernel-enforced sandbox (execpool/shared/kernel/sandbox.py): None takes the
+    #: pool's, False runs this job without one whatever the pool's,
+    #: ``"strict"`` (kept as ``Sandbox()``) or a ``Sandbox`` runs it in one.
+    sandbox: Union[None, bool, str, Sandbox] = None
+
+    kind = ""
+    _source_field = ""
+
+    @property
+    def source(self) -> str:
+        """The code or command, whichever field this kind of job names it by."""
+        return getattr(self, self._source_field)
+
+    def __post_init__(self) -> None:
+        checks.text(self._source_field, self.source)
+        if self.timeout is not None:
+            try:
+                checks.seconds("timeout", self.timeout)
+            except ValueError as exc:
+                raise ValueError(f"{exc}; pass timeout=None for no limit") from None
+        if self.cwd is not None:
+            cwd = os.fspath(self.cwd)
+            checks.text("cwd", cwd)
+            if not cwd:
+                # abspath("") would quietly be the caller's own directory.
+                raise ValueError("cwd must not be empty (None runs the job in a fresh private directory, "
+                                 "\".\" in the caller's own)")
+            # Relative to the caller, who wrote it; the worker runs from "/".
+            object.__setattr__(self, "cwd", os.path.abspath(cwd))
+        if self.env is not None:
+            object.__setattr__(self, "env", checks.environment("env", self.env))
+        if self.limits is not None and not isinstance(self.limits, Limits):
+            raise TypeError(f"limits must be an execpool.Limits, not {type(self.limits).__name__}")
+        checks.flag("keep_background", self.keep_background)
+        checks.integer("max_output_chars", self.max_output_chars, none_ok=True)
+        checks.flag("network", self.network)
+        checks.flag("separate_stderr", self.separate_stderr)
+        object.__setattr__(self, "sandbox", job_sandbox(self.sandbox))
+        if self.stdin is not None:
+            checks.text("stdin", self.stdin, nul_ok=True)
+
+
+@dataclass(frozen=True)
+class PythonJob(_Job):
+    """Run ``code`` as ``python -u FILE`` with the FILE in the job's working
+    directory, so ``__file__`` and ``sys.path[0]`` point there.
+
+    ``warm=True`` runs it in a fork of the worker instead of a new
+    interpreter: the same file, ``__main__``, limits, session and exit codes,
+    without the interpreter's start-up (see the README for what can differ).
+    """
+
+    code: str
+    warm: bool = field(default=False, kw_only=True)
+    kind = "python"
+    _source_field = "code"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        checks.flag("warm", self.warm)
+
+
+@dataclass(frozen=True)
+class ShellJob(_Job):
+    """Run ``command`` with ``bash -c`` (POSIX sh where bash is missing)."""
+
+    command: str
+    kind = "shell"
+    _source_field = "command"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if len(self.command.encode("utf-8")) > MAX_SHELL_COMMAND_BYTES:
+            raise ValueError(
+                f"command is over the kernel's {MAX_SHELL_COMMAND_BYTES // 1024} KiB limit for one "
+                "argument; write it to a file in cwd and run that file instead"
+            )
+
+
+Job = Union[PythonJob, ShellJob]

@@ -1,0 +1,435 @@
+"""The kernel-enforced sandbox a tool can run in: what it allows, and how a
+tool's process enters it before its first instruction.
+
+Shared. The caller builds :class:`Sandbox` values (``"strict"`` is
+``Sandbox()``) and asks :func:`sandbox_support` what the machine offers; the
+worker builds each sandboxed job's Landlock rulesets (execpool/worker/rulesets.py)
+and every way of starting a tool enters them in the new process: the C
+extension after its vfork (execpool/worker/_spawn.c), :func:`enter` after a Python
+fork and in a warm spare, which gets the job's rulesets over its hand-over
+socket.
+
+Why these mechanisms (each measured on the kernel execpool was built on,
+6.18, Landlock ABI 7, as root and as ``nobody``; tests/test_sandbox.py
+tries every escape below):
+
+- **Landlock** (unprivileged, binds root as well, survives exec and new
+  namespaces, and nothing a process does undoes it): the filesystem --
+  read and execute on the system's software (beneath ``/etc`` only what
+  the world may read, for a root tool: a second layer), read on ``/proc``
+  and ``/sys``, every right on the job's directory and its private
+  ``TMPDIR``, nothing else -- and, from ABI 6, signals and abstract Unix sockets scoped
+  to the job's own domain. Landlock also refuses ptrace, and every
+  ``/proc/<pid>`` file guarded by a ptrace check (``mem``, ``environ``,
+  ``fd/*``, ``cwd``, ``root``, ``ns/*``), for any process outside the
+  domain: the worker, the caller, other jobs (each job is a domain of its
+  own, so two jobs are strangers to each other) -- which is also what keeps
+  a tool out of ``setns`` into the worker's or the caller's network
+  namespace, by path or by pidfd. Mounting is refused to a restricted
+  process, so a tool cannot mount its way around the rules, also in a
+  user namespace of its own.
+- **No capabilities**: a root tool keeps its uid but loses every capability
+  (bounding set, effective, permitted, inheritable, ambient). Under
+  Landlock alone a root tool still read the worker's ``/proc/<pid>/environ``
+  and ``maps`` (the kernel lets CAP_PERFMON or CAP_SYS_ADMIN read another
+  process's memory map whatever the LSMs say); capabilities would also let
+  it raise its hard rlimits (CAP_SYS_RESOURCE) or load a kernel module
+  (CAP_SYS_MODULE), and nothing it execs gains one back (no_new_privs, an
+  empty bounding set).
+- **A read-only view of every mount but the job's own paths**: a mount
+  namespace of the tool's own (in a user namespace of its own where the
+  worker lacks CAP_SYS_ADMIN) in which every mount is read-only, and the
+  job's directory, its ``TMPDIR``, ``/dev/shm`` and the ``Sandbox``'s
+  ``write`` paths are bound writable again. Landlock does not govern a
+  file's metadata: without this view a tool changed the mode, owner, times
+  and extended attributes of any file its user owned -- a root tool made
+  a file anywhere world-writable or setuid. ``Sandbox(read_only_view=False)``
+  goes without it where the machine cannot make one.
+- **A small seccomp filter** (execpool/shared/kernel/seccomp.py, which says why each
+  rule) for what the rest does not cover: ``clone3``, io_uring, the
+  keyrings, System V IPC, another process's limits and priorities, setuid
+  and setgid files, other system call ABIs.
+
+What the sandbox does not cover is in the README's threat model.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
+
+from .. import checks
+from . import seccomp
+
+# -- Landlock's ABI (include/uapi/linux/landlock.h) ------------------------------------------------
+
+#: The same numbers on every architecture (the generic system call table).
+SYS_LANDLOCK_CREATE_RULESET = 444
+_SYS_LANDLOCK_RESTRICT_SELF = 446
+_CREATE_RULESET_VERSION = 1
+
+#: The oldest ABI the sandbox can promise its guarantees with: signals to
+#: the worker and other jobs are scoped only from ABI 6 (Linux 6.12).
+MIN_LANDLOCK_ABI = 6
+
+# -- capabilities, seccomp -------------------------------------------------------------------------
+
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_DUMPABLE = 4
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_PR_SET_SECCOMP = 22
+_PR_GET_SECCOMP = 21
+_SECCOMP_MODE_FILTER = 2
+_CAP_SETPCAP = 8
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_CAP_SYS_ADMIN = 21
+
+# -- the read-only view (mount namespaces) ---------------------------------------------------------
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_MS_BIND, _MS_REC, _MS_SLAVE = 0x1000, 0x4000, 1 << 19
+_AT_FDCWD, _AT_RECURSIVE = -100, 0x8000
+_MOUNT_ATTR_RDONLY = 1
+_SYS_MOUNT_SETATTR = 442  # the same number on every architecture
+#: How a tool's view is made, as execpool/worker/_spawn.c numbers them: a mount
+#: namespace where the worker holds CAP_SYS_ADMIN, else a user namespace
+#: (the ids mapped to themselves) with a mount namespace in it.
+VIEW_MOUNT_NS, VIEW_USER_NS = 1, 2
+
+_libc = ctypes.CDLL(None, use_errno=True)
+syscall = _libc.syscall
+syscall.restype = ctypes.c_long
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
+
+
+def errno_error(call: str) -> OSError:
+    errno = ctypes.get_errno()
+    return OSError(errno, f"{call}: {os.strerror(errno)}")
+
+
+# -- what a caller asks for ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """The strict sandbox, plus paths the caller adds: ``read`` (read and
+    execute, everything beneath) and ``write`` (every right, everything
+    beneath). ``Sandbox()`` is ``"strict"``: the job writes only its
+    working directory and a private ``TMPDIR``, and reads the system's
+    software besides (README, "Threat model"). Paths are made absolute
+    relative to the caller's working directory, as a job's ``cwd`` is; the
+    worker opens them when the job starts, and a job whose path cannot be
+    opened ends with an ``Execution error``.
+
+    ``connect`` and ``bind``, None by default (TCP as without a sandbox),
+    restrict TCP to the ports listed: ``connect=(443,)`` lets the job reach
+    port 443 anywhere and no other TCP port, ``connect=()`` no TCP port at
+    all; ``bind`` likewise for the ports it may listen on. Only TCP: UDP
+    (DNS) and Unix sockets are not governed (``network=False`` takes the
+    whole network away).
+
+    ``read_only_view`` (True) mounts everything but the job's writable
+    paths read-only for the tool, which is what keeps it from changing the
+    mode, owner or times of files outside them (Landlock does not govern
+    those). It needs a mount namespace: CAP_SYS_ADMIN, or unprivileged user
+    namespaces, which some containers forbid; ``False`` goes without it
+    there, knowingly."""
+
+    read: Tuple[str, ...] = ()
+    write: Tuple[str, ...] = ()
+    connect: Optional[Tuple[int, ...]] = None
+    bind: Optional[Tuple[int, ...]] = None
+    read_only_view: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.read_only_view, bool):
+            raise TypeError(f"Sandbox.read_only_view must be a bool, not {type(self.read_only_view).__name__}")
+        for name in ("connect", "bind"):
+            ports = getattr(self, name)
+            if ports is None:
+                continue
+            if isinstance(ports, (str, bytes)) or not hasattr(ports, "__iter__"):
+                raise TypeError(f"Sandbox.{name} must be None or a list of TCP ports, not {type(ports).__name__}")
+            for port in ports:
+                checks.integer(f"Sandbox.{name} port", port, minimum=0, maximum=65535)
+            object.__setattr__(self, name, tuple(sorted(set(ports))))
+        for name in ("read", "write"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes, os.PathLike)):
+                raise TypeError(f"Sandbox.{name} must be a list of paths, not one path")
+            try:
+                paths = tuple(value)
+            except TypeError:
+                raise TypeError(f"Sandbox.{name} must be a list of paths, not {type(value).__name__}") from None
+            absolute = []
+            for path in paths:
+                if not isinstance(path, (str, os.PathLike)):
+                    raise TypeError(f"Sandbox.{name} entries must be paths (str), not {type(path).__name__}")
+                path = checks.text(f"Sandbox.{name} entry", os.fspath(path))
+                if not path:
+                    raise ValueError(f"Sandbox.{name} entries must not be empty")
+                absolute.append(os.path.abspath(path))
+            object.__setattr__(self, name, tuple(absolute))
+
+
+#: ``sandbox="strict"``.
+STRICT = Sandbox()
+
+
+def pool_sandbox(value: object) -> Optional[Sandbox]:
+    """A pool's ``sandbox=``: None (off), ``"strict"`` or a Sandbox."""
+    if value is None:
+        return None
+    return _preset(value, "sandbox must be None, 'strict' or an execpool.Sandbox")
+
+
+def job_sandbox(value: object) -> Union[None, bool, Sandbox]:
+    """A job's ``sandbox=``: None (the pool's), False (none for this job,
+    whatever the pool's), ``"strict"`` or a Sandbox."""
+    if value is None or value is False:
+        return value
+    return _preset(value, "sandbox must be None (the pool's), False (none), 'strict' or an execpool.Sandbox")
+
+
+def _preset(value: object, usage: str) -> Sandbox:
+    if isinstance(value, Sandbox):
+        return value
+    if value == "strict":
+        return STRICT
+    if isinstance(value, str):
+        raise ValueError(f"{usage}, not {value!r}")
+    raise TypeError(f"{usage}, not {type(value).__name__}")
+
+
+# -- what the machine offers -----------------------------------------------------------------------
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI this kernel offers; 0 for none (too old, or
+    disabled at boot)."""
+    version = syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0),
+                       ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    return max(0, int(version))
+
+
+def _seccomp_works() -> bool:
+    return _libc.prctl(_PR_GET_SECCOMP, 0, 0, 0, 0) >= 0
+
+
+#: A new process tries what a tool's view needs (execpool/worker/_spawn.c): a
+#: fresh interpreter, so that neither a threaded caller forks nor the
+#: caller's own mounts change.
+_VIEW_PROBE = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+kind, uid, gid = int(sys.argv[1]), os.geteuid(), os.getegid()
+if libc.unshare(0x10020000 if kind == 2 else 0x20000) != 0:
+    sys.exit("unshare: " + os.strerror(ctypes.get_errno()))
+if kind == 2:
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open("/proc/self/" + name, "w") as f:
+            f.write(text)
+attr = (ctypes.c_uint64 * 4)(1, 0, 1 << 19, 0)
+libc.syscall.restype = ctypes.c_long
+if libc.syscall(442, -100, b"/", 0x8000, attr, 32) != 0:
+    sys.exit("mount_setattr: " + os.strerror(ctypes.get_errno()))
+"""
+
+
+@dataclass(frozen=True)
+class SandboxSupport:
+    """What this machine offers the sandbox: ``landlock_abi`` (0: none),
+    whether seccomp filters work for this architecture, whether tools can
+    get their read-only view (``read_only_view``), and ``missing``: why a
+    job in the strict sandbox cannot run here (None when it can) --
+    ``view_missing`` alone is what ``Sandbox(read_only_view=False)`` does
+    without."""
+
+    landlock_abi: int
+    seccomp: bool
+    read_only_view: bool
+    missing: Optional[str]
+    view_missing: Optional[str] = None
+
+    @property
+    def available(self) -> bool:
+        return self.missing is None
+
+    def missing_for(self, sandbox: "Sandbox") -> Optional[str]:
+        """Why a job in ``sandbox`` cannot run here; None when it can."""
+        if self.missing is not None and self.missing != self.view_missing:
+            return self.missing
+        return self.view_missing if sandbox.read_only_view else None
+
+
+@functools.lru_cache(maxsize=None)
+def _view_missing() -> Optional[str]:
+    kind = view_kind()
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", _VIEW_PROBE, str(kind)], capture_output=True,
+                              text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"the sandbox's read-only view could not be tried here: {exc}"
+    if done.returncode == 0:
+        return None
+    need = "a mount namespace" if kind == VIEW_MOUNT_NS else "an unprivileged user namespace with a mount namespace"
+    return (f"the sandbox's read-only view needs {need}, which this machine refuses "
+            f"({done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}); "
+            "Sandbox(read_only_view=False) runs without it, and then a tool can change the mode, owner and times "
+            "of any file its user owns")
+
+
+def sandbox_support() -> SandboxSupport:
+    """What a sandboxed job needs, and whether this machine has it. A job
+    asking for the sandbox where it is missing ends with an ``Execution
+    error`` saying the same -- it never runs unsandboxed."""
+    abi = landlock_abi()
+    filters = bool(seccomp.PROGRAM) and _seccomp_works()
+    view_missing = _view_missing()
+    missing = view_missing
+    if abi == 0:
+        missing = (f"the sandbox needs Landlock (ABI {MIN_LANDLOCK_ABI}, Linux 6.12 or later), and this "
+                   "kernel offers none (too old, or Landlock is not enabled in its lsm= list)")
+    elif abi < MIN_LANDLOCK_ABI:
+        missing = (f"the sandbox needs Landlock ABI {MIN_LANDLOCK_ABI} (signal and abstract-socket scoping, "
+                   f"Linux 6.12), and this kernel offers ABI {abi}")
+    elif not filters:
+        missing = f"the sandbox needs seccomp filters, which are not available for {platform.machine()} here"
+    return SandboxSupport(landlock_abi=abi, seccomp=filters, read_only_view=view_missing is None, missing=missing,
+                          view_missing=view_missing)
+
+
+# -- entering it (in the tool's new process) -------------------------------------------------------
+
+
+#: The filter's bytes stay alive here; the C extension gets the same bytes.
+_program_buffer = ctypes.create_string_buffer(seccomp.PROGRAM, len(seccomp.PROGRAM))
+_fprog = _SockFprog(len(seccomp.PROGRAM) // 8, ctypes.cast(_program_buffer, ctypes.c_void_p).value)
+
+
+def _capabilities() -> Tuple[int, bool, bool]:
+    """The highest capability number this kernel has, whether this process
+    may empty its bounding set (it holds CAP_SETPCAP: root), and whether it
+    may make a mount namespace without a user namespace (CAP_SYS_ADMIN)."""
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        last = 63
+    effective = 0
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    effective = int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return last, bool(effective & (1 << _CAP_SETPCAP)), bool(effective & (1 << _CAP_SYS_ADMIN))
+
+
+class _Capabilities:
+    """Read once per process that starts tools, before any fork: a forked
+    child (or a spare) then only drops, without reading /proc."""
+
+    known: Optional[Tuple[int, bool, bool]] = None
+
+    @classmethod
+    def get(cls) -> Tuple[int, bool, bool]:
+        if cls.known is None:
+            cls.known = _capabilities()
+        return cls.known
+
+
+def view_kind() -> int:
+    """How this process's tools get their view: VIEW_MOUNT_NS or VIEW_USER_NS."""
+    return VIEW_MOUNT_NS if _Capabilities.get()[2] else VIEW_USER_NS
+
+
+def view_arguments(writable: Tuple[str, ...], cwd: str) -> tuple:
+    """The read-only view of a tool whose writable paths are ``writable``
+    and which works in ``cwd``, as execpool._spawn takes it."""
+    uid, gid = os.geteuid(), os.getegid()
+    return (view_kind(), f"{uid} {uid} 1".encode(), f"{gid} {gid} 1".encode(),
+            tuple(os.fsencode(path) for path in writable), os.fsencode(cwd))
+
+
+def child_arguments(rulesets: Tuple[int, ...], view: Optional[tuple]) -> tuple:
+    """What execpool._spawn's child needs to enter the sandbox: the rulesets
+    (entered in order, each a Landlock layer), the seccomp filter, the
+    highest capability number, whether to empty the bounding set, and the
+    read-only view (:func:`view_arguments`, or None)."""
+    last_cap, drop_bounding, _ = _Capabilities.get()
+    return tuple(rulesets), seccomp.PROGRAM, last_cap, drop_bounding, view
+
+
+def prepare() -> None:
+    """Read what :func:`enter` needs now, in a process that will fork tools
+    (a worker, the warm template), so that its children need not."""
+    _Capabilities.get()
+
+
+def _make_view(view: tuple) -> None:
+    """execpool/worker/_spawn.c's make_view, through ctypes."""
+    kind, uid_map, gid_map, writable, cwd = view
+    if kind == VIEW_USER_NS and _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0) != 0:  # as _spawn.c says why
+        raise errno_error("prctl(PR_SET_DUMPABLE)")
+    if _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS if kind == VIEW_USER_NS else _CLONE_NEWNS) != 0:
+        raise errno_error("unshare(CLONE_NEWNS)")
+    if kind == VIEW_USER_NS:
+        for name, text in (("setgroups", b"deny"), ("uid_map", uid_map), ("gid_map", gid_map)):
+            with open(f"/proc/self/{name}", "wb") as f:
+                f.write(text)
+    read_only = _MountAttr(_MOUNT_ATTR_RDONLY, 0, _MS_SLAVE, 0)
+    if syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD), b"/", ctypes.c_uint(_AT_RECURSIVE),
+               ctypes.byref(read_only), ctypes.c_size_t(ctypes.sizeof(read_only))) != 0:
+        raise errno_error("mount_setattr (the read-only view)")
+    again = _MountAttr(0, _MOUNT_ATTR_RDONLY, 0, 0)
+    for path in writable:
+        if _libc.mount(path, path, None, _MS_BIND | _MS_REC, None) != 0 or syscall(
+                ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD), path, ctypes.c_uint(0),
+                ctypes.byref(again), ctypes.c_size_t(ctypes.sizeof(again))) != 0:
+            raise errno_error(f"binding a writable path ({os.fsdecode(path)})")
+    os.chdir(cwd)
+
+
+def enter(rulesets: Tuple[int, ...], view: Optional[tuple] = None) -> None:
+    """Confine the calling process for good, in the order execpool._spawn
+    does it: the read-only view (:func:`view_arguments`), no new
+    privileges, no capabilities, the Landlock layers, the seccomp filter.
+    For a freshly forked tool or a warm spare, before any of the job's code
+    runs; raises OSError naming the step that failed."""
+    if view is not None:
+        _make_view(view)
+    last_cap, drop_bounding, _ = _Capabilities.get()
+    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise errno_error("prctl(PR_SET_NO_NEW_PRIVS)")
+    if drop_bounding:
+        for cap in range(last_cap + 1):
+            if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                raise errno_error("prctl(PR_CAPBSET_DROP)")
+    _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL before 4.3: none to clear
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    if _libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
+        raise errno_error("capset")
+    for ruleset_fd in rulesets:
+        if syscall(ctypes.c_long(_SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(ruleset_fd), ctypes.c_uint32(0)) != 0:
+            raise errno_error("landlock_restrict_self")
+    if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(_fprog), 0, 0) != 0:
+        raise errno_error("prctl(PR_SET_SECCOMP)")

@@ -1,0 +1,200 @@
+"""The sandbox's seccomp filter: the system calls Landlock and a dropped
+capability set leave open, refused (execpool/shared/kernel/sandbox.py enters it last).
+
+Shared: built once per process that starts tools, as the kernel's
+``struct sock_filter`` array, which the C extension installs as it is.
+
+What it refuses, and why (each an attack in tests/hostile.py):
+
+- ``clone3`` (ENOSYS, so libc falls back to ``clone``):
+  ``CLONE_INTO_CGROUP`` with an ``O_PATH`` descriptor of a cgroup v2
+  directory, which Landlock does not check, moved a root tool out of its
+  job's group.
+- The kernel keyrings and System V IPC (EPERM): a tool read a key its user
+  had stored, and attached another process's shared memory segment.
+- io_uring (ENOSYS, as where it is disabled): its operations -- open
+  with a mode, setxattr -- run past this filter's argument checks, which
+  made a setuid file in ``/dev/shm``.
+- Setting another process's limits, priority, scheduling or I/O priority
+  (``prlimit64``, ``setpriority``, ``sched_set*``, ``ioprio_set``) unless
+  the call names the tool itself (pid 0), or, for ``prlimit64``, only
+  reads: these check the uid, not ptrace, so Landlock's scoping does not
+  reach them, and a lowered CPU limit is a SIGKILL to the worker, the
+  caller or another job; a lowered open-files limit on a warm spare broke
+  every later warm job.
+- Making a setuid or setgid file (``chmod``, ``fchmod``, ``fchmodat``,
+  ``fchmodat2``, ``open``/``openat``/``creat``/``mknod``/``mknodat``
+  with those mode bits; ``openat2``, whose mode hides in a struct, fails
+  with ENOSYS and libc falls back): a root tool left a setuid-root shell
+  in ``/dev/shm`` for any local user.
+- A system call of another ABI (i386's ``int 0x80`` on x86_64, x32): ENOSYS,
+  so none of this is dodged through another table.
+"""
+
+from __future__ import annotations
+
+import platform
+import struct
+from typing import Dict, List, Tuple, Union
+
+_EPERM = 1
+_ENOSYS = 38
+_S_ISUID_GID = 0o6000
+
+#: x86_64's x32 system calls are its own numbers with this bit set.
+_X32_BIT = 0x40000000
+
+#: What a rule does with its system call:
+#: ``("refuse", errno)``; ``("self", arg, ...)``: allowed only when every
+#: argument listed is 0 (a pid of 0: the caller itself);
+#: ``("self_or_zero", arg, other)``: allowed when ``arg`` is 0 or ``other``
+#: is (prlimit64 with no new limit only reads);
+#: ``("which_self", which_arg, allowed_whiches, who_arg)``: allowed only for
+#: the caller's own process or process group, never a user's processes;
+#: ``("no_setid", mode_arg)``: refused when the mode sets setuid or setgid.
+Rule = Tuple[Union[str, int, Tuple[int, ...]], ...]
+
+_RULES: Dict[str, Rule] = {
+    "clone3": ("refuse", _ENOSYS), "openat2": ("refuse", _ENOSYS), "io_uring_setup": ("refuse", _ENOSYS),
+    "io_uring_enter": ("refuse", _ENOSYS), "io_uring_register": ("refuse", _ENOSYS),
+    "keyctl": ("refuse", _EPERM), "add_key": ("refuse", _EPERM), "request_key": ("refuse", _EPERM),
+    "shmget": ("refuse", _EPERM), "shmat": ("refuse", _EPERM), "shmctl": ("refuse", _EPERM),
+    "semget": ("refuse", _EPERM), "semop": ("refuse", _EPERM), "semctl": ("refuse", _EPERM),
+    "semtimedop": ("refuse", _EPERM), "msgget": ("refuse", _EPERM), "msgsnd": ("refuse", _EPERM),
+    "msgrcv": ("refuse", _EPERM), "msgctl": ("refuse", _EPERM),
+    "prlimit64": ("self_or_zero", 0, 2),
+    "setpriority": ("which_self", 0, (0, 1), 1),  # PRIO_PROCESS, PRIO_PGRP; who 0
+    "ioprio_set": ("which_self", 0, (1, 2), 1),  # IOPRIO_WHO_PROCESS, IOPRIO_WHO_PGRP; who 0
+    "sched_setaffinity": ("self", 0), "sched_setscheduler": ("self", 0), "sched_setparam": ("self", 0),
+    "sched_setattr": ("self", 0),
+    "chmod": ("no_setid", 1), "fchmod": ("no_setid", 1), "fchmodat": ("no_setid", 2), "fchmodat2": ("no_setid", 2),
+    "open": ("no_setid", 2), "openat": ("no_setid", 3), "creat": ("no_setid", 1),
+    "mknod": ("no_setid", 1), "mknodat": ("no_setid", 2),
+}
+
+#: Per architecture: its AUDIT_ARCH value and its system call numbers
+#: (aarch64 has no chmod, open, creat or mknod: only the *at forms).
+TABLES = {
+    "x86_64": (0xC000003E, {
+        "clone3": 435, "openat2": 437, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+        "keyctl": 250, "add_key": 248, "request_key": 249, "shmget": 29,
+        "shmat": 30, "shmctl": 31, "semget": 64, "semop": 65, "semctl": 66, "semtimedop": 220, "msgget": 68,
+        "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "prlimit64": 302, "setpriority": 141, "ioprio_set": 251,
+        "sched_setaffinity": 203, "sched_setscheduler": 144, "sched_setparam": 142, "sched_setattr": 314,
+        "chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "open": 2, "openat": 257, "creat": 85,
+        "mknod": 133, "mknodat": 259}),
+    "aarch64": (0xC00000B7, {
+        "clone3": 435, "openat2": 437, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+        "keyctl": 219, "add_key": 217, "request_key": 218, "shmget": 194,
+        "shmctl": 195, "shmat": 196, "semget": 190, "semctl": 191, "semtimedop": 192, "semop": 193,
+        "msgget": 186, "msgctl": 187, "msgrcv": 188, "msgsnd": 189, "prlimit64": 261, "setpriority": 140,
+        "ioprio_set": 30, "sched_setaffinity": 122, "sched_setscheduler": 119, "sched_setparam": 118,
+        "sched_setattr": 274, "fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "openat": 56, "mknodat": 33}),
+}
+
+# Classic BPF, as seccomp runs it.
+_LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+_ALLOW = 0x7FFF0000
+_NR, _ARCH = 0, 4
+
+
+def _arg_low(index: int) -> int:
+    """Where the low 32 bits of argument ``index`` lie in seccomp_data
+    (little-endian: x86_64 and aarch64)."""
+    return 16 + 8 * index
+
+
+def _errno(errno: int) -> int:
+    return 0x00050000 | errno
+
+
+class _Program:
+    """Instructions with symbolic jump targets, resolved at the end:
+    ``jump(code, k, true_label, false_label)`` where a label is None for
+    the next instruction."""
+
+    def __init__(self) -> None:
+        self.code: List[tuple] = []
+        self.labels: Dict[str, int] = {}
+
+    def op(self, code: int, k: int, jt: object = None, jf: object = None) -> None:
+        self.code.append((code, k, jt, jf))
+
+    def label(self, name: str) -> None:
+        self.labels[name] = len(self.code)
+
+    def assemble(self) -> bytes:
+        out = []
+        for at, (code, k, jt, jf) in enumerate(self.code):
+            offsets = [0 if target is None else self.labels[target] - at - 1 for target in (jt, jf)]
+            if not all(0 <= offset < 256 for offset in offsets):
+                raise ValueError("a seccomp jump out of range")
+            out.append(struct.pack("=HBBI", code, offsets[0], offsets[1], k))
+        return b"".join(out)
+
+
+def _rule(program: _Program, name: str, rule: Rule) -> None:
+    """The body for one system call, entered with its number matched;
+    every path through it returns."""
+    kind = rule[0]
+    allow, refuse = f"{name}.allow", f"{name}.refuse"
+    if kind == "refuse":
+        program.op(_RET, _errno(int(rule[1])))
+        return
+    if kind == "self":
+        for arg in rule[1:]:
+            program.op(_LD_ABS, _arg_low(int(arg)))
+            program.op(_JEQ, 0, None, refuse)
+    elif kind == "self_or_zero":
+        pid, other = int(rule[1]), int(rule[2])
+        program.op(_LD_ABS, _arg_low(pid))
+        program.op(_JEQ, 0, allow, None)
+        program.op(_LD_ABS, _arg_low(other))
+        program.op(_JEQ, 0, None, refuse)
+        program.op(_LD_ABS, _arg_low(other) + 4)
+        program.op(_JEQ, 0, None, refuse)
+    elif kind == "which_self":
+        which, who = int(rule[1]), int(rule[3])
+        allowed = [int(value) for value in rule[2]]  # type: ignore[union-attr]
+        program.op(_LD_ABS, _arg_low(who))
+        program.op(_JEQ, 0, None, refuse)
+        program.op(_LD_ABS, _arg_low(which))
+        for n, value in enumerate(allowed):
+            program.op(_JEQ, value, allow, refuse if n == len(allowed) - 1 else None)
+    elif kind == "no_setid":
+        program.op(_LD_ABS, _arg_low(int(rule[1])))
+        program.op(_JSET, _S_ISUID_GID, refuse, allow)
+    else:
+        raise ValueError(f"unknown seccomp rule {kind!r}")
+    program.label(allow)
+    program.op(_RET, _ALLOW)
+    program.label(refuse)
+    program.op(_RET, _errno(_EPERM))
+
+
+def build(machine: str) -> bytes:
+    """The filter for ``machine``; empty where execpool has no table."""
+    table = TABLES.get(machine)
+    if table is None:
+        return b""
+    arch, numbers = table
+    program = _Program()
+    program.op(_LD_ABS, _ARCH)
+    program.op(_JEQ, arch, "native", None)
+    program.op(_RET, _errno(_ENOSYS))
+    program.label("native")
+    program.op(_LD_ABS, _NR)
+    program.op(_JGE, _X32_BIT, None, "own_table")
+    program.op(_RET, _errno(_ENOSYS))
+    program.label("own_table")
+    for name, number in sorted(numbers.items(), key=lambda item: item[1]):
+        program.op(_JEQ, number, None, f"{name}.next")
+        _rule(program, name, _RULES[name])
+        program.label(f"{name}.next")
+        program.op(_LD_ABS, _NR)  # a rule's body loaded arguments
+    program.op(_RET, _ALLOW)
+    return program.assemble()
+
+
+#: This machine's filter, built once per process.
+PROGRAM = build(platform.machine())

@@ -1,0 +1,570 @@
+/* Start one tool: vfork + everything that must happen before exec.
+ *
+ * Runs inside a worker (execpool/worker/spawn.py). A Python-level fork of the
+ * worker costs milliseconds here -- the child copies page tables, takes
+ * copy-on-write faults and tears the copy down again at exec -- while vfork
+ * borrows the parent's memory until exec. subprocess uses vfork too, but it
+ * cannot set rlimits or the parent-death signal in the child, and applying
+ * them after exec leaves a window in which the tool (or a child it forks)
+ * runs unlimited. So this does what glibc's posix_spawn does, plus those two:
+ * new session, PR_SET_PDEATHSIG, working directory, stdin/stdout/stderr,
+ * every other descriptor closed, rlimits, then execve -- and, for a
+ * sandboxed job, between the descriptors and close_range: no new
+ * privileges, no capabilities, the job's Landlock rulesets (built by the
+ * worker, execpool/worker/rulesets.py) and the seccomp filter. Only
+ * async-signal-safe calls run in the child; every allocation happens in the
+ * parent before vfork; the child reports a failure through memory it shares
+ * with the parent until exec.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sched.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef SYS_close_range
+#define SYS_close_range 436 /* the same number on every architecture */
+#endif
+#ifndef SYS_landlock_restrict_self
+#define SYS_landlock_restrict_self 446 /* the same number on every architecture */
+#endif
+#ifndef PR_CAP_AMBIENT
+#define PR_CAP_AMBIENT 47
+#define PR_CAP_AMBIENT_CLEAR_ALL 4
+#endif
+
+static const int limit_resources[] = {RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE};
+#define N_LIMITS 4
+#define MAX_JOIN_FDS 8
+
+static const char *const step_names[] = {
+    "setsid", "prctl(PR_SET_PDEATHSIG)", "setrlimit", "chdir", "dup2", "execve", "unshare(CLONE_NEWNET)",
+    "joining the job's cgroup", "close_range", "prctl(PR_SET_NO_NEW_PRIVS)", "dropping capabilities",
+    "landlock_restrict_self", "prctl(PR_SET_SECCOMP)", "unshare(CLONE_NEWNS)",
+    "mapping the user namespace's ids", "mount_setattr (the read-only view)", "binding a writable path",
+};
+
+/* What a sandboxed tool's child needs, all prepared by the parent. */
+#define MAX_RULESETS 4
+#define MAX_WRITABLE 64
+#define VIEW_NONE 0
+#define VIEW_MOUNT_NS 1 /* the worker holds CAP_SYS_ADMIN */
+#define VIEW_USER_NS 2  /* a user namespace of its own first, ids mapped to themselves */
+struct confinement {
+    int n_rulesets; /* 0: no sandbox */
+    int rulesets[MAX_RULESETS];
+    int last_cap;
+    int drop_bounding;
+    struct sock_fprog filter;
+    int view;
+    const char *uid_map, *gid_map, *cwd;
+    const char *writable[MAX_WRITABLE];
+    int n_writable;
+};
+
+/* include/uapi/linux/mount.h, spelled out for older build headers. */
+struct mount_attr_ {
+    unsigned long long attr_set, attr_clr, propagation, userns_fd;
+};
+#define SYS_mount_setattr_ 442 /* the same number on every architecture */
+#define MOUNT_ATTR_RDONLY_ 0x1ULL
+#define AT_RECURSIVE_ 0x8000
+
+static int write_file(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t length = (ssize_t)strlen(text), done = write(fd, text, (size_t)length);
+    close(fd);
+    return done == length ? 0 : -1;
+}
+
+/* Every mount read-only but the job's writable paths, each bound on
+ * itself and made writable again, in a mount namespace of the tool's own
+ * (whose changes never reach the worker's: slave propagation); then the
+ * working directory again, so that it is the writable one. Returns the
+ * failing step, or -1. */
+static int make_view(const struct confinement *c) {
+    if (c->view == VIEW_USER_NS) {
+        /* A non-dumpable worker's child owns none of its /proc files, so it
+         * could not write its maps; the exec to come makes it dumpable
+         * anyway (a warm job's spare: its own job only). */
+        if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0 || unshare(CLONE_NEWUSER | CLONE_NEWNS) < 0)
+            return 13;
+        if (write_file("/proc/self/setgroups", "deny") < 0 || write_file("/proc/self/uid_map", c->uid_map) < 0 ||
+            write_file("/proc/self/gid_map", c->gid_map) < 0)
+            return 14;
+    } else if (unshare(CLONE_NEWNS) < 0) {
+        return 13;
+    }
+    struct mount_attr_ read_only = {MOUNT_ATTR_RDONLY_, 0, MS_SLAVE, 0};
+    if (syscall(SYS_mount_setattr_, AT_FDCWD, "/", AT_RECURSIVE_, &read_only, sizeof read_only) < 0)
+        return 15;
+    struct mount_attr_ writable = {0, MOUNT_ATTR_RDONLY_, 0, 0};
+    for (int i = 0; i < c->n_writable; i++)
+        if (mount(c->writable[i], c->writable[i], NULL, MS_BIND | MS_REC, NULL) < 0 ||
+            syscall(SYS_mount_setattr_, AT_FDCWD, c->writable[i], 0, &writable, sizeof writable) < 0)
+            return 16;
+    if (chdir(c->cwd) < 0)
+        return 3;
+    return -1;
+}
+
+/* The read-only view, no new privileges, no capabilities (a root tool
+ * keeps its uid and loses every capability, so nothing it execs gains one
+ * either), the Landlock layers in order, the seccomp filter:
+ * execpool/shared/kernel/sandbox.py says why each. Returns the failing step, or -1. */
+static int confine(const struct confinement *c) {
+    int step;
+    if (c->view != VIEW_NONE && (step = make_view(c)) >= 0)
+        return step;
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        return 9;
+    if (c->drop_bounding)
+        for (int cap = 0; cap <= c->last_cap; cap++)
+            if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0)
+                return 10;
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); /* EINVAL before 4.3: none to clear */
+    struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+    memset(data, 0, sizeof data);
+    if (syscall(SYS_capset, &header, data) < 0)
+        return 10;
+    for (int i = 0; i < c->n_rulesets; i++)
+        if (syscall(SYS_landlock_restrict_self, c->rulesets[i], 0U) < 0)
+            return 11;
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &c->filter, 0, 0) < 0)
+        return 12;
+    return -1;
+}
+
+static void free_vector(char **vector) {
+    if (vector == NULL)
+        return;
+    for (char **p = vector; *p != NULL; p++)
+        PyMem_Free(*p);
+    PyMem_Free(vector);
+}
+
+/* A NULL-terminated copy of a sequence of str/bytes, made before vfork. */
+static char **to_vector(PyObject *seq, const char *what) {
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    char **vector = PyMem_Calloc(n + 1, sizeof(char *));
+    if (vector == NULL) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *bytes = NULL;
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(fast, i), &bytes)) {
+            free_vector(vector);
+            Py_DECREF(fast);
+            return NULL;
+        }
+        Py_ssize_t size = PyBytes_GET_SIZE(bytes);
+        vector[i] = PyMem_Malloc(size + 1);
+        if (vector[i] == NULL) {
+            Py_DECREF(bytes);
+            free_vector(vector);
+            Py_DECREF(fast);
+            PyErr_NoMemory();
+            return NULL;
+        }
+        memcpy(vector[i], PyBytes_AS_STRING(bytes), size + 1);
+        Py_DECREF(bytes);
+    }
+    Py_DECREF(fast);
+    return vector;
+}
+
+/* Copy a sequence of at most `max` ints into `out`; the count, or -1 with
+ * an exception set. */
+static Py_ssize_t to_numbers(PyObject *seq, long long *out, Py_ssize_t max, const char *what) {
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > max) {
+        PyErr_Format(PyExc_ValueError, "%s: at most %zd entries", what, max);
+        n = -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (out[i] == -1 && PyErr_Occurred()) {
+            n = -1;
+            break;
+        }
+    }
+    Py_DECREF(fast);
+    return n;
+}
+
+/* Shared with the vfork child until it execs or exits. */
+static volatile int child_errno;
+static volatile int child_step;
+
+static void child(char **argv, char **envp, const char *cwd, const long long *limits, int stdin_fd,
+                  int out_fd, int err_fd, int no_network, const int *join_fds, Py_ssize_t n_join, pid_t parent,
+                  const sigset_t *old_mask, const struct confinement *confinement) {
+    int step = 7;
+    /* "0" names the writer itself: the tool is in its job's cgroup before
+     * it can fork anything. */
+    for (Py_ssize_t i = 0; i < n_join; i++)
+        if (write(join_fds[i], "0", 1) != 1)
+            goto fail;
+    step = 0;
+    if (setsid() < 0)
+        goto fail;
+    step = 6;
+    if (no_network && unshare(CLONE_NEWNET) < 0)
+        goto fail;
+    step = 1;
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+        goto fail;
+    if (getppid() != parent)
+        _exit(137); /* the worker died before the death signal was armed */
+    step = 3;
+    if (chdir(cwd) < 0)
+        goto fail;
+    step = 4;
+    if (dup2(stdin_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
+        goto fail;
+    /* While the rulesets' descriptors are still open; before the rlimits,
+     * which a root tool could otherwise raise again, and before anything
+     * of the tool runs. */
+    if (confinement->n_rulesets > 0 && (step = confine(confinement)) >= 0)
+        goto fail;
+    /* Nothing but 0, 1 and 2 reaches a tool, whatever the worker holds and
+     * whether or not it is close-on-exec (a descriptor received over a
+     * socket is not, unless asked). Before the rlimits: a lowered open-files
+     * limit hides nothing from close_range, but a loop up to it would miss
+     * what lies above. */
+    step = 8;
+    if (syscall(SYS_close_range, 3U, ~0U, 0U) < 0) {
+        if (errno != ENOSYS)
+            goto fail;
+        struct rlimit open_files;
+        if (getrlimit(RLIMIT_NOFILE, &open_files) < 0)
+            goto fail;
+        for (rlim_t fd = 3; fd < open_files.rlim_cur; fd++)
+            close((int)fd);
+    }
+    step = 2;
+    for (int i = 0; i < N_LIMITS; i++) {
+        if (limits[i] < 0)
+            continue;
+        struct rlimit current, wanted;
+        if (getrlimit(limit_resources[i], &current) < 0)
+            goto fail;
+        rlim_t value = (rlim_t)limits[i];
+        if (current.rlim_max != RLIM_INFINITY && value > current.rlim_max)
+            value = current.rlim_max;
+        wanted.rlim_cur = wanted.rlim_max = value;
+        if (setrlimit(limit_resources[i], &wanted) < 0)
+            goto fail;
+    }
+    /* The worker's handlers must not run here (they would touch the
+     * parent's memory), and what the worker ignores -- SIGPIPE, SIGXFSZ,
+     * as Python does -- the tool must not inherit ignored. */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; sig++) {
+        struct sigaction old;
+        if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, NULL, &old) < 0)
+            continue;
+        if (old.sa_handler != SIG_DFL)
+            sigaction(sig, &dfl, NULL);
+    }
+    sigprocmask(SIG_SETMASK, old_mask, NULL);
+    step = 5;
+    execve(argv[0], argv, envp);
+fail:
+    child_errno = errno;
+    child_step = step;
+    _exit(127);
+}
+
+PyDoc_STRVAR(spawn_doc,
+"spawn(argv, env, cwd, limits, stdin_fd, out_fd, err_fd, no_network, join_fds, sandbox) -> pid\n\n"
+"Start argv[0] (an absolute path) in a new session with env (a list of\n"
+"'KEY=value'), the parent-death signal SIGKILL, the rlimits (address space,\n"
+"CPU seconds, file size, open files; -1 leaves one unchanged) applied as\n"
+"both soft and hard limits, cwd as working directory, stdin from stdin_fd,\n"
+"stdout on out_fd and stderr on err_fd (the same pipe to merge them), in a\n"
+"network namespace of its own (only a loopback that is down) when\n"
+"no_network is true, after writing \"0\" to each of join_fds (open\n"
+"cgroup.procs files), and, unless sandbox is None, confined by it: a tuple\n"
+"(ruleset_fds, seccomp_filter_bytes, last_cap, drop_bounding, view) from\n"
+"execpool.shared.kernel.sandbox.child_arguments. Raises OSError naming the step that failed.");
+
+/* Fill the view of *c from None or (kind, uid_map, gid_map, writable paths,
+ * cwd), all bytes; pointers into `view`, which the caller keeps alive. */
+static int parse_view(PyObject *view, struct confinement *c) {
+    PyObject *writable;
+    if (view == Py_None)
+        return 0;
+    if (!PyArg_ParseTuple(view, "iyyOy", &c->view, &c->uid_map, &c->gid_map, &writable, &c->cwd))
+        return -1;
+    if (c->view != VIEW_MOUNT_NS && c->view != VIEW_USER_NS) {
+        PyErr_Format(PyExc_ValueError, "not a kind of view: %d", c->view);
+        return -1;
+    }
+    if (!PyTuple_Check(writable) || PyTuple_GET_SIZE(writable) > MAX_WRITABLE) {
+        PyErr_Format(PyExc_ValueError, "the view's writable paths: a tuple of at most %d", MAX_WRITABLE);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(writable); i++) {
+        PyObject *path = PyTuple_GET_ITEM(writable, i);
+        if (!PyBytes_Check(path)) {
+            PyErr_SetString(PyExc_TypeError, "the view's writable paths must be bytes");
+            return -1;
+        }
+        c->writable[i] = PyBytes_AS_STRING(path);
+    }
+    c->n_writable = (int)PyTuple_GET_SIZE(writable);
+    return 0;
+}
+
+/* Fill *c from (ruleset_fds, seccomp_filter_bytes, last_cap, drop_bounding,
+ * view): at least one ruleset, and a filter; 0, or -1 with an exception set. */
+static int parse_confinement(PyObject *args, struct confinement *c) {
+    PyObject *fds, *view;
+    const char *filter;
+    Py_ssize_t filter_size;
+    if (!PyArg_ParseTuple(args, "Oy#ipO", &fds, &filter, &filter_size, &c->last_cap, &c->drop_bounding, &view) ||
+        parse_view(view, c) < 0)
+        return -1;
+    PyObject *fast = PySequence_Fast(fds, "the sandbox's rulesets must be a sequence of descriptors");
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n < 1 || n > MAX_RULESETS) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "the sandbox needs 1 to %d rulesets, not %zd", MAX_RULESETS, n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long fd = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (fd < 0 || fd > INT_MAX) {
+            Py_DECREF(fast);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "a ruleset descriptor must be a descriptor");
+            return -1;
+        }
+        c->rulesets[i] = (int)fd;
+    }
+    Py_DECREF(fast);
+    c->n_rulesets = (int)n;
+    if (filter_size <= 0 || filter_size % sizeof(struct sock_filter) != 0 ||
+        filter_size / sizeof(struct sock_filter) > BPF_MAXINSNS) {
+        PyErr_SetString(PyExc_ValueError, "the sandbox needs a seccomp filter");
+        return -1;
+    }
+    c->filter.len = (unsigned short)(filter_size / sizeof(struct sock_filter));
+    c->filter.filter = (struct sock_filter *)filter;
+    return 0;
+}
+
+static PyObject *spawn(PyObject *self, PyObject *args) {
+    PyObject *argv_obj, *env_obj, *cwd_obj, *limits_obj, *join_obj, *sandbox_obj = Py_None;
+    int stdin_fd, out_fd, err_fd, no_network;
+    if (!PyArg_ParseTuple(args, "OOO&OiiipO|O", &argv_obj, &env_obj, PyUnicode_FSConverter, &cwd_obj,
+                          &limits_obj, &stdin_fd, &out_fd, &err_fd, &no_network, &join_obj, &sandbox_obj))
+        return NULL;
+    struct confinement confinement;
+    memset(&confinement, 0, sizeof confinement);
+    /* The filter's bytes live in sandbox_obj, which outlives the vfork child. */
+    if (sandbox_obj != Py_None && parse_confinement(sandbox_obj, &confinement) < 0) {
+        Py_DECREF(cwd_obj);
+        return NULL;
+    }
+    long long limits[N_LIMITS], join[MAX_JOIN_FDS];
+    int join_fds[MAX_JOIN_FDS];
+    char **argv = NULL, **envp = NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n_limits = to_numbers(limits_obj, limits, N_LIMITS, "limits");
+    if (n_limits < 0)
+        goto done;
+    if (n_limits != N_LIMITS) {
+        PyErr_SetString(PyExc_ValueError, "limits must have 4 entries");
+        goto done;
+    }
+    Py_ssize_t n_join = to_numbers(join_obj, join, MAX_JOIN_FDS, "join_fds");
+    if (n_join < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < n_join; i++)
+        join_fds[i] = (int)join[i];
+    argv = to_vector(argv_obj, "argv must be a sequence");
+    if (argv == NULL)
+        goto done;
+    if (argv[0] == NULL) {
+        PyErr_SetString(PyExc_ValueError, "argv must not be empty");
+        goto done;
+    }
+    envp = to_vector(env_obj, "env must be a sequence");
+    if (envp == NULL)
+        goto done;
+
+    sigset_t all, old_mask;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old_mask);
+    child_errno = 0;
+    child_step = 0;
+    pid_t parent = getpid();
+    pid_t pid = vfork();
+    if (pid == 0)
+        child(argv, envp, PyBytes_AS_STRING(cwd_obj), limits, stdin_fd, out_fd, err_fd, no_network, join_fds,
+              n_join, parent, &old_mask, &confinement);
+    int saved_errno = errno;
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    if (pid < 0) {
+        errno = saved_errno;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    if (child_errno != 0) {
+        int status;
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+            ;
+        PyObject *text = PyUnicode_FromFormat("%s: %s", step_names[child_step], strerror(child_errno));
+        if (text != NULL) {
+            PyObject *exc = PyObject_CallFunction(PyExc_OSError, "iO", child_errno, text);
+            if (exc != NULL) {
+                PyErr_SetObject(PyExc_OSError, exc);
+                Py_DECREF(exc);
+            }
+            Py_DECREF(text);
+        }
+        goto done;
+    }
+    result = PyLong_FromLong(pid);
+done:
+    free_vector(argv);
+    free_vector(envp);
+    Py_DECREF(cwd_obj);
+    return result;
+}
+
+/* include/uapi/linux/landlock.h, spelled out: the build machine's headers
+ * may predate the fields this uses. */
+struct ruleset_attr {
+    unsigned long long handled_access_fs, handled_access_net, scoped;
+};
+struct path_beneath_attr {
+    unsigned long long allowed_access;
+    int parent_fd;
+} __attribute__((packed));
+struct net_port_attr {
+    unsigned long long allowed_access, port;
+};
+#define SYS_landlock_create_ruleset_ 444
+#define SYS_landlock_add_rule_ 445
+#define LANDLOCK_RULE_PATH_BENEATH_ 1
+#define LANDLOCK_RULE_NET_PORT_ 2
+
+PyDoc_STRVAR(ruleset_doc,
+"ruleset(handled_fs, scoped, rules, handled_net=0, ports=()) -> fd\n\n"
+"A new Landlock ruleset handling the filesystem rights handled_fs, the\n"
+"network rights handled_net and the scopes scoped, with one path-beneath\n"
+"rule per (O_PATH fd, rights) pair of rules and one port rule per\n"
+"(port, rights) pair of ports: what execpool.worker.rulesets.Confiner builds for\n"
+"each sandboxed job, in one call rather than one ctypes call per rule.\n"
+"Raises OSError.");
+
+/* Add one rule per pair of `pairs`, each (int, unsigned long long); 0 or
+ * -1 with an exception set. */
+static int add_rules(long fd, PyObject *pairs, int net) {
+    PyObject *fast = PySequence_Fast(pairs, "rules must be a sequence of pairs");
+    if (fast == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
+        int first;
+        unsigned long long rights;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iK", &first, &rights)) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        long done;
+        if (net) {
+            struct net_port_attr rule = {rights, (unsigned long long)first};
+            done = syscall(SYS_landlock_add_rule_, (int)fd, LANDLOCK_RULE_NET_PORT_, &rule, 0U);
+        } else {
+            struct path_beneath_attr rule = {rights, first};
+            done = syscall(SYS_landlock_add_rule_, (int)fd, LANDLOCK_RULE_PATH_BENEATH_, &rule, 0U);
+        }
+        if (done < 0) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            Py_DECREF(fast);
+            return -1;
+        }
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
+static PyObject *ruleset(PyObject *self, PyObject *args) {
+    struct ruleset_attr attr = {0, 0, 0};
+    PyObject *rules, *ports = NULL;
+    if (!PyArg_ParseTuple(args, "KKO|KO", &attr.handled_access_fs, &attr.scoped, &rules, &attr.handled_access_net,
+                          &ports))
+        return NULL;
+    long fd = syscall(SYS_landlock_create_ruleset_, &attr, sizeof attr, 0U);
+    if (fd < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    if (add_rules(fd, rules, 0) < 0 || (ports != NULL && add_rules(fd, ports, 1) < 0)) {
+        close((int)fd);
+        return NULL;
+    }
+    return PyLong_FromLong(fd);
+}
+
+PyDoc_STRVAR(confine_doc,
+"confine(ruleset_fds, seccomp_filter_bytes, last_cap, drop_bounding, view)\n\n"
+"Enter the sandbox in the calling process, as spawn's child does: what a\n"
+"forked tool or a warm spare runs (execpool.shared.kernel.sandbox.enter does the same\n"
+"through ctypes, a few hundred microseconds slower). Raises OSError.");
+
+static PyObject *confine_self(PyObject *self, PyObject *args) {
+    struct confinement confinement;
+    memset(&confinement, 0, sizeof confinement);
+    if (parse_confinement(args, &confinement) < 0)
+        return NULL;
+    int step = confine(&confinement);
+    if (step >= 0) {
+        int saved = errno;
+        PyErr_Format(PyExc_OSError, "%s: %s", step_names[step], strerror(saved));
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"confine", confine_self, METH_VARARGS, confine_doc},
+    {"spawn", spawn, METH_VARARGS, spawn_doc},
+    {"ruleset", ruleset, METH_VARARGS, ruleset_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "execpool.worker._spawn", "vfork-based tool start for execpool workers.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__spawn(void) { return PyModule_Create(&module); }
