@@ -47,7 +47,9 @@ BASH_STEPS = ["c_run_in", "c_submit_in", "c_start_sent", "w_start_recv", "w_spaw
 
 def _worker_main(out_path: str, worker_argv: list[str]) -> None:
     import execpool.shared.kernel.proctree as proctree
+    import execpool.worker.launch as launch
     import execpool.worker.loop as worker
+    import execpool.worker.warm.handover as handover
     from execpool.shared import channel
 
     marks: dict[str, dict[str, float]] = {}
@@ -74,9 +76,9 @@ def _worker_main(out_path: str, worker_argv: list[str]) -> None:
 
     W = worker.Worker
     wrap(W, "_start", before=lambda self, start: stamp(start.job_id, "w_start_recv"))
-    # A cold tool is spawned, a warm job handed over to a spare: either is the start.
-    for attr in ("_spawn", "_hand_over"):
-        wrap(W, attr, before=lambda self, job, *_: stamp(job.start.job_id, "w_spawn_in"),
+    # A cold tool is started, a warm job handed over to a spare: either is the start.
+    for owner, attr in ((launch.Launcher, "start"), (handover.WarmJobs, "_hand_over")):
+        wrap(owner, attr, before=lambda self, job, *_: stamp(job.start.job_id, "w_spawn_in"),
              after=lambda self, job, *_: stamp(job.start.job_id, "w_spawn_out"))
     wrap(W, "_finish", before=lambda self, job: stamp(job.start.job_id, "w_finish_in")
          if job.start.job_id in self.jobs else None)

@@ -1,21 +1,66 @@
-"""A job as the worker sees it while it runs: its tool, its output, how it
-ended. Worker side: the loop (execpool/worker/loop.py) and the warm hand-over
-(execpool/worker/warm/handover.py) share it.
+"""A job as the worker sees it while it runs: its tool, its output, its
+life, how it ended.
+
+Runs in the worker process: the loop (execpool/worker/loop.py), the process
+book (execpool/worker/tree.py) and the warm hand-over
+(execpool/worker/warm/handover.py) share it. A job's life is a ``Phase``
+with its moves in one place (``_MOVES``); why the worker ended it, if it
+did, is an ``Ending``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import os
 import resource
 import time
 from collections import deque
-from typing import Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from ..shared import channel
-from .capture import MAX_ERROR_LINES, Capture
 from ..shared.kernel.cgroups import JobGroup
 from ..shared.output import LiveBudget
 from ..shared.result import Result, Status
+from .capture import MAX_ERROR_LINES, Capture
+from .spawn import DEVNULL, memfd_holding
+
+
+class Phase(enum.Enum):
+    """Where a job's leader is in its life."""
+
+    #: A warm job waiting for a spare: no process yet.
+    WAITING = "waiting"
+    #: Its leader runs, or has exited and is not reaped yet.
+    RUNNING = "running"
+    #: Its leader was reaped -- or never ran (its start failed, it ended
+    #: while waiting) or was given up on (the pool closed): nothing more of
+    #: it will be reaped for the job.
+    REAPED = "reaped"
+    #: Its Result is out.
+    FINISHED = "finished"
+
+
+#: The moves a job's life may make: a spare that dies before it takes the
+#: job sends it back to waiting; a killed leader stuck in the kernel past
+#: the reap grace is finished without being reaped.
+_MOVES = {
+    Phase.WAITING: {Phase.RUNNING, Phase.REAPED},
+    Phase.RUNNING: {Phase.WAITING, Phase.REAPED, Phase.FINISHED},
+    Phase.REAPED: {Phase.FINISHED},
+    Phase.FINISHED: set(),
+}
+
+
+class Ending(enum.Enum):
+    """Why the worker ended a job before its tool did."""
+
+    TIMEOUT = "timeout"
+    CANCEL = "cancel"
+    #: It went over a limit the worker keeps (its process count).
+    LIMIT = "limit"
+    #: The pool was closed under it.
+    SHUTDOWN = "shutdown"
 
 
 class Cost:
@@ -39,15 +84,15 @@ class Cost:
 
 
 class RunningJob:
-    """One running tool, as the worker sees it."""
+    """One job, from its Start to its Result."""
 
     def __init__(self, start: channel.Start, marker: str) -> None:
         self.start = start
         self.marker = marker
+        self.phase = Phase.WAITING
         self.pid: Optional[int] = None
         self.exit_code: Optional[int] = None
-        self.reaped = False
-        self.end_reason: Optional[str] = None  # "timeout" | "cancel" | "limit" | "shutdown"
+        self.ending: Optional[Ending] = None
         self.killed_at = 0.0
         self.error: Optional[str] = None
         # Whether ``error`` is execpool's failure (the tool never started,
@@ -60,11 +105,16 @@ class RunningJob:
         # merged job's one pipe carries both streams, and its stderr stays empty.
         self.captures = (self.stdout, self.stderr) if start.separate_stderr else (self.stdout,)
         # The read ends not yet at EOF (or closed by a kill), and their Captures.
-        self.pipes: dict[int, Capture] = {}
+        self.pipes: Dict[int, Capture] = {}
         # Both streams count against one budget: the live cap is per job. One
         # character past it is sent, so the caller knows the cap was hit.
         self.live = None if start.live_cap is None else LiveBudget(start.live_cap, slack=1)
         self.started = time.monotonic()
+        # Where it runs and what it is given (execpool/worker/launch.py):
+        # its directory (``tmpdir`` when it is a private one), its script,
+        # the environment its tool starts with.
+        self.cwd = ""
+        self.env: Dict[str, str] = {}
         self.tmpdir: Optional[str] = None
         self.script: Optional[str] = None
         # A sandboxed job's Landlock rulesets, open until its tool entered
@@ -84,12 +134,60 @@ class RunningJob:
         # job: in the spare's wait4 figures, but not the job's.
         self.spent_before = (0.0, 0.0)
         # What the job's cgroup says, read before the group goes.
-        self.group_cpu: Optional[tuple[float, float]] = None
+        self.group_cpu: Optional[Tuple[float, float]] = None
         self.peak_memory: Optional[int] = None
         # Its tree's leftovers were killed: the Result waits (a bounded
         # while) until the kill's victims are reaped, so they count.
         self.swept = False
         self.victims: set[int] = set()
+
+    # -- its life --------------------------------------------------------------------------
+
+    def _move(self, phase: Phase) -> None:
+        if phase not in _MOVES[self.phase]:
+            raise RuntimeError(f"job {self.start.job_id} cannot go from {self.phase.value} to {phase.value}")
+        self.phase = phase
+
+    def running(self, pid: int) -> None:
+        """Its leader (a cold tool, or the spare that took it) is ``pid``."""
+        self._move(Phase.RUNNING)
+        self.pid = pid
+
+    def requeued(self) -> None:
+        """Its spare died before it took the job: it waits for another."""
+        self._move(Phase.WAITING)
+        self.pid = None
+        self.report = b""
+
+    def reaped(self, exit_code: int) -> None:
+        self._move(Phase.REAPED)
+        self.exit_code = exit_code
+
+    def given_up(self) -> None:
+        """Nothing more will be reaped for it: it never ran, or the worker
+        stops waiting for it."""
+        if self.phase is not Phase.REAPED:
+            self._move(Phase.REAPED)
+
+    def finished(self) -> None:
+        self._move(Phase.FINISHED)
+
+    def failed_to_start(self, why: object) -> None:
+        self.error = f"cannot start the tool: {why}"
+        self.infra = True
+
+    @property
+    def leader_alive(self) -> bool:
+        """Its leader may still run: started and not reaped."""
+        return self.phase is Phase.RUNNING
+
+    @property
+    def eof(self) -> bool:
+        """Every output pipe it had is closed: nothing more of its output can
+        come, though a process of its tree may still run."""
+        return not self.pipes
+
+    # -- what it holds ---------------------------------------------------------------------
 
     def confinement(self) -> Tuple[int, ...]:
         """The rulesets to start the tool in, none for a job without a
@@ -104,11 +202,23 @@ class RunningJob:
             os.close(fd)
         self.rulesets = ()
 
-    @property
-    def eof(self) -> bool:
-        """Every output pipe it had is closed: nothing more of its output can
-        come, though a process of its tree may still run."""
-        return not self.pipes
+    @contextlib.contextmanager
+    def start_fds(self) -> Iterator[Tuple[int, List[int]]]:
+        """Its stdin and its cgroup's ``cgroup.procs`` files, open for as
+        long as starting its tool needs them."""
+        fds: List[int] = []
+        try:
+            stdin_fd = DEVNULL
+            if self.start.stdin is not None:
+                stdin_fd = memfd_holding("execpool-stdin", self.start.stdin.encode("utf-8"))
+                fds.append(stdin_fd)
+            join_fds = [] if self.group is None else [os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                                                      for path in self.group.procs_files()]
+            fds.extend(join_fds)
+            yield stdin_fd, join_fds
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def held_chars(self) -> int:
         """What of this job the worker held at once, in characters: its code,
@@ -116,13 +226,15 @@ class RunningJob:
         start = self.start
         return len(start.source) + len(start.stdin or "") + sum(capture.kept for capture in self.captures)
 
+    # -- its Result --------------------------------------------------------------------------
+
     def status(self) -> Status:
         """In the order Result.text reads its fields, so status and text agree."""
         if self.error is not None:
             return Status.INFRA if self.infra else Status.ERROR
-        if self.end_reason == "cancel":
+        if self.ending is Ending.CANCEL:
             return Status.CANCELLED
-        if self.end_reason == "timeout":
+        if self.ending is Ending.TIMEOUT:
             return Status.TIMEOUT
         return Status.OK if self.exit_code == 0 else Status.ERROR
 
@@ -130,9 +242,9 @@ class RunningJob:
         return Result(
             status=self.status(),
             output=self.stdout.output,
-            exit_code=None if self.end_reason or self.error else self.exit_code,
-            timed_out=self.end_reason == "timeout",
-            cancelled=self.end_reason == "cancel",
+            exit_code=None if self.ending or self.error else self.exit_code,
+            timed_out=self.ending is Ending.TIMEOUT,
+            cancelled=self.ending is Ending.CANCEL,
             duration_s=time.monotonic() - self.started,
             output_chars=self.stdout.total,
             timeout=self.start.timeout,

@@ -22,7 +22,8 @@ import ctypes
 import os
 import resource
 import signal
-from typing import Callable, Iterator, NoReturn, Optional, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, List, NoReturn, Optional, Tuple
 
 from ..shared.jobs import Limits
 from ..shared.kernel import linux, sandbox
@@ -93,25 +94,49 @@ keep_own_peak_resettable = _OwnMemory.open
 give_back_memory = _OwnMemory.give_back
 
 
-def start_tool(argv: list, env: dict, cwd: str, limits: Limits, method: str, stdin_fd: int = -1,
-               no_network: bool = False, join_fds: list = (), separate_stderr: bool = False,
-               rulesets: Tuple[int, ...] = (), writable: Optional[Tuple[str, ...]] = None) -> tuple[int, list]:
-    """Start one tool with ``method`` "vfork" or "fork"; return its pid and
-    the read ends of its output pipes (see :func:`output_pipes`). Its
-    ``rulesets`` (execpool/worker/rulesets.py), if any, confine the tool before it
-    runs, in a read-only view but for its ``writable`` paths unless those
-    are None."""
-    stdin_fd = DEVNULL if stdin_fd < 0 else stdin_fd
+@dataclass(frozen=True)
+class Setup:
+    """What a tool's new process does to itself before the tool's first
+    instruction -- a cold tool's after its vfork or fork, a warm job's in
+    its spare -- in the order of the module docstring."""
+
+    cwd: str
+    #: The rlimits in the order execpool.worker._spawn takes them, -1 for none.
+    rlimits: Tuple[int, ...]
+    no_network: bool = False
+    #: ``cgroup.procs`` files of the job's groups, written "0" to join them.
+    join_fds: Tuple[int, ...] = ()
+    #: The job's Landlock rulesets (execpool/worker/rulesets.py); none: no sandbox.
+    rulesets: Tuple[int, ...] = ()
+    #: What the read-only view binds writable again; None: no view.
+    writable: Optional[Tuple[str, ...]] = None
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool to start: what it runs, what it starts with, how it is set up."""
+
+    argv: List[str]
+    env: Dict[str, str]
+    setup: Setup
+    stdin_fd: int = DEVNULL
+    separate_stderr: bool = False
+
+
+def start_tool(tool: Tool, method: str) -> Tuple[int, List[int]]:
+    """Start ``tool`` with ``method`` "vfork" or "fork"; return its pid and
+    the read ends of its output pipes (see :func:`output_pipes`)."""
+    setup = tool.setup
     _OwnMemory.reset_peak()
-    with output_pipes(separate_stderr) as (readers, out_w, err_w):
+    with output_pipes(tool.separate_stderr) as (readers, out_w, err_w):
         if method == "vfork":
-            envp = [f"{key}={value}" for key, value in env.items()]
-            confinement = sandbox.child_arguments(rulesets, _view(writable, cwd)) if rulesets else None
-            pid = _spawn.spawn(argv, envp, cwd, rlimit_values(limits), stdin_fd, out_w, err_w, no_network,
-                               list(join_fds), confinement)
+            envp = [f"{key}={value}" for key, value in tool.env.items()]
+            confinement = (sandbox.child_arguments(setup.rulesets, _view(setup.writable, setup.cwd))
+                           if setup.rulesets else None)
+            pid = _spawn.spawn(tool.argv, envp, setup.cwd, setup.rlimits, tool.stdin_fd, out_w, err_w,
+                               setup.no_network, list(setup.join_fds), confinement)
         else:
-            pid = _fork_child(cwd, rlimit_values(limits), (stdin_fd, out_w, err_w), no_network, list(join_fds),
-                              _exec(argv, env), rulesets, writable)
+            pid = _fork_child(setup, (tool.stdin_fd, out_w, err_w), _exec(tool.argv, tool.env))
     return pid, readers
 
 
@@ -184,9 +209,7 @@ def _exec(argv: list, env: dict) -> Callable[[int], None]:
 
 
 
-def _fork_child(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_fds: list,
-                then: Callable[[int], None], rulesets: Tuple[int, ...] = (),
-                writable: Optional[Tuple[str, ...]] = None) -> int:
+def _fork_child(setup: Setup, stdio: tuple, then: Callable[[int], None]) -> int:
     """Fork, set the child up as every tool is set up, then hand it to
     ``then(ready_fd)``, which execs."""
     ready_r, ready_w = os.pipe()
@@ -194,7 +217,7 @@ def _fork_child(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_f
     pid = os.fork()
     if pid == 0:
         os.close(ready_r)
-        become_tool(cwd, rlimits, stdio, no_network, join_fds, ready_w, worker_pid, then, rulesets, writable)
+        become_tool(setup, stdio, ready_w, worker_pid, then)
     os.close(ready_w)
     failure = b""
     while chunk := os.read(ready_r, 4096):  # EOF: the exec closed it
@@ -206,33 +229,30 @@ def _fork_child(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_f
     return pid
 
 
-def become_tool(cwd: str, rlimits: tuple, stdio: tuple, no_network: bool, join_fds: list, ready_w: int,
-                parent_pid: int, then: Callable[[int], None], rulesets: Tuple[int, ...] = (),
-                writable: Optional[Tuple[str, ...]] = None) -> NoReturn:
-    """In a fork of the worker (or a spare): the session, death signal,
-    directory, pipes, sandbox (when given ``rulesets``, and ``writable``
-    for its read-only view) and limits every
-    tool gets; ``stdio`` holds what goes on fds 0, 1 and 2. A failure before
-    ``then`` takes over reaches the worker through ``ready_w``."""
+def become_tool(setup: Setup, stdio: tuple, ready_w: int, parent_pid: int, then: Callable[[int], None]) -> NoReturn:
+    """In a fork of the worker (or a spare): ``setup``, with ``stdio`` on
+    fds 0, 1 and 2. A failure before ``then`` takes over reaches the worker
+    through ``ready_w``."""
     try:
-        for fd in join_fds:
+        for fd in setup.join_fds:
             os.write(fd, b"0")  # this process into its job's cgroup
         os.setsid()
-        if no_network:
+        if setup.no_network:
             linux.unshare_network()
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent_pid:
             os._exit(137)  # the parent died before the death signal was armed
-        os.chdir(cwd)
+        os.chdir(setup.cwd)
         for target, fd in enumerate(stdio):
             os.dup2(fd, target)
-        if rulesets:
+        if setup.rulesets:
+            view = _view(setup.writable, setup.cwd)
             if _spawn is not None:
-                _spawn.confine(*sandbox.child_arguments(rulesets, _view(writable, cwd)))
+                _spawn.confine(*sandbox.child_arguments(setup.rulesets, view))
             else:
-                sandbox.enter(rulesets, _view(writable, cwd))
+                sandbox.enter(setup.rulesets, view)
         close_all_but(ready_w)  # the worker's pipes, selector and channel are not the tool's
-        _apply_limits(rlimits)
+        _apply_limits(setup.rlimits)
         then(ready_w)
     except BaseException as exc:  # noqa: BLE001 - report, never return into the loop
         try:

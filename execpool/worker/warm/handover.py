@@ -3,7 +3,7 @@ what the spare said about taking them.
 
 Runs in the worker process, on its one thread, as part of its loop
 (execpool/worker/loop.py). The spares come from the worker's ``SpareSupply``
-(execpool/worker/warm/template.py); this module owns the queue of warm jobs waiting for
+(execpool/worker/warm/supply.py); this module owns the queue of warm jobs waiting for
 one and the hand-over itself: the job's description as marshal data in a
 memfd, its stdin, its output pipes, its cgroup files and a *ready* pipe, in
 one ``SCM_RIGHTS`` message -- with, for a sandboxed job, the Landlock
@@ -22,37 +22,34 @@ import os
 import selectors
 import time
 from collections import deque
-from typing import ContextManager, Optional, Protocol
+from dataclasses import dataclass
+from typing import Callable, List, Optional
 
 from ..job import RunningJob
-from ..spawn import memfd_holding, output_pipes
+from ..spawn import Setup, memfd_holding, output_pipes, rlimit_values
 from .supply import SpareSupply, WarmSpare
 from .wire import MAX_CGROUP_FDS, REHEARSE_WHEN_IDLE_S, encode_job, read_report
 
 
-class Host(Protocol):
-    """What the hand-over needs of the worker that runs it."""
+@dataclass(frozen=True)
+class Hooks:
+    """All the hand-over tells the worker, and asks of it: a job's spare
+    runs it, a job could not start, whether the worker is stopping, since
+    when it is idle. Everything else a warm job needs is on the job."""
 
-    sel: selectors.BaseSelector
-    spawn_method: str
-    preload: tuple
-    stopping: bool
-    idle_since: Optional[float]
-
-    def fail_start(self, job: RunningJob, exc: BaseException) -> None: ...
-    def running(self, job: RunningJob, pid: int, readers: list) -> None: ...
-    def close_output(self, job: RunningJob) -> None: ...
-    def job_env(self, job: RunningJob) -> dict: ...
-    def job_cwd(self, job: RunningJob) -> str: ...
-    def job_fds(self, job: RunningJob) -> ContextManager[tuple]: ...
+    started: Callable[[RunningJob, int, List[int]], None]
+    failed: Callable[[RunningJob, BaseException], None]
+    stopping: Callable[[], bool]
+    idle_since: Callable[[], Optional[float]]
 
 
 class WarmJobs:
     """The warm jobs waiting for a spare, and the spares they get."""
 
-    def __init__(self, worker: Host, spares_parked: int) -> None:
-        self.worker = worker
-        self.spares = SpareSupply(worker.sel, worker.spawn_method, worker.preload, spares_parked, self.serve)
+    def __init__(self, sel: selectors.BaseSelector, spawn_method: str, preload: tuple, spares_parked: int,
+                 hooks: Hooks) -> None:
+        self.hooks = hooks
+        self.spares = SpareSupply(sel, spawn_method, preload, spares_parked, self.serve)
         # Oldest first.
         self.waiting: deque[RunningJob] = deque()
 
@@ -66,8 +63,8 @@ class WarmJobs:
     def serve(self) -> None:
         """Hand waiting jobs to parked spares, then ask for as many spares
         as are still missing."""
-        worker = self.worker
-        while self.waiting and not worker.stopping:
+        hooks = self.hooks
+        while self.waiting and not hooks.stopping():
             spare = self.spares.pop()
             if spare is None:
                 break
@@ -75,22 +72,22 @@ class WarmJobs:
             try:
                 handed = self._hand_over(job, spare)
             except Exception as exc:  # noqa: BLE001 - the job's start failure, as for a cold job
-                worker.fail_start(job, exc)
+                hooks.failed(job, exc)
                 continue
             if not handed:
                 self.waiting.appendleft(job)  # the spare was gone; the next one takes it
-        if worker.stopping:
+        if hooks.stopping():
             return
         failure = self.spares.want(len(self.waiting))
         if failure is not None:
             while self.waiting:
-                worker.fail_start(self.waiting.popleft(), OSError(failure))
+                hooks.failed(self.waiting.popleft(), OSError(failure))
         self.rehearse_if_idle()
 
     def rehearse_if_idle(self) -> None:
         """Parked spares rehearse only once the worker has had nothing to
-        do for a while (execpool/worker/warm/template.py)."""
-        idle_since = self.worker.idle_since
+        do for a while (execpool/worker/warm/wire.py says why)."""
+        idle_since = self.hooks.idle_since()
         if idle_since is not None and time.monotonic() - idle_since >= REHEARSE_WHEN_IDLE_S:
             self.spares.rehearse()
 
@@ -109,8 +106,7 @@ class WarmJobs:
             job.report += data
         taken, job.spent_before, failure = read_report(job.report)
         if failure and job.error is None:
-            job.error = f"cannot start the tool: {failure.decode('utf-8', 'replace')}"
-            job.infra = True
+            job.failed_to_start(failure.decode("utf-8", "replace"))
         return taken
 
     def close_ready(self, job: RunningJob) -> None:
@@ -119,11 +115,10 @@ class WarmJobs:
             job.ready_fd = None
 
     def requeue(self, job: RunningJob) -> None:
-        """Its spare died before it took the job: the next spare takes it."""
+        """Its spare died before it took the job (the worker closed the
+        spare's output pipes): the next spare takes it."""
         self.close_ready(job)
-        self.worker.close_output(job)
-        job.pid = None
-        job.report = b""
+        job.requeued()
         self.waiting.appendleft(job)
         self.serve()
 
@@ -132,15 +127,13 @@ class WarmJobs:
         self.spares.close()
 
     def _hand_over(self, job: RunningJob, spare: WarmSpare) -> bool:
-        worker = self.worker
         start = job.start
-        description = memfd_holding("execpool-job", encode_job(job.script, worker.job_env(job), worker.job_cwd(job),
-                                                                start.limits, not start.network,
-                                                                len(job.confinement()), job.writable))
+        setup = Setup(job.cwd, rlimit_values(start.limits), not start.network, (), job.confinement(), job.writable)
+        description = memfd_holding("execpool-job", encode_job(job.script or "", job.env, setup))
         ready_r, ready_w = os.pipe()
         try:
             with output_pipes(start.separate_stderr) as (readers, out_w, err_w), \
-                    worker.job_fds(job) as (stdin_fd, join_fds):
+                    job.start_fds() as (stdin_fd, join_fds):
                 handed = spare.hand(description, stdin_fd, out_w, err_w, ready_w, join_fds[:MAX_CGROUP_FDS],
                                     job.rulesets)  # kept until the job ends: a requeued job needs them again
         except BaseException:
@@ -158,5 +151,5 @@ class WarmJobs:
         # short failure) fits the pipe, and matters only once it has exited.
         os.set_blocking(ready_r, False)
         job.ready_fd = ready_r
-        worker.running(job, spare.pid, readers)
+        self.hooks.started(job, spare.pid, readers)
         return True

@@ -45,7 +45,7 @@ from typing import Callable, NoReturn
 
 from ...shared.kernel import linux
 from ...shared.kernel.proctree import JOB_MARKER_ENV
-from ..spawn import become_tool
+from ..spawn import Setup, become_tool
 from .wire import (FIXED_FDS, JOB, MAX_CGROUP_FDS, MAX_RULESETS, REHEARSE, SPARE_NAME, SPARE_PID, decode_job,
                    taken)
 
@@ -92,14 +92,13 @@ def park(channel: socket.socket, worker_pid: int, name: str) -> NoReturn:
         script, env, cwd, rlimits, no_network, n_rulesets, writable = decode_job(_read_all(description))
         if len(join_fds) < n_rulesets:
             raise ValueError("a sandboxed job came without its rulesets")
-        rulesets, join_fds = tuple(join_fds[:n_rulesets]), join_fds[n_rulesets:]
+        setup = Setup(cwd, rlimits, no_network, tuple(join_fds[n_rulesets:]), tuple(join_fds[:n_rulesets]), writable)
         linux.set_name(name)  # the interpreter's own, as a cold start has it
     except BaseException as exc:  # noqa: BLE001 - a broken hand-over is the job's start failure
         if ready_w >= 0:
             os.write(ready_w, f"warm spare: {exc}".encode("utf-8", "replace")[:2048])
         os._exit(127)
-    become_tool(cwd, rlimits, (stdin_fd, out_fd, err_fd), no_network, join_fds, ready_w, worker_pid,
-                _run_as(script, env), rulesets, writable)
+    become_tool(setup, (stdin_fd, out_fd, err_fd), ready_w, worker_pid, _run_as(script, env))
 
 
 

@@ -23,7 +23,7 @@ import socket
 import sys
 from typing import Callable, Optional
 
-from ..spawn import start_tool
+from ..spawn import Setup, Tool, start_tool
 from .wire import JOB, REHEARSE, SPARE_PID, UNLIMITED
 
 def _continue(pid: int) -> None:
@@ -45,7 +45,8 @@ class WarmTemplate:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             argv = [sys.executable, "-m", "execpool.worker.warm.template", str(os.getpid()), ",".join(preload)]
-            self.pid, readers = start_tool(argv, dict(os.environ), "/", UNLIMITED, spawn_method, theirs.fileno())
+            template = Tool(argv, dict(os.environ), Setup("/", UNLIMITED), stdin_fd=theirs.fileno())
+            self.pid, readers = start_tool(template, spawn_method)
             for fd in readers:
                 os.close(fd)
         except BaseException:

@@ -26,7 +26,7 @@ import sys
 from typing import NoReturn
 
 from ...shared.kernel import linux, sandbox
-from ..spawn import DEVNULL
+from ..spawn import DEVNULL, Setup
 from . import spare
 from .wire import TEMPLATE_NAME, UNLIMITED, decode_job, encode_job
 
@@ -49,7 +49,7 @@ def main(argv: list) -> NoReturn:
             with contextlib.suppress(BaseException):  # the worker already reported it
                 importlib.import_module(name)
         spare.rehearse()
-        decode_job(encode_job("", {}, "", UNLIMITED, False, 0, None))
+        decode_job(encode_job("", {}, Setup("/", UNLIMITED)))
         sandbox.prepare()
         gc.collect()
         gc.freeze()

@@ -21,7 +21,7 @@ import struct
 from typing import Optional
 
 from ...shared.jobs import Limits
-from ..spawn import RLIMIT_FIELDS, rlimit_values
+from ..spawn import RLIMIT_FIELDS, Setup, rlimit_values
 
 #: Spare -> worker, over the template's channel: the spare's pid, its
 #: socket passed along.
@@ -58,12 +58,14 @@ TEMPLATE_NAME = "execpool-templ"
 SPARE_NAME = "execpool-spare"
 
 
-def encode_job(script: str, env: dict, cwd: str, limits: Limits, no_network: bool, rulesets: int,
-               writable: Optional[tuple]) -> bytes:
+def encode_job(script: str, env: dict, setup: Setup) -> bytes:
     """marshal, not pickle: it builds plain values in C -- no class is
     looked up, nothing is called -- and it runs little Python in a spare,
-    whose every page touched is a copy-on-write fault on a warm job's path."""
-    return marshal.dumps((script, env, cwd, rlimit_values(limits), no_network, rulesets, writable))
+    whose every page touched is a copy-on-write fault on a warm job's path.
+    The setup's descriptors go beside it, in the hand-over's message: here
+    is only how many rulesets there are."""
+    return marshal.dumps((script, env, setup.cwd, setup.rlimits, setup.no_network, len(setup.rulesets),
+                          setup.writable))
 
 
 def decode_job(data: bytes) -> tuple[str, dict, str, tuple, bool, int, Optional[tuple]]:
@@ -81,6 +83,7 @@ def decode_job(data: bytes) -> tuple[str, dict, str, tuple, bool, int, Optional[
 
 
 def taken() -> bytes:
+    """What a spare says as it takes a job: TAKEN, and what it spent before."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return TAKEN + SPENT.pack(usage.ru_utime, usage.ru_stime)
 
@@ -93,6 +96,5 @@ def read_report(report: bytes) -> tuple[bool, tuple[float, float], bytes]:
     return True, SPENT.unpack_from(report, len(TAKEN)), report[len(TAKEN) + SPENT.size:]
 
 
-
 #: No limits for the template itself: it runs no job's code.
-UNLIMITED = Limits(address_space=None, cpu_seconds=None, file_size=None, open_files=None)
+UNLIMITED = rlimit_values(Limits(address_space=None, cpu_seconds=None, file_size=None, open_files=None))

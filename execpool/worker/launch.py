@@ -1,0 +1,127 @@
+"""Starting a job's tool: its directory, its script, its environment, its
+cgroup and its sandbox made ready, then the tool started -- or the reason
+it cannot be, which is the job's Result.
+
+Runs in the worker process, on its loop (execpool/worker/loop.py). A cold
+tool is started here (execpool/worker/spawn.py); a warm job is made ready
+here the same way and then handed to a spare
+(execpool/worker/warm/handover.py), which starts it with what is on the job.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from typing import Callable, List, Optional, Tuple
+
+from ..shared.kernel.cgroups import Cgroups
+from ..shared.kernel.proctree import JOB_MARKER_ENV
+from .job import RunningJob
+from .jobdirs import JobDirs
+from .rulesets import Confiner
+from .spawn import RULESET_BUILDER, Setup, Tool, rlimit_values, start_tool
+
+#: A tool that cannot be forked for want of process slots (EAGAIN) is tried
+#: this many times, reaping between tries: bounded, since the worker's other
+#: jobs wait meanwhile.
+SPAWN_ATTEMPTS = 5
+SPAWN_RETRY_S = 0.02
+
+
+class Launcher:
+    """What a worker needs to start tools, made the first time a job needs
+    it: the cgroup tier, the sandbox's ruleset maker."""
+
+    def __init__(self, token: str, spawn_method: str, use_cgroups: bool, dirs: JobDirs,
+                 reap: Callable[[], None]) -> None:
+        self.token = token
+        self.spawn_method = spawn_method
+        self.use_cgroups = use_cgroups
+        self.dirs = dirs
+        # Reaps the worker's exited children: a fork refused for want of
+        # process slots may be waiting for a killed job's to go.
+        self._reap = reap
+        self.shell = shutil.which("bash") or "/bin/sh"
+        self.cgroup_tier: Optional[Cgroups] = None
+        self._cgroups_detected = False
+        self._confiner: Optional[Confiner] = None
+        self._confiner_missing: Optional[str] = None
+
+    def cgroups(self) -> Optional[Cgroups]:
+        """The cgroup tier, detected the first time a job needs it; None
+        where the machine (or the pool) gives execpool none."""
+        if not self._cgroups_detected:
+            self._cgroups_detected = True
+            self.cgroup_tier = Cgroups.detect(self.token) if self.use_cgroups else None
+        return self.cgroup_tier
+
+    def confiner(self) -> Confiner:
+        """The sandbox's ruleset maker, made at the first sandboxed job;
+        OSError (the same every time) where the kernel lacks what it needs."""
+        if self._confiner is None and self._confiner_missing is None:
+            try:
+                self._confiner = Confiner(RULESET_BUILDER)
+            except OSError as exc:
+                self._confiner_missing = exc.strerror or str(exc)
+        if self._confiner is None:
+            raise OSError(self._confiner_missing)
+        return self._confiner
+
+    def prepare(self, job: RunningJob) -> List[str]:
+        """Make ready what every way of starting a tool needs -- its
+        directory (a fresh one with a name no job can guess), its script,
+        its environment, its cgroup, its sandbox's rulesets -- on the job;
+        return the cold tool's argv."""
+        start = job.start
+        if start.cwd is None:
+            job.tmpdir = self.dirs.private()
+        job.cwd = job.tmpdir if start.cwd is None else start.cwd
+        if start.argv_kind == "python":
+            fd, job.script = tempfile.mkstemp(prefix=".execpool-", suffix=".py", dir=job.cwd)
+            with open(fd, "w", encoding="utf-8") as f:
+                f.write(start.source)
+            argv = [start.python, "-u", job.script]
+        else:
+            argv = [self.shell, "-c", start.source]
+        if start.limits.needs_cgroup:
+            tier = self.cgroups()
+            if tier is not None and tier.offers(start.limits.processes, start.limits.memory):
+                job.group = tier.create(start.job_id, start.limits.processes, start.limits.memory)
+            elif start.limits.memory is not None:
+                raise OSError("Limits(memory=...) needs a cgroup memory controller, and execpool cannot "
+                              "use one here")
+            # else: the worker counts the job's processes itself (execpool/worker/loop.py)
+        if start.sandbox is not None:
+            job.private_tmp = job.tmpdir if start.cwd is None else self.dirs.private()
+            job.sandbox_tmp = None if start.cwd is None else job.private_tmp  # removed with the job
+            confiner = self.confiner()
+            job.writable = confiner.writable(start.sandbox, (job.cwd, job.private_tmp))
+            job.rulesets = confiner.rulesets(start.python, start.sandbox, (job.cwd, job.private_tmp))
+        job.env = dict(start.env)
+        job.env[JOB_MARKER_ENV] = job.marker
+        if job.private_tmp is not None:
+            job.env["TMPDIR"] = job.private_tmp  # the only temporary directory a sandboxed job may write
+        return argv
+
+    def start(self, job: RunningJob, argv: List[str]) -> Tuple[int, List[int]]:
+        """Start the job's cold tool; its pid and output pipes."""
+        start = job.start
+        with job.start_fds() as (stdin_fd, join_fds):
+            tool = Tool(argv, job.env, Setup(job.cwd, rlimit_values(start.limits), not start.network,
+                                             tuple(join_fds), job.confinement(), job.writable),
+                        stdin_fd, start.separate_stderr)
+            for attempt in range(SPAWN_ATTEMPTS):
+                try:
+                    started = start_tool(tool, self.spawn_method)
+                    break
+                except BlockingIOError:
+                    # EAGAIN: the process cap (a cgroup's pids.max, RLIMIT_NPROC)
+                    # is full -- often of a killed job's processes, which count
+                    # until they are reaped. Reap, give the dying a moment, retry.
+                    if attempt == SPAWN_ATTEMPTS - 1:
+                        raise
+                    self._reap()
+                    time.sleep(SPAWN_RETRY_S)
+        job.close_rulesets()  # the tool holds its domain now
+        return started

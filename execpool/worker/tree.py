@@ -1,0 +1,167 @@
+"""Whose is each process below the worker, and the worker's side of the one
+kill path.
+
+Runs in the worker process, on its loop (execpool/worker/loop.py). The
+worker is a child subreaper: everything its jobs start stays below it, and
+every process it reaps is added to the cost of the job it belonged to. A
+job's processes are found by its leader (until the leader is reaped), by
+its session and process group (the leader's pid names both, until the
+Result), by the kill that took them (for those that left both), and by the
+job's marker in their environment; what belongs to no job and no finished
+job's ``keep_background`` -- a stray that left its session and cleared its
+environment -- is killed once no job runs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, Iterable, List, Optional, Set
+
+from ..shared.kernel.cgroups import JobGroup
+from ..shared.kernel.proctree import child_pids, count_tree, is_zombie, kill_tree, marker_of, stat_fields
+from .job import RunningJob
+
+
+class Tree:
+    """The worker's book of its jobs' processes."""
+
+    def __init__(self, worker_pid: int, spares: Callable[[], Set[int]], spare_made: Callable[[int], bool]) -> None:
+        self.worker_pid = worker_pid
+        # The warm template and its parked spares (children of the worker
+        # that belong to no job), and whether a pid is a spare on its way.
+        self._spares = spares
+        self._spare_made = spare_made
+        self.by_leader: Dict[int, RunningJob] = {}
+        self.by_session: Dict[int, RunningJob] = {}
+        # Processes a job's kill took outside its session and group.
+        self.claimed: Dict[int, RunningJob] = {}
+        # What keep_background jobs left running, kept until shutdown.
+        self.kept_pgids: Set[int] = set()
+        self.kept_markers: Set[str] = set()
+        # Job cgroups that still held a process at their job's end.
+        self.stale_groups: List[JobGroup] = []
+
+    def started(self, job: RunningJob, pid: int) -> None:
+        self.by_leader[pid] = job
+        self.by_session[pid] = job
+
+    def leader(self, pid: int) -> Optional[RunningJob]:
+        """The job whose leader ``pid`` was, now that it exited (once)."""
+        return self.by_leader.pop(pid, None)
+
+    def owner(self, pid: int) -> Optional[RunningJob]:
+        """The running job a dead process other than a leader belonged to: by
+        its process group or session (a job's are its leader's pid), or, for
+        one that left both, by the kill that took it. None for the template,
+        a spare, and a process that left its job's session and group and was
+        not taken by the kill path (it ended on its own while the job ran, or
+        it cleared its environment too)."""
+        claimed = self.claimed.pop(pid, None)
+        if not self.by_session:
+            return claimed
+        for field in stat_fields(pid)[2:4]:  # pgrp, session
+            job = self.by_session.get(int(field))
+            if job is not None:
+                return job
+        return claimed
+
+    def forget_session(self, pid: int) -> None:
+        """A spare's session: it died before it took its job, and nothing it
+        did was the job's."""
+        self.by_session.pop(pid, None)
+
+    def kill(self, job: RunningJob) -> None:
+        """The one kill path for the job's tree (execpool/shared/kernel/proctree.py);
+        what it took outside the job's session is remembered as the job's."""
+        assert job.pid is not None
+        victims: set = set()
+        kill_tree([job.pid], leader=job.pid if job.leader_alive else None, marker=job.marker,
+                  scope=self.worker_pid, exclude=self.not_strays(), group=job.group, victims=victims)
+        victims.discard(job.pid)
+        job.victims |= victims
+        for pid in victims:
+            self.claimed[pid] = job
+
+    def left(self, job: RunningJob) -> bool:
+        """Whether a process the job's kill took is not reaped yet: one in its
+        process group (killpg reaches zombies too), or one it took elsewhere."""
+        assert job.pid is not None
+        try:
+            os.killpg(job.pid, 0)
+            return True
+        except ProcessLookupError:
+            pass
+        except OSError:
+            return False  # one the worker may not signal: it was not killed either
+        job.victims = {pid for pid in job.victims if _exists(pid)}
+        return bool(job.victims)
+
+    def over_cap(self, job: RunningJob) -> bool:
+        """Whether the job has more processes than its cap (where the worker
+        counts them itself)."""
+        count = count_tree(job.pid if job.leader_alive else None, job.marker, self.worker_pid, self.not_strays())
+        cap = job.start.limits.processes
+        return cap is not None and count > cap
+
+    def finished(self, job: RunningJob, keep: bool) -> None:
+        """The job's Result goes out: its session is no longer its; with
+        ``keep`` (keep_background, and it was not ended by the worker) what
+        it left running stays until shutdown, spared by the stray sweep."""
+        if job.pid is not None:
+            if self.by_session.get(job.pid) is job:
+                del self.by_session[job.pid]
+            if keep:
+                self.kept_pgids.add(job.pid)
+                self.kept_markers.add(job.marker)
+        for pid in job.victims:
+            if self.claimed.get(pid) is job:
+                del self.claimed[pid]
+
+    def stale(self, group: JobGroup) -> None:
+        """A job cgroup to remove once its last process is reaped."""
+        self.stale_groups.append(group)
+
+    def remove_stale(self) -> None:
+        if self.stale_groups:
+            self.stale_groups = [group for group in self.stale_groups if not group.remove()]
+
+    def not_strays(self) -> Set[int]:
+        """The worker's children that belong to no finished job: the leaders
+        of running jobs, the warm template and the parked spares."""
+        return {*self.by_leader, *self._spares()}
+
+    def sweep_strays(self) -> None:
+        """Kill the worker's children no running job can own (call it only
+        when none runs). Spared: the template and its spares (also one on
+        its way, a child of the worker before the worker knows its pid), and
+        what ``keep_background`` jobs left, by group or marker."""
+        keep = self.not_strays()
+        for pid in child_pids(self.worker_pid):
+            if pid in keep or is_zombie(pid) or self._spare_made(pid) or self._kept(pid):
+                continue
+            kill_tree(leader=pid)
+
+    def kill_all(self, running: Iterable[int], token: str) -> None:
+        """At shutdown: every job's group, what keep_background jobs left,
+        and everything below the worker carrying its token."""
+        kill_tree(self.kept_pgids | set(running), leader=self.worker_pid, marker=token, scope=self.worker_pid)
+
+    def _kept(self, pid: int) -> bool:
+        if not self.kept_pgids:
+            return False
+        try:
+            if os.getpgid(pid) in self.kept_pgids:
+                return True
+        except OSError:
+            return False
+        return (marker_of(pid) or "").strip() in self.kept_markers
+
+
+def _exists(pid: int) -> bool:
+    """Alive or a zombie not yet reaped -- and still the worker's to signal:
+    a pid that went to another user's process since is no victim of ours."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
