@@ -100,12 +100,12 @@ def tool_fragments(index: int, call_id: Optional[str], name: str, arguments: str
     return [chunk({"tool_calls": [first]})] + rest
 
 
-def tool_reply(*calls: tuple, pieces: int = 1, text: str = "") -> Reply:
+def tool_reply(*calls: tuple, pieces: int = 1, text: str = "", finish_reason: str = "tool_calls") -> Reply:
     """Calls given as ``(call_id, name, arguments)``, at indexes 0, 1, ..."""
     chunks: list = [chunk({"role": "assistant", "content": text or None})]
     for index, (call_id, name, arguments) in enumerate(calls):
         chunks += tool_fragments(index, call_id, name, arguments, pieces)
-    return Reply(chunks + [chunk({}, "tool_calls"), DONE])
+    return Reply(chunks + [chunk({}, finish_reason), DONE])
 
 
 # --------------------------------------------------------------------------- the server

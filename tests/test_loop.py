@@ -298,6 +298,88 @@ def test_zero_iterations_never_offers_tools(fake):
     assert "tools" not in fake.requests[0].body
 
 
+# --------------------------------------------------------------------------- completions cut off by "length"
+
+
+def recording(ran: list):
+    """An execute_tool that only notes that it was called."""
+    def execute_tool(name, arguments):
+        ran.append((name, arguments))
+        return f"{name} ran"
+    return execute_tool
+
+
+CUT = {"type": "done", "messages": USER, "finish_reason": "length", "stopped": "length"}
+
+
+@pytest.mark.parametrize("arguments", ['{"lines": ["print(1', echo_args("one", "two")],
+                         ids=["cut_mid_json", "cut_that_looks_whole"])
+def test_a_tool_call_cut_off_by_length_is_never_run(fake, arguments):
+    ran = []
+    fake.script(tool_reply(("call_a", "echo", arguments), pieces=3, finish_reason="length"),
+                text_reply("never asked"))
+    events = list(chat(fake, execute_tool=recording(ran)))
+    assert ran == []
+    # No tool events, no error, and the unrun call is not left in the history.
+    assert events == [CUT]
+    assert len(fake.requests) == 1
+
+
+def test_llama_server_quirks_with_calls_cut_off_by_length(fake):
+    timings = {"prompt_n": 5, "predicted_n": 64, "predicted_per_second": 40.0}
+    calls = (tool_fragments(0, "call_x", "echo", echo_args("x"), pieces=2)
+             + tool_fragments(0, "call_y", "echo", '{"lines": ["y', pieces=2))
+    ran = []
+    fake.script(Reply([
+        chunk({"role": "assistant", "content": None}),
+        chunk({"reasoning_content": "Two "}),
+        chunk({"reasoning_content": "calls."}),
+        *[dict(c, timings=timings) for c in calls],
+        chunk({"content": None}, "length", timings=timings),
+        {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "choices": [],
+         "usage": {"prompt_tokens": 5, "completion_tokens": 64}, "timings": timings},
+        ": keep-alive comment\n\n",
+        DONE,
+    ]), text_reply("never asked"))
+    events = list(chat(fake, execute_tool=recording(ran)))
+    # Not even call_x, whole before the cut: nothing of a cut completion runs.
+    assert ran == []
+    assert events == [{"type": "reasoning", "text": "Two "}, {"type": "reasoning", "text": "calls."}, CUT]
+    assert len(fake.requests) == 1
+
+
+def test_text_before_the_cut_is_kept_without_the_unrun_call(fake):
+    ran = []
+    fake.script(tool_reply(("call_a", "echo", '{"lines": ["a'), text="Let me run it.", finish_reason="length"),
+                text_reply("never asked"))
+    events = list(chat(fake, execute_tool=recording(ran)))
+    assert ran == []
+    assert events == [{"type": "content", "text": "Let me run it."},
+                      dict(CUT, messages=USER + [{"role": "assistant", "content": "Let me run it."}])]
+
+
+def test_a_finished_call_runs_in_the_conversation_a_cut_call_ends(fake):
+    ran = []
+    fake.script(tool_reply(("call_a", "echo", echo_args("a"))),
+                tool_reply(("call_b", "echo", echo_args("b")), finish_reason="length"),
+                text_reply("never asked"))
+    events = list(chat(fake, execute_tool=recording(ran)))
+    assert ran == [("echo", echo_args("a"))]
+    assert [(e["type"], e["tool_call_id"]) for e in events if e["type"].startswith("tool_")] == [
+        ("tool_start", "call_a"), ("tool_end", "call_a")]
+    assistant = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_a", "type": "function", "function": {"name": "echo", "arguments": echo_args("a")}}]}
+    tool = {"role": "tool", "name": "echo", "content": "echo ran", "tool_call_id": "call_a"}
+    assert done_event(events) == dict(CUT, messages=USER + [assistant, tool])
+    assert len(fake.requests) == 2
+
+
+def test_an_answer_cut_off_by_length_says_so(fake):
+    fake.script(text_reply("Once upon", finish_reason="length"))
+    events = list(chat(fake))
+    assert done_event(events) == dict(CUT, messages=USER + [{"role": "assistant", "content": "Once upon"}])
+
+
 # --------------------------------------------------------------------------- server dialects and failures
 
 

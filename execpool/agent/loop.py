@@ -35,8 +35,8 @@ from typing import Any, Callable, Generator, Optional
 import httpx
 from httpx_sse import ServerSentEvent, connect_sse
 
-from ..shared import checks
 from ..pool.streams import stream_tool_execution
+from ..shared import checks
 from ..shared.result import CANCELLED_TEXT, ERROR_PREFIX
 
 #: HTTP timeouts of the client the loop creates when none is injected. The
@@ -78,6 +78,7 @@ Event = dict
 ExecuteTool = Callable[..., str]
 
 _DONE_DATA = "[DONE]"
+_CUT_OFF = "length"  # the finish_reason of a completion that max_tokens or a full context ended
 _CONNECTED_TRACES = frozenset({
     "connection.connect_tcp.complete",
     "connection.connect_unix_socket.complete",
@@ -115,8 +116,21 @@ def chat_with_tools(
     its ``tool_output`` / ``heartbeat`` events and ``tool_end``, heartbeats
     while the model is silent, ``error`` for anything the server or network
     did wrong, and always a last ``done`` event carrying the whole message
-    list. Setting ``cancel_event`` or closing the generator stops the HTTP
-    stream and the running tool; misuse raises here, before any request.
+    list, the last ``finish_reason`` and ``stopped``: None when the model
+    finished, else ``"error"``, ``"cancelled"``, ``"max_tool_iterations"`` or
+    ``"length"``. Setting ``cancel_event`` or closing the generator stops the
+    HTTP stream and the running tool; misuse raises here, before any request.
+
+    A completion the server cut off (finish_reason ``"length"``) runs none of
+    its tool calls, not even one whose arguments parse: the cut can fall
+    anywhere in a program, and half a program that runs does more harm than
+    none. A call that came whole before the cut waits too, since a turn's
+    calls are one plan and the cut left the plan unfinished. Nor does the
+    loop tell the model and ask again: the limit that cut it (the caller's
+    max_tokens, or a full context, which the cut call would only fill
+    further) would most likely cut the retry as well, at the cost of another
+    whole completion. So the loop stops and says so, and the caller, who owns
+    the limit and the history, decides what comes next.
     """
     url = _completions_url(base_url)
     history = _check_messages(messages)
@@ -240,13 +254,15 @@ def _chat(url: str, history: list, tools: list, model: Optional[str], extra: dic
                 yield _done(history, turn.finish_reason, "cancelled")
                 return
             calls = turn.tool_calls(ids)
-            if not calls or not with_tools:
+            cut_off = turn.finish_reason == _CUT_OFF
+            if cut_off or not calls or not with_tools:
                 if turn.text or not calls:
                     # Unrun calls are dropped, so the history stays valid to
                     # send again (every tool call needs a tool answer).
                     history.append(_assistant_message(turn.text, []))
                 finished = True
-                yield _done(history, turn.finish_reason, "max_tool_iterations" if calls else None)
+                stopped = _CUT_OFF if cut_off else "max_tool_iterations" if calls else None
+                yield _done(history, turn.finish_reason, stopped)
                 return
             history.append(_assistant_message(turn.text, calls))
             for call in calls:
