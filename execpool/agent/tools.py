@@ -27,12 +27,12 @@ import re
 import threading
 from typing import Any, Callable, Generator, Mapping, Optional, Union
 
+from ..pool.supervisor import ExecPool
 from ..shared import checks
 from ..shared.jobs import PythonJob, ShellJob
+from ..shared.kernel.sandbox import Sandbox
 from ..shared.output import FILES_ADVICE, TOOL_RESULT_CHARS, truncation_notice
 from ..shared.result import ERROR_LINE_MARKERS, ERROR_PREFIX, Result
-from ..shared.kernel.sandbox import Sandbox
-from ..pool.supervisor import ExecPool
 
 
 def env_int(name: str, default: int) -> int:
@@ -142,7 +142,7 @@ def truncate(text: str, limit: Optional[int] = None) -> str:
 
 
 def _check_limit(limit: object) -> int:
-    return MAX_OUTPUT_CHARS if limit is None else checks.integer("limit", limit, none_ok=True)
+    return MAX_OUTPUT_CHARS if limit is None else checks.integer("limit", limit)
 
 
 def _truncate(head: str, total: int, limit: int) -> str:
@@ -355,7 +355,7 @@ def _sandbox(pool: ExecPool) -> Optional[Sandbox]:
     if os.environ.get(TOOL_SANDBOX_ENV, "").strip().lower() == "off" or pool.config.sandbox is not None:
         return None
     entries = pool.env.get("PYTHONPATH", "").split(os.pathsep)
-    return Sandbox(read=[path for path in entries if os.path.isabs(path) and os.path.exists(path)])
+    return Sandbox(read=tuple(path for path in entries if os.path.isabs(path) and os.path.exists(path)))
 
 
 def _python_path(pool: ExecPool) -> str:

@@ -18,13 +18,13 @@ import os
 import signal
 import sys
 import time
-
-from tqdm import tqdm
 from typing import Any, Iterator, Optional
 
+from tqdm import tqdm
+
 from ..formats.records import STATUSES, invalid_record, result_record
-from ..pool.many import run_tagged
 from ..formats.request import Defaults
+from ..pool.many import run_tagged
 from ..pool.supervisor import ExecPool
 from .lines import input_lines, make_job, parse_line
 from .out import RecordsError, ResultsFile, StdoutResults, Stop

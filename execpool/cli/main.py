@@ -150,21 +150,24 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     Starlette and uvicorn, the ``serve`` extra) is imported only when it runs."""
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other "
                                                             "needs a token)")
-    parser.add_argument("--port", type=_count("--port", minimum=0, maximum=65535), default=8080, help="port (default 8080; 0: any free port)")
+    parser.add_argument("--port", type=_count("--port", minimum=0, maximum=65535), default=8080,
+                        help="port (default 8080; 0: any free port)")
     parser.add_argument("--workers", type=_count("--workers"), default=None,
                         help="pool workers (default: the number of CPUs)")
     parser.add_argument("--max-in-flight", type=_count("--max-in-flight"), default=None,
                         help="jobs running at once (default: two per CPU, as a job waits on I/O part of its time)")
     parser.add_argument("--max-queue", type=_count("--max-queue"), default=settings.DEFAULT_MAX_QUEUE,
                         help=f"requests waiting for a slot (default {settings.DEFAULT_MAX_QUEUE})")
-    parser.add_argument("--queue-timeout", type=_seconds("--queue-timeout"), default=settings.DEFAULT_QUEUE_TIMEOUT_S,
+    parser.add_argument("--queue-timeout", type=_seconds("--queue-timeout"),
+                        default=settings.DEFAULT_QUEUE_TIMEOUT_S,
                         help=f"seconds a request may wait for a slot (default {settings.DEFAULT_QUEUE_TIMEOUT_S:g})")
     parser.add_argument("--token-file", help="file holding the bearer token (or set EXECPOOL_TOKEN)")
     parser.add_argument("--max-body-mb", type=_count("--max-body-mb"), default=settings.DEFAULT_MAX_BODY_MB,
                         help=f"largest request body (default {settings.DEFAULT_MAX_BODY_MB} MiB)")
-    parser.add_argument("--max-connections", type=_count("--max-connections"), default=settings.DEFAULT_MAX_CONNECTIONS,
-                        help=f"open connections at most; more are closed at once (default {settings.DEFAULT_MAX_CONNECTIONS}, "
-                             "or what the descriptor limit leaves room for)")
+    parser.add_argument("--max-connections", type=_count("--max-connections"),
+                        default=settings.DEFAULT_MAX_CONNECTIONS,
+                        help="open connections at most; more are closed at once (default "
+                             f"{settings.DEFAULT_MAX_CONNECTIONS}, or what the descriptor limit leaves room for)")
     parser.add_argument("--read-timeout", type=_seconds("--read-timeout"), default=settings.DEFAULT_READ_TIMEOUT_S,
                         help=f"seconds a request's headers, then its body, may take to arrive "
                              f"(default {settings.DEFAULT_READ_TIMEOUT_S:g})")
@@ -175,9 +178,11 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-timeout", type=_seconds("--max-timeout"), default=settings.DEFAULT_MAX_TIMEOUT_S,
                         help=f"largest timeout a request may ask (default {settings.DEFAULT_MAX_TIMEOUT_S:g} s)")
     parser.add_argument("--heartbeat", type=_seconds("--heartbeat"), default=settings.DEFAULT_HEARTBEAT_S,
-                        help=f"seconds between keep-alives of a quiet /v1/stream (default {settings.DEFAULT_HEARTBEAT_S:g})")
+                        help="seconds between keep-alives of a quiet /v1/stream "
+                             f"(default {settings.DEFAULT_HEARTBEAT_S:g})")
     parser.add_argument("--warm", action="store_true", help="run Python jobs warm (see the README)")
-    parser.add_argument("--preload", type=_modules("--preload"), metavar="MODULES", default=(), help="comma-separated modules the warm templates import")
+    parser.add_argument("--preload", type=_modules("--preload"), metavar="MODULES", default=(),
+                        help="comma-separated modules the warm templates import")
     parser.add_argument("--no-network", dest="network", action="store_false",
                         help="jobs run without network (a network namespace of their own)")
     parser.add_argument("--sandbox", choices=("strict", "off"), default="strict",

@@ -19,8 +19,8 @@ import time
 from typing import Optional
 
 from ..formats.records import STATUSES
-from .lines import line_key
 from ..shared.result import Status
+from .lines import line_key
 
 #: A written record reaches the disk (fdatasync) before the batch next waits
 #: for a job, and at the latest this long after it was written while results
@@ -94,6 +94,12 @@ class ResultsFile:
             self.fd = self._open(os.O_RDWR | os.O_APPEND)
             self._read_done()
 
+    def _out(self) -> int:
+        """OUT's descriptor: every use comes after it was opened."""
+        if self.fd is None:
+            raise RecordsError(f"{self.path} is not open")
+        return self.fd
+
     def _open(self, flags: int) -> int:
         try:
             fd = os.open(self.path, flags | os.O_CLOEXEC, 0o644)
@@ -109,7 +115,7 @@ class ResultsFile:
 
     def _read_done(self) -> None:
         bad_line: Optional[int] = None
-        with os.fdopen(os.dup(self.fd), "rb") as f:
+        with os.fdopen(os.dup(self._out()), "rb") as f:
             for number, raw in enumerate(f, 1):
                 if bad_line is not None:
                     raise RecordsError(f"{self.path} line {bad_line} is not an execpool batch record, and "
@@ -123,7 +129,7 @@ class ResultsFile:
                 else:
                     self.done[key] = key
                 self._good_size += len(raw)
-        self.torn_bytes = os.fstat(self.fd).st_size - self._good_size
+        self.torn_bytes = os.fstat(self._out()).st_size - self._good_size
 
     def prepare(self) -> None:
         """Create OUT, or cut a torn last line off it: the first change made."""
@@ -151,7 +157,7 @@ class ResultsFile:
         fd = os.open(tmp, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            with os.fdopen(os.dup(self.fd), "rb") as old, os.fdopen(os.dup(fd), "wb") as new:
+            with os.fdopen(os.dup(self._out()), "rb") as old, os.fdopen(os.dup(fd), "wb") as new:
                 old.seek(0)
                 remaining = self._good_size
                 while remaining > 0:
@@ -167,7 +173,7 @@ class ResultsFile:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        os.close(self.fd)
+        os.close(self._out())
         self.fd = fd
         self._sync_directory()
 
@@ -183,7 +189,7 @@ class ResultsFile:
     def write(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            view = view[os.write(self.fd, view):]
+            view = view[os.write(self._out(), view):]
         self.written += 1
         if self._dirty_since is None:
             self._dirty_since = time.monotonic()
@@ -192,7 +198,7 @@ class ResultsFile:
 
     def sync(self) -> None:
         if self._dirty_since is not None and self.fsync:
-            os.fdatasync(self.fd)
+            os.fdatasync(self._out())
         self._dirty_since = None
 
     def close(self) -> None:

@@ -289,8 +289,8 @@ HTTP_JOB = Dialect("a job", ("id", "python", "shell", "timeout", "stdin", "env",
 #: SandboxFusion's ``RunCodeRequest``: its field names, its defaults (a 10 s run, python).
 RUN_CODE = Dialect("the request", ("code", "language", "compile_timeout", "run_timeout", "memory_limit_MB",
                                    "stdin", "files", "fetch_files"),
-                   sources=("code",), required=("code",), fills={"run_timeout": "timeout"}, strict=False, separate_stderr=True,
-                   timeout=10.0)
+                   sources=("code",), required=("code",), fills={"run_timeout": "timeout"}, strict=False,
+                   separate_stderr=True, timeout=10.0)
 
 #: ``/v1/batch``'s one program against many tests: the program's part (each test brings its stdin).
 TESTS = Dialect("a tests body", ("code", "language", "timeout", "tests"), sources=("code",),

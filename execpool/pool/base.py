@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import abc
 import threading
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Iterator, Optional, TypeVar
 
-from ..shared import checks
-from . import streams
-from .many import imap_unordered_jobs, map_jobs
-from .future import JobFuture, OnEvent
 from ..shared.jobs import PythonJob, ShellJob
 from ..shared.result import Result
+from . import streams
+from .future import JobFuture, OnEvent
+from .many import check_max_in_flight, imap_unordered_jobs, map_jobs
+
+Runner = TypeVar("Runner", bound="JobRunner")
 
 
 class JobRunner(abc.ABC):
@@ -93,9 +94,9 @@ class JobRunner(abc.ABC):
     def _in_flight(self, max_in_flight: Optional[int]) -> int:
         if max_in_flight is None:
             return self.default_max_in_flight
-        return checks.integer("max_in_flight", max_in_flight)  # type: ignore[return-value]
+        return check_max_in_flight(max_in_flight)
 
-    def __enter__(self) -> "JobRunner":
+    def __enter__(self: Runner) -> Runner:
         return self
 
     def __exit__(self, *exc: object) -> None:

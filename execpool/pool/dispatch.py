@@ -32,11 +32,11 @@ import signal
 import threading
 import time
 from multiprocessing.connection import wait
-from typing import Optional
+from typing import Any, List, Optional
 
 from ..shared import channel
-from .workers import WorkerProcess, Workers
 from ..shared.kernel.proctree import is_stopped, stat_fields
+from .workers import WorkerProcess, Workers
 
 #: While jobs run, how often the dispatcher looks for a stopped worker (and
 #: continues it) and for jobs past their timeout, and how late a job may be
@@ -90,7 +90,7 @@ class Dispatcher:
                 if workers.closed and not by_conn:
                     return
                 watching = workers.running_jobs > 0
-            ready_list = wait([self._wake_r, *by_conn], WATCHDOG_PERIOD_S if watching else None)
+            ready_list: List[Any] = wait([self._wake_r, *by_conn], WATCHDOG_PERIOD_S if watching else None)
             if watching and time.monotonic() >= self._next_watchdog:
                 self._next_watchdog = time.monotonic() + WATCHDOG_PERIOD_S
                 self._watchdog(workers)
@@ -107,10 +107,10 @@ class Dispatcher:
         dispatcher's, which every other job depends on."""
         try:
             for frame in worker.frames.frames(_DISPATCH_BUDGET):
-                self._route(workers, worker, channel.decode(frame, channel.FROM_WORKER))
+                self._route(workers, worker, channel.decode_from_worker(frame))
         except EOFError:
             workers.lost(worker)
-        except Exception as exc:  # noqa: BLE001 - a broken or forged channel, or a bug handling it
+        except Exception as exc:
             if isinstance(exc, channel.ChannelError):
                 worker.fault = str(exc)
                 logger.warning("execpool: killing worker %d, which broke the channel protocol: %s",

@@ -56,7 +56,7 @@ class OutputCapped:
 
 
 JobEvent = Union[JobOutput, OutputCapped]
-OnEvent = Callable[[JobEvent], None]
+OnEvent = Callable[[JobEvent], object]
 
 
 class JobFuture(Future):
@@ -99,7 +99,7 @@ class JobHandle:
         self.stats = stats
         self.live = LiveBudget()
         # Set by the pool when a worker takes the job.
-        self.worker = None
+        self.worker: Optional[object] = None
         self.deadline: Optional[float] = None
 
     @property
@@ -130,8 +130,9 @@ class JobHandle:
         """A consumer's failure is its own (SPEC §2.2): the dispatcher thread
         serves every other job and must not die of it, nor this job."""
         try:
-            self.on_event(event)  # type: ignore[misc]
-        except Exception as exc:  # noqa: BLE001
+            if self.on_event is not None:
+                self.on_event(event)
+        except Exception as exc:
             logger.error("execpool: on_event of job %d raised", self.job_id, exc_info=exc)
 
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..shared.kernel.proctree import is_stopped
 from ..shared.lifeline_wire import PACKET_SIZE, hex_path, pidfd_exited, pidfd_signal, ready, starttime
@@ -54,8 +54,8 @@ class WorkerChild:
         return self.wait(0) if pidfd_exited(self._pidfd) else None
 
     def wait(self, timeout: Optional[float] = None) -> Optional[int]:
-        if not pidfd_exited(self._pidfd, timeout):  # type: ignore[arg-type]
-            raise subprocess.TimeoutExpired(f"execpool worker {self.pid}", timeout)  # type: ignore[arg-type]
+        if not pidfd_exited(self._pidfd, timeout):
+            raise subprocess.TimeoutExpired(f"execpool worker {self.pid}", timeout or 0.0)
         with self._lock:
             if self._pidfd is not None:
                 self.returncode = self._lifeline.exit_status(self.token, EXIT_REPORT_TIMEOUT_S)
@@ -101,7 +101,6 @@ class Lifeline:
             theirs.close()
         ours.setblocking(False)
         self._sock: Optional[socket.socket] = ours
-        self._fd = ours.fileno()
         self._unsent = [line for lines in self._told.values() for line in lines]
 
     def watch(self) -> None:
@@ -120,7 +119,7 @@ class Lifeline:
             return
         logger.warning("execpool: the pool's lifeline (pid %d) died (%s); starting another -- the workers it "
                        "started are no longer its children", self.proc.pid, self.proc.returncode)
-        self._sock.close()  # type: ignore[union-attr]
+        self._socket().close()
         self._start()
         self._flush()
 
@@ -143,7 +142,7 @@ class Lifeline:
                 self._flush()
                 if time.monotonic() > deadline:
                     raise OSError(errno.ETIMEDOUT, "the pool's lifeline takes no request")
-                ready([self._fd], 0.05, select.POLLOUT)
+                ready([self._socket().fileno()], 0.05, select.POLLOUT)
             while True:
                 reply = self._receive(deadline - time.monotonic())
                 if reply is None:
@@ -182,12 +181,13 @@ class Lifeline:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                packet = self._sock.recv(PACKET_SIZE)  # type: ignore[union-attr]
+                sock = self._socket()
+                packet = sock.recv(PACKET_SIZE)
             except BlockingIOError:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
-                ready([self._fd], remaining)
+                ready([sock.fileno()], remaining)
                 continue
             except OSError:
                 return None
@@ -218,13 +218,20 @@ class Lifeline:
             self._unsent.append(line)
             self._flush()
 
-    def _send_now(self, line: str, fds: list = ()) -> bool:  # type: ignore[assignment]
+    def _socket(self) -> socket.socket:
+        """With the lock held: the socket to the lifeline; OSError once it
+        is closed, as for a lifeline that is gone."""
+        if self._sock is None:
+            raise OSError(errno.EPIPE, "the pool's lifeline is closed")
+        return self._sock
+
+    def _send_now(self, line: str, fds: Sequence[int] = ()) -> bool:
         """With the lock held: one packet, if the socket takes it now."""
         try:
             if fds:
-                socket.send_fds(self._sock, [line.encode("ascii")], fds)  # type: ignore[arg-type]
+                socket.send_fds(self._socket(), [line.encode("ascii")], fds)
             else:
-                self._sock.send(line.encode("ascii"))  # type: ignore[union-attr]
+                self._socket().send(line.encode("ascii"))
             return True
         except BlockingIOError:
             return False
@@ -243,7 +250,6 @@ class Lifeline:
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
-                self._fd = None
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

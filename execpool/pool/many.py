@@ -49,7 +49,7 @@ Tag = TypeVar("Tag", bound=Hashable)
 
 
 def check_max_in_flight(max_in_flight: object) -> int:
-    return checks.integer("max_in_flight", max_in_flight)  # type: ignore[return-value]
+    return checks.integer("max_in_flight", max_in_flight)
 
 
 class InFlight:

@@ -103,7 +103,8 @@ def combined(parts: Iterable[PoolStats]) -> PoolStats:
         for kind, h in part.durations.items():
             mine = total.durations.get(kind)
             total.durations[kind] = h if mine is None else Histogram(
-                h.buckets, tuple(a + b for a, b in zip(mine.counts, h.counts)), mine.sum + h.sum, mine.count + h.count)
+                h.buckets, tuple(a + b for a, b in zip(mine.counts, h.counts, strict=True)), mine.sum + h.sum,
+                mine.count + h.count)
         total = PoolStats(total.jobs, total.durations, total.in_flight + part.in_flight,
                           total.worker_restarts + part.worker_restarts, total.output_bytes + part.output_bytes)
     return total

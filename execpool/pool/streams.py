@@ -314,7 +314,7 @@ def _stream_callable(invoke: Callable[[Callable[[str], None]], Any], tool_name: 
             except queue.Empty:
                 yield from view.beat()
                 continue
-            if first is done:
+            if not isinstance(first, str):  # done: nothing else is queued but text
                 finished = True
                 break
             rest, finished = drain_queue(q, done, view.live.room - len(first))

@@ -36,20 +36,18 @@ import threading
 import time
 from typing import Any, Optional
 
+from ..shared import channel, checks
+from ..shared.errors import PoolBrokenError, PoolClosedError
+from ..shared.jobs import PythonJob, ShellJob
 from ..shared.kernel import linux
-from ..shared import channel
-from ..shared import checks
+from ..shared.output import TOOL_OUTPUT_STREAM_MAX_CHARS
+from ..shared.result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, Status
+from .base import JobRunner
 from .config import PoolConfig
 from .dispatch import Dispatcher
 from .future import CancelWatcher, JobFuture, JobHandle, OnEvent
-from ..shared.output import TOOL_OUTPUT_STREAM_MAX_CHARS
-from ..shared.jobs import Limits, PythonJob, ShellJob
-from .workers import Workers
-from .base import JobRunner
-from ..shared.result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, Status
-from ..shared.kernel.sandbox import Sandbox
 from .stats import PoolStats, StatsRecorder
-from ..shared.errors import PoolBrokenError, PoolClosedError
+from .workers import Workers
 
 __all__ = ["ExecPool"]
 
@@ -170,7 +168,8 @@ class ExecPool(JobRunner):
         env = dict(config.tool_env)
         env.update(job.env or {})
         start = channel.Start(
-            job_id=job_id, argv_kind=job.kind, source=job.source, cwd=job.cwd, env=env,
+            job_id=job_id, argv_kind=job.kind, source=job.source,
+            cwd=None if job.cwd is None else os.fspath(job.cwd), env=env,
             timeout=job.timeout, limits=job.limits or config.limits,
             live_cap=None if on_event is None else TOOL_OUTPUT_STREAM_MAX_CHARS,
             max_output_chars=job.max_output_chars or config.max_output_chars,

@@ -39,17 +39,17 @@ import time
 from multiprocessing.connection import Connection
 from typing import Optional
 
-from ..shared.kernel import cgroups
 from ..shared import channel
-from .config import PoolConfig
-from .future import JobHandle
+from ..shared.errors import PoolBrokenError, PoolClosedError
+from ..shared.kernel import cgroups
 from ..shared.kernel.dirs import remove_tree
 from ..shared.kernel.proctree import kill_tree
-from ..shared.result import Result, Status, describe_exit
-from .stats import StatsRecorder
 from ..shared.package import PACKAGE_PARENT
-from ..shared.errors import PoolBrokenError, PoolClosedError
+from ..shared.result import Result, Status, describe_exit
+from .config import PoolConfig
+from .future import JobHandle
 from .lifeline import Lifeline, WorkerChild
+from .stats import StatsRecorder
 
 #: A worker that dies before saying Ready this many times in a row means the
 #: interpreter or the package is broken: stop respawning and say so.
@@ -173,7 +173,8 @@ class Workers:
                 raise PoolClosedError("this ExecPool is closed")
             candidates = [w for w in self.all if not w.retiring]
             if not candidates:
-                raise PoolBrokenError(self.broken or "execpool has no worker to run this job right now: every worker died and none could be started again yet")
+                raise PoolBrokenError(self.broken or "execpool has no worker to run this job right now: every worker "
+                                      "died and none could be started again yet")
             worker = min(candidates, key=lambda w: len(w.jobs))
             handle.worker = worker
             handle.deadline = deadline
@@ -337,7 +338,7 @@ class Workers:
             # hold the very descriptors or memory a new worker needs.
             self._release(worker, bool(lost))
             successor_due = replace and self._may_replace(worker) and not self._start_successor(None)
-        except Exception as exc:  # noqa: BLE001 - logged; the jobs still end below
+        except Exception as exc:
             logger.error("execpool: cleaning up after worker %d failed", worker.pid, exc_info=exc)
         finally:
             if worker.fault is not None:
@@ -400,10 +401,11 @@ class Workers:
         its marker swept, its per-job groups removed. The lifeline is told
         the worker is gone only once its group is: until then it is the
         lifeline's to kill, should this process die."""
-        destroyed = worker.group is None or worker.group.destroy(GROUP_EMPTY_TIMEOUT_S)
-        if not destroyed:
+        group = worker.group
+        destroyed = group is None or group.destroy(GROUP_EMPTY_TIMEOUT_S)
+        if group is not None and not destroyed:
             logger.warning("execpool: the cgroup %s of worker %d is not empty %s s after cgroup.kill",
-                           worker.group.path, worker.pid, GROUP_EMPTY_TIMEOUT_S)
+                           group.path, worker.pid, GROUP_EMPTY_TIMEOUT_S)
         if had_jobs or worker.pgids:
             kill_tree(worker.pgids.values(), marker=worker.token)
         cgroups.remove_tree(cgroups.worker_bases(worker.token))

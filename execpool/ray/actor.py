@@ -26,7 +26,6 @@ from ..pool.stats import PoolStats
 from ..pool.supervisor import ExecPool
 from ..shared.result import Result
 
-
 #: Events per streamed item: one Ray item costs ~0.5-1 ms here, so a flood
 #: is carried ~50 events at a time (tens of thousands of events/s). An item
 #: goes out with fewer once EVENT_BATCH_S has passed since its first event,

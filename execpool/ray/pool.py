@@ -149,7 +149,8 @@ class RayPool(JobRunner):
         self._thread.start()
         try:
             actor_class = ray.remote(num_cpus=0, max_concurrency=ACTOR_MAX_CONCURRENCY)(PoolActor)
-            actors = [actor_class.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
+            actors = [actor_class.options(
+                          scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
                       .remote(pool_options)
                       for node in ray.nodes() if node["Alive"] for _ in range(per_node)]
             ray.get([actor.node.remote() for actor in actors], timeout=startup_timeout)
@@ -233,7 +234,7 @@ class RayPool(JobRunner):
                 call.delivered = True
                 try:
                     call.on_event(event)
-                except Exception:  # noqa: BLE001 - as ExecPool: logged, changes nothing
+                except Exception:
                     logger.exception("execpool: an on_event callback raised")
         return result  # type: ignore[return-value]
 

@@ -56,8 +56,16 @@ from .admission import Admission, ClientGone, Reason, Rejected
 from .jobs import ServiceJobs, Settings
 from .metrics import ServiceMetrics
 from .routes import Routes, TooLarge, TooSlow
-from .settings import (DEFAULT_FETCH_MAX_BYTES, DEFAULT_HEARTBEAT_S, DEFAULT_MAX_BODY_MB, DEFAULT_MAX_QUEUE,
-                       DEFAULT_MAX_TIMEOUT_S, DEFAULT_QUEUE_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S, DEFAULT_TIMEOUT_S)
+from .settings import (
+    DEFAULT_FETCH_MAX_BYTES,
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_MAX_BODY_MB,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_MAX_TIMEOUT_S,
+    DEFAULT_QUEUE_TIMEOUT_S,
+    DEFAULT_READ_TIMEOUT_S,
+    DEFAULT_TIMEOUT_S,
+)
 
 #: Routes anyone may call, token or not: liveness, readiness, SandboxFusion's
 #: ping, and the page (static: it runs nothing itself, and its requests to
@@ -166,7 +174,8 @@ class _Guard:
             refusal = _refused(self.metrics, Reason.CROSS_ORIGIN, 403,
                                "requests from web pages of other origins are refused")
         elif not self.authorized(request):
-            refusal = _refused(self.metrics, Reason.AUTH, 401, "a valid 'Authorization: Bearer <token>' header is required",
+            refusal = _refused(self.metrics, Reason.AUTH, 401,
+                               "a valid 'Authorization: Bearer <token>' header is required",
                                {"WWW-Authenticate": "Bearer"})
         else:
             await self.app(scope, receive, send)

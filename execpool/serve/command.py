@@ -41,10 +41,10 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..formats.request import Defaults
+from ..pool.supervisor import ExecPool
 from ..shared.kernel.sandbox import sandbox_support
 from .app import LOOPBACK_NAMES, create_app
 from .jobs import ServiceJobs
-from ..pool.supervisor import ExecPool
 
 #: After the grace, cancelled jobs still answer their requests: this long.
 ANSWER_CANCELLED_S = 5.0
@@ -184,7 +184,7 @@ class _HeadersInTime(H11Protocol):
     timeout: float = 30.0
     max_connections: int = 4096
 
-    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+    def connection_made(self, transport) -> None:
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
             transport.abort()  # past the cap: its descriptor back at once, no answer
@@ -219,7 +219,7 @@ class _Server(uvicorn.Server):
     this process before it closed its pool."""
 
     @contextlib.contextmanager
-    def capture_signals(self):  # type: ignore[no-untyped-def]
+    def capture_signals(self):
         previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield

@@ -20,7 +20,7 @@ import logging
 import os
 import tempfile
 import threading
-from typing import AsyncIterator, Dict, Optional, Set, Tuple
+from typing import AsyncIterator, Dict, Optional, Set, Tuple, Union
 
 from starlette.requests import Request
 
@@ -182,7 +182,7 @@ class ServiceJobs:
             self.metrics.job(route, job.kind, result)
             return result, await self.fetched(job_request, directory)
 
-    async def stream(self, job_request: JobRequest) -> AsyncIterator[object]:
+    async def stream(self, job_request: JobRequest) -> AsyncIterator[Union[dict, Tuple[Result, Dict[str, bytes]]]]:
         """The job's events as the pool streams them (``pool.astream``), then
         the job's Result and its fetched files as the last item. Closing the
         generator (the client left) cancels the job."""

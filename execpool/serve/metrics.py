@@ -11,10 +11,10 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 
-from .admission import Admission
-from ..shared.result import Result
 from ..pool.stats import DURATION_BUCKETS_S
 from ..pool.supervisor import ExecPool
+from ..shared.result import Result
+from .admission import Admission
 
 
 class ServiceMetrics:

@@ -24,8 +24,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from ..formats import records, sandbox_fusion
-from ..formats.request import (HTTP_JOB, MAX_BATCH_JOBS, RUN_CODE, BadField, Defaults, JobRequest, parse,
-                               parse_tests)
+from ..formats.request import HTTP_JOB, MAX_BATCH_JOBS, RUN_CODE, BadField, Defaults, JobRequest, parse, parse_tests
 from ..shared.result import Result, Status
 from .admission import ClientGone, Rejected
 from .jobs import Route, ServiceJobs
@@ -215,7 +214,7 @@ class Routes:
                     result, files = item
                     answer = await off_loop(sum(map(len, files.values())), _record, job_request, result, files)
                     yield f"event: result\ndata: {json.dumps(answer)}\n\n"
-                elif item["type"] == "heartbeat":  # type: ignore[index]
+                elif item["type"] == "heartbeat":
                     yield ": keep-alive\n\n"
                 else:
                     yield f"data: {json.dumps(item)}\n\n"

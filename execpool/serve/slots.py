@@ -86,7 +86,7 @@ def json_answer(held: Held, content: bytes, status: int) -> Response:
                       headers={"Content-Length": str(len(content))})
 
 
-async def _pieces(content: bytes) -> AsyncIterator[bytes]:
+async def _pieces(content: bytes) -> AsyncIterator[memoryview]:
     view = memoryview(content)
     for start in range(0, len(view), OFF_LOOP_BYTES):
         yield view[start:start + OFF_LOOP_BYTES]

@@ -37,8 +37,8 @@ from multiprocessing.connection import Connection
 from typing import Callable, Dict, Literal, Optional, Tuple, Union
 
 from .jobs import Limits
-from .result import Result, Status
 from .kernel.sandbox import Sandbox
+from .result import Result, Status
 
 
 @dataclass(frozen=True)
@@ -152,12 +152,18 @@ class _MessageUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-@functools.lru_cache(maxsize=None)
+#: Each message class's fields as :func:`_fields` gives them, once made.
+_FIELDS: Dict[type, tuple] = {}
+
+
 def _fields(cls: type) -> tuple:
     """(name, type, check) for each field, built once per class from its
     annotations."""
-    hints = typing.get_type_hints(cls)
-    return tuple((field.name, hints[field.name], _checker(hints[field.name])) for field in dataclasses.fields(cls))
+    if cls not in _FIELDS:
+        hints = typing.get_type_hints(cls)
+        _FIELDS[cls] = tuple((field.name, hints[field.name], _checker(hints[field.name]))
+                             for field in dataclasses.fields(cls))
+    return _FIELDS[cls]
 
 
 @functools.lru_cache(maxsize=None)
@@ -175,7 +181,7 @@ def _checker(hint: object) -> Callable[[object], bool]:
     if origin is tuple:
         items = tuple(map(_checker, args))
         return lambda value: (type(value) is tuple and len(value) == len(items)
-                              and all(check(v) for check, v in zip(items, value)))
+                              and all(check(v) for check, v in zip(items, value, strict=True)))
     if origin is dict:
         key, item = map(_checker, args)
         return lambda value: type(value) is dict and all(key(k) and item(v) for k, v in value.items())
@@ -217,7 +223,7 @@ def decode(data: bytes, accept: tuple = MESSAGES) -> Union[ToWorker, FromWorker]
     well formed."""
     try:
         msg = _MessageUnpickler(io.BytesIO(data)).load()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the bytes made the unpickler do, they are no message
         raise ChannelError(f"not a channel message: {exc}") from None
     if type(msg) not in accept:
         raise ChannelError(f"a {type(msg).__name__} is not a message this end takes")
@@ -242,6 +248,14 @@ def pipe() -> tuple[int, int]:
 
 def send(conn: Connection, msg: Union[ToWorker, FromWorker]) -> None:
     conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def decode_from_worker(data: bytes) -> FromWorker:
+    """The message in one frame a worker sent (ChannelError unless it is
+    one of FROM_WORKER, well formed)."""
+    msg = decode(data, FROM_WORKER)
+    assert isinstance(msg, FROM_WORKER)  # decode took nothing else
+    return msg
 
 
 def recv(conn: Connection, max_bytes: Optional[int] = None,

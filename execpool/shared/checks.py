@@ -10,7 +10,7 @@ a rule such as "a bool is not a count" holds everywhere at once.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Tuple
+from typing import Iterable, Literal, Mapping, Optional, Tuple, overload
 
 #: A number of seconds above this is almost certainly a unit mistake.
 MAX_SECONDS = 7 * 24 * 3600.0
@@ -25,6 +25,12 @@ def shown(value: object) -> str:
     return repr(value)
 
 
+@overload
+def integer(name: str, value: object, *, minimum: int = 1, maximum: Optional[int] = None,
+            none_ok: Literal[False] = False, over: str = "") -> int: ...
+@overload
+def integer(name: str, value: object, *, minimum: int = 1, maximum: Optional[int] = None,
+            none_ok: bool, over: str = "") -> Optional[int]: ...
 def integer(name: str, value: object, *, minimum: int = 1, maximum: Optional[int] = None,
             none_ok: bool = False, over: str = "") -> Optional[int]:
     """An int in ``[minimum, maximum]`` (``None`` too when ``none_ok``).
@@ -102,20 +108,18 @@ def environment(name: str, value: object) -> dict:
     return dict(value)
 
 
-def names(field_name: str, names: object, *, module: bool) -> Tuple[str, ...]:
+def names(field_name: str, value: object, *, module: bool) -> Tuple[str, ...]:
     """A tuple of names from any iterable of them -- but not one string,
     which would be its characters."""
-    if isinstance(names, str):
-        raise TypeError(f"{field_name} must be a list of names, not one string")
-    try:
-        names = tuple(names)  # type: ignore[call-overload]
-    except TypeError:
-        raise TypeError(f"{field_name} must be a list of names, not {type(names).__name__}") from None
-    for name in names:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        kind = "one string" if isinstance(value, str) else type(value).__name__
+        raise TypeError(f"{field_name} must be a list of names, not {kind}")
+    found = tuple(value)
+    for name in found:
         text(f"{field_name} entry", name)
         if module and not all(part.isidentifier() for part in name.split(".")):
             raise ValueError(f"{field_name} entry {name!r} is not a module name")
-    return names
+    return found
 
 
 def cancel_event(value: object) -> object:

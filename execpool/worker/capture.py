@@ -18,8 +18,12 @@ from __future__ import annotations
 import codecs
 import io
 from collections import deque
+from typing import Literal
 
 from ..shared.result import ERROR_LINE_MARKERS
+
+#: Which of a tool's streams a pipe carries (a merged job's one pipe: "stdout").
+Stream = Literal["stdout", "stderr"]
 
 MAX_ERROR_LINES = 32
 MAX_ERROR_LINE_CHARS = 4096
@@ -30,7 +34,7 @@ class Capture:
     its live output; ``error_lines`` is the job's, shared with its other
     Capture, so the hint sees the lines of both in the order they were read."""
 
-    def __init__(self, stream: str, max_chars: int, error_lines: deque[str]) -> None:
+    def __init__(self, stream: Stream, max_chars: int, error_lines: deque[str]) -> None:
         self.stream = stream
         self.head: list[str] = []
         self.kept = 0

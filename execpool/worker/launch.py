@@ -75,8 +75,9 @@ class Launcher:
         return the cold tool's argv."""
         start = job.start
         if start.cwd is None:
-            job.tmpdir = self.dirs.private()
-        job.cwd = job.tmpdir if start.cwd is None else start.cwd
+            job.tmpdir = job.cwd = self.dirs.private()
+        else:
+            job.cwd = start.cwd
         if start.argv_kind == "python":
             fd, job.script = tempfile.mkstemp(prefix=".execpool-", suffix=".py", dir=job.cwd)
             with open(fd, "w", encoding="utf-8") as f:
@@ -93,11 +94,11 @@ class Launcher:
                               "use one here")
             # else: the worker counts the job's processes itself (execpool/worker/loop.py)
         if start.sandbox is not None:
-            job.private_tmp = job.tmpdir if start.cwd is None else self.dirs.private()
-            job.sandbox_tmp = None if start.cwd is None else job.private_tmp  # removed with the job
+            job.private_tmp = private_tmp = job.cwd if start.cwd is None else self.dirs.private()
+            job.sandbox_tmp = None if start.cwd is None else private_tmp  # removed with the job
             confiner = self.confiner()
-            job.writable = confiner.writable(start.sandbox, (job.cwd, job.private_tmp))
-            job.rulesets = confiner.rulesets(start.python, start.sandbox, (job.cwd, job.private_tmp))
+            job.writable = confiner.writable(start.sandbox, (job.cwd, private_tmp))
+            job.rulesets = confiner.rulesets(start.python, start.sandbox, (job.cwd, private_tmp))
         job.env = dict(start.env)
         job.env[JOB_MARKER_ENV] = job.marker
         if job.private_tmp is not None:

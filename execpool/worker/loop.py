@@ -50,6 +50,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..shared import channel
 from ..shared.kernel import linux
+from .capture import Stream
 from .job import Ending, Phase, RunningJob
 from .jobdirs import JobDirs, remove, unlink
 from .launch import Launcher
@@ -257,13 +258,13 @@ class Worker:
         if job.eof:
             self._settle(job)
 
-    def _consume(self, job: RunningJob, stream: str, text: str) -> None:
+    def _consume(self, job: RunningJob, stream: Stream, text: str) -> None:
         """Forward live output only up to the stream's cap plus one
         character, counting both of a job's streams against it."""
         if text and job.live is not None and not job.live.capped:
             piece = job.live.take(text)
             if piece:
-                self._send(channel.Output(job.start.job_id, piece, stream))  # type: ignore[arg-type]
+                self._send(channel.Output(job.start.job_id, piece, stream))
 
     # -- a job's life ----------------------------------------------------
 

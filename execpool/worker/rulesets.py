@@ -36,7 +36,7 @@ import os
 import pwd
 import stat
 import sys
-from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..shared.kernel.sandbox import SYS_LANDLOCK_CREATE_RULESET, Sandbox, errno_error, prepare, sandbox_support, syscall
 from ..shared.package import PACKAGE_DIR
@@ -165,9 +165,9 @@ class _NetPort(ctypes.Structure):
 
 
 def build_ruleset(handled: int, scoped: int, rules: List[Tuple[int, int]], handled_net: int = 0,
-                  ports: List[Tuple[int, int]] = ()) -> int:
+                  ports: Sequence[Tuple[int, int]] = ()) -> int:
     """A ruleset through ctypes, one call per rule: what a worker without
-    the C extension uses (execpool._spawn.ruleset does the same in one)."""
+    the C extension uses (execpool.worker._spawn.ruleset does the same in one)."""
     attr = _RulesetAttr(handled, handled_net, scoped)
     ruleset = int(syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
                            ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0)))
@@ -367,10 +367,11 @@ class Confiner:
     one ruleset with a rule per path (a dozen or so), opening its own
     paths, and a copy of the world-readable layer's descriptor. Building
     them here rather than in the tool's process keeps the vfork child to a
-    few system calls and lets a warm spare receive its rulesets ready-made. ``build`` is execpool._spawn.ruleset where the
-    extension was built (one call for every rule), :func:`build_ruleset`
-    otherwise. Raises OSError with a clear message where the kernel lacks
-    what the sandbox needs."""
+    few system calls and lets a warm spare receive its rulesets ready-made.
+    ``build`` is execpool.worker._spawn.ruleset where the extension was
+    built (one call for every rule), :func:`build_ruleset` otherwise.
+    Raises OSError with a clear message where the kernel lacks what the
+    sandbox needs."""
 
     def __init__(self, build: Optional[RulesetBuilder] = None) -> None:
         support = self.support = sandbox_support()
@@ -451,7 +452,8 @@ class Confiner:
 
     def _job_ruleset(self, python: str, sandbox: Sandbox, own: Tuple[str, ...]) -> int:
         read, write = sandbox.read, (*own, *sandbox.write)
-        handled_net, ports = 0, {}
+        handled_net = 0
+        ports: Dict[int, int] = {}
         for allowed, right in ((sandbox.connect, NET_CONNECT_TCP), (sandbox.bind, NET_BIND_TCP)):
             if allowed is not None:
                 handled_net |= right

@@ -7,7 +7,7 @@ order, so a lowered open-files limit cannot hide a descriptor from the
 close, and a root tool has lost the capability to raise its rlimits before
 they are set -- in one of three ways:
 
-- ``vfork``: execpool._spawn (C) vforks and execs ``bash -c`` or ``python -u FILE``;
+- ``vfork``: execpool.worker._spawn (C) vforks and execs ``bash -c`` or ``python -u FILE``;
 - ``fork``: the pure-Python fallback, where the C extension was not built;
 - ``warm``: no exec at all -- a parked spare of the worker's template becomes
   the job's interpreter (execpool/worker/warm/template.py, execpool/worker/warm/spare.py). The worker
@@ -31,20 +31,20 @@ from ..shared.kernel import linux, sandbox
 try:
     from . import _spawn
 except ImportError:  # not built here; the pure-Python start is used instead
-    _spawn = None
+    _spawn = None  # type: ignore[assignment]  # the extension is optional: every use asks first
 
 #: How a worker builds a sandboxed job's Landlock rulesets: one C call each
 #: where the extension was built (execpool/worker/rulesets.py).
 RULESET_BUILDER = None if _spawn is None else _spawn.ruleset
 
-#: How tools are started: "vfork" (execpool._spawn) or "fork" (pure Python).
+#: How tools are started: "vfork" (execpool.worker._spawn) or "fork" (pure Python).
 SPAWN_METHODS = ("vfork", "fork") if _spawn is not None else ("fork",)
 
 #: Stdin of a job that was given none (and of the template and spares).
 DEVNULL = os.open(os.devnull, os.O_RDONLY)
 
 
-#: The Limits fields that are rlimits, in the order execpool._spawn takes them.
+#: The Limits fields that are rlimits, in the order execpool.worker._spawn takes them.
 RLIMIT_FIELDS = ("address_space", "cpu_seconds", "file_size", "open_files")
 _RLIMITS = (resource.RLIMIT_AS, resource.RLIMIT_CPU, resource.RLIMIT_FSIZE, resource.RLIMIT_NOFILE)
 
@@ -178,7 +178,7 @@ def memfd_holding(name: str, data: bytes) -> int:
 
 
 def _apply_limits(rlimits: tuple) -> None:
-    for which, value in zip(_RLIMITS, rlimits):
+    for which, value in zip(_RLIMITS, rlimits, strict=True):
         if value < 0:
             continue
         _soft, hard = resource.getrlimit(which)
@@ -188,7 +188,7 @@ def _apply_limits(rlimits: tuple) -> None:
 
 
 def rlimit_values(limits: Limits) -> tuple:
-    """The rlimits in the order execpool._spawn takes them, -1 for none:
+    """The rlimits in the order execpool.worker._spawn takes them, -1 for none:
     plain integers, which a spare receives and applies without building a
     Limits again."""
     return tuple(-1 if getattr(limits, field) is None else getattr(limits, field) for field in RLIMIT_FIELDS)

@@ -29,6 +29,7 @@ cheap: it runs before every Python tool.
 """
 
 import builtins
+import functools
 import io
 import os
 import stat
@@ -53,10 +54,12 @@ def _install():
         if key in told:
             return
         told.add(key)
+        stderr = sys.__stderr__
         try:
-            sys.__stderr__.write("[execpool] " + message + "\n")
-            sys.__stderr__.flush()
-        except Exception:
+            if stderr is not None:
+                stderr.write("[execpool] " + message + "\n")
+                stderr.flush()
+        except Exception:  # noqa: BLE001 - a closed or broken stderr: the program's own business
             pass
 
     def tell_mnt():
@@ -143,8 +146,8 @@ def _install():
                 else:
                     target = retarget(kwargs[first], (), kwargs)
                     kwargs[first] = target
-            except Exception:
-                pass  # the original call, unchanged
+            except Exception:  # noqa: BLE001 - the remap never breaks a call: the original call, unchanged
+                pass
             if target is EXISTS:
                 return None
             try:
@@ -153,11 +156,7 @@ def _install():
                 hide_frames()
                 raise
 
-        call.__name__ = real.__name__
-        call.__qualname__ = getattr(real, "__qualname__", real.__name__)
-        call.__doc__ = real.__doc__
-        call.__wrapped__ = real
-        return call
+        return functools.update_wrapper(call, real)
 
     def without_shim_frames(tb):
         head = last = None
@@ -173,7 +172,7 @@ def _install():
             last.tb_next = None
         return head
 
-    installed_hook = []
+    installed_hook: list = []
 
     def hide_frames():
         """An error went through a shim frame: make the uncaught-exception
@@ -194,13 +193,13 @@ def _install():
                             seen.add(id(e))
                             e.__traceback__ = without_shim_frames(e.__traceback__)
                             pending += [e.__cause__, e.__context__]
-                except Exception:
+                except Exception:  # noqa: BLE001 - the traceback as it was, rather than none
                     pass
                 previous(exc_type, exc, tb)
 
             installed_hook[:] = [hook]
             sys.excepthook = hook
-        except Exception:
+        except Exception:  # noqa: BLE001 - tracebacks keep the shim's frames, nothing worse
             pass
 
     shim_open = shim(io.open, open_target, "file")
@@ -243,6 +242,6 @@ def _run_shadowed_sitecustomize():
 try:
     _install()
     _leave_no_trace()
-except Exception:
-    pass  # no remap rather than a broken interpreter
+except Exception:  # noqa: BLE001 - no remap rather than a broken interpreter
+    pass
 _run_shadowed_sitecustomize()

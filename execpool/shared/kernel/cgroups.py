@@ -60,7 +60,7 @@ def _own_groups() -> dict:
 
 def _mounts() -> dict:
     """controller name (or "" for v2) -> mount point."""
-    mounts = {}
+    mounts: dict = {}
     with open("/proc/self/mounts") as f:
         for line in f:
             _dev, point, fstype, options = line.split()[:4]
@@ -88,7 +88,7 @@ class JobGroup:
         return [os.path.join(path, "cgroup.procs") for path in self.paths]
 
     def pids(self) -> set:
-        found = set()
+        found: set = set()
         for procs in self.procs_files():
             try:
                 with open(procs) as f:

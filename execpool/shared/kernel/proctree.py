@@ -365,8 +365,9 @@ class _Output:
     def _emit(self, line: str) -> None:
         # A broken display must not lose the output or leave the tree running.
         try:
-            self._callback(line)
-        except Exception:
+            if self._callback is not None:
+                self._callback(line)
+        except Exception:  # noqa: BLE001 - see above: the caller's callback, never the drain's failure
             pass
 
 
@@ -453,11 +454,14 @@ def drain_process_output(
     kept; the grandchild is still reached by the kill through ``pgid``, which
     should be captured at spawn in case the leader is reaped first.
     """
+    stdout = proc.stdout
+    if stdout is None:
+        raise ValueError("drain_process_output needs a process started with stdout=subprocess.PIPE")
     if pgid is None:
         pgid = capture_process_group(proc)
     deadline = None if timeout is None else time.monotonic() + timeout
     output = _Output(output_callback)
-    reader = _open_reader(proc.stdout.fileno())
+    reader = _open_reader(stdout.fileno())
     stopping = timed_out = eof = False
     try:
         while True:
@@ -469,7 +473,7 @@ def drain_process_output(
                     kill_process_tree(proc, pgid)
                     stopping = True
                     deadline = now + _GRACE  # collect what the tree wrote before dying
-            elif now >= deadline:
+            elif deadline is not None and now >= deadline:
                 break
             wait = _wait_time(deadline, cancel_event is not None and not stopping)
             if eof:
@@ -486,5 +490,5 @@ def drain_process_output(
         proc.wait()
     finally:
         reader.close()
-        proc.stdout.close()
+        stdout.close()
     return text, timed_out

@@ -364,14 +364,14 @@ def view_kind() -> int:
 
 def view_arguments(writable: Tuple[str, ...], cwd: str) -> tuple:
     """The read-only view of a tool whose writable paths are ``writable``
-    and which works in ``cwd``, as execpool._spawn takes it."""
+    and which works in ``cwd``, as execpool.worker._spawn takes it."""
     uid, gid = os.geteuid(), os.getegid()
     return (view_kind(), f"{uid} {uid} 1".encode(), f"{gid} {gid} 1".encode(),
             tuple(os.fsencode(path) for path in writable), os.fsencode(cwd))
 
 
 def child_arguments(rulesets: Tuple[int, ...], view: Optional[tuple]) -> tuple:
-    """What execpool._spawn's child needs to enter the sandbox: the rulesets
+    """What execpool.worker._spawn's child needs to enter the sandbox: the rulesets
     (entered in order, each a Landlock layer), the seccomp filter, the
     highest capability number, whether to empty the bounding set, and the
     read-only view (:func:`view_arguments`, or None)."""
@@ -410,7 +410,7 @@ def _make_view(view: tuple) -> None:
 
 
 def enter(rulesets: Tuple[int, ...], view: Optional[tuple] = None) -> None:
-    """Confine the calling process for good, in the order execpool._spawn
+    """Confine the calling process for good, in the order execpool.worker._spawn
     does it: the read-only view (:func:`view_arguments`), no new
     privileges, no capabilities, the Landlock layers, the seccomp filter.
     For a freshly forked tool or a warm spare, before any of the job's code

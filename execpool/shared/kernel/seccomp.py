@@ -133,20 +133,34 @@ class _Program:
         return b"".join(out)
 
 
+def _number(value: object) -> int:
+    """A rule's number, which the table declares as such (a table entry of
+    another shape is a mistake in it, and fails the filter's build)."""
+    if not isinstance(value, int):
+        raise TypeError(f"a seccomp rule holds {value!r} where a number belongs")
+    return value
+
+
+def _numbers(value: object) -> Tuple[int, ...]:
+    if not isinstance(value, tuple):
+        raise TypeError(f"a seccomp rule holds {value!r} where numbers belong")
+    return value
+
+
 def _rule(program: _Program, name: str, rule: Rule) -> None:
     """The body for one system call, entered with its number matched;
     every path through it returns."""
     kind = rule[0]
     allow, refuse = f"{name}.allow", f"{name}.refuse"
     if kind == "refuse":
-        program.op(_RET, _errno(int(rule[1])))
+        program.op(_RET, _errno(_number(rule[1])))
         return
     if kind == "self":
         for arg in rule[1:]:
-            program.op(_LD_ABS, _arg_low(int(arg)))
+            program.op(_LD_ABS, _arg_low(_number(arg)))
             program.op(_JEQ, 0, None, refuse)
     elif kind == "self_or_zero":
-        pid, other = int(rule[1]), int(rule[2])
+        pid, other = _number(rule[1]), _number(rule[2])
         program.op(_LD_ABS, _arg_low(pid))
         program.op(_JEQ, 0, allow, None)
         program.op(_LD_ABS, _arg_low(other))
@@ -154,15 +168,15 @@ def _rule(program: _Program, name: str, rule: Rule) -> None:
         program.op(_LD_ABS, _arg_low(other) + 4)
         program.op(_JEQ, 0, None, refuse)
     elif kind == "which_self":
-        which, who = int(rule[1]), int(rule[3])
-        allowed = [int(value) for value in rule[2]]  # type: ignore[union-attr]
+        which, who = _number(rule[1]), _number(rule[3])
+        allowed = [_number(value) for value in _numbers(rule[2])]
         program.op(_LD_ABS, _arg_low(who))
         program.op(_JEQ, 0, None, refuse)
         program.op(_LD_ABS, _arg_low(which))
         for n, value in enumerate(allowed):
             program.op(_JEQ, value, allow, refuse if n == len(allowed) - 1 else None)
     elif kind == "no_setid":
-        program.op(_LD_ABS, _arg_low(int(rule[1])))
+        program.op(_LD_ABS, _arg_low(_number(rule[1])))
         program.op(_JSET, _S_ISUID_GID, refuse, allow)
     else:
         raise ValueError(f"unknown seccomp rule {kind!r}")

@@ -41,13 +41,12 @@ import sys
 import threading
 import types
 from importlib.machinery import SourceFileLoader
-from typing import Callable, NoReturn
+from typing import Callable, NoReturn, TextIO
 
 from ...shared.kernel import linux
 from ...shared.kernel.proctree import JOB_MARKER_ENV
 from ..spawn import Setup, become_tool
-from .wire import (FIXED_FDS, JOB, MAX_CGROUP_FDS, MAX_RULESETS, REHEARSE, SPARE_NAME, SPARE_PID, decode_job,
-                   taken)
+from .wire import FIXED_FDS, JOB, MAX_CGROUP_FDS, MAX_RULESETS, REHEARSE, SPARE_NAME, SPARE_PID, decode_job, taken
 
 #: What the worker's own PYTHONPATH added to sys.path (execpool itself),
 #: which a warm job's sys.path must not have: a cold tool does not.
@@ -198,15 +197,17 @@ def _fresh_std_streams() -> None:
     """What ``-u`` gives: unbuffered binary layers, write-through text, in the
     encodings and error handlers this interpreter chose for its own streams
     (the worker's locale is the tools' locale)."""
-    def text(fd: int, mode: str, like: io.TextIOWrapper) -> io.TextIOWrapper:
+    def text(fd: int, mode: str, like: TextIO) -> io.TextIOWrapper:
         raw = io.FileIO(fd, mode, closefd=False)
         layer = io.BufferedReader(raw) if mode == "rb" else raw
         return io.TextIOWrapper(layer, encoding=like.encoding, errors=like.errors,
                                 write_through=mode != "rb")
 
-    sys.stdin = sys.__stdin__ = text(0, "rb", sys.__stdin__ or sys.stdin)
-    sys.stdout = sys.__stdout__ = text(1, "wb", sys.__stdout__ or sys.stdout)
-    sys.stderr = sys.__stderr__ = text(2, "wb", sys.__stderr__ or sys.stderr)
+    # The __std*__ names too, which typeshed calls final: a cold interpreter's
+    # are its own streams, and a job that restores them must get these.
+    sys.stdin = sys.__stdin__ = text(0, "rb", sys.__stdin__ or sys.stdin)  # type: ignore[misc]
+    sys.stdout = sys.__stdout__ = text(1, "wb", sys.__stdout__ or sys.stdout)  # type: ignore[misc]
+    sys.stderr = sys.__stderr__ = text(2, "wb", sys.__stderr__ or sys.stderr)  # type: ignore[misc]
 
 
 def _exit_code(code: object) -> int:

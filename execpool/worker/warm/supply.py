@@ -26,6 +26,7 @@ from typing import Callable, Optional
 from ..spawn import Setup, Tool, start_tool
 from .wire import JOB, REHEARSE, SPARE_PID, UNLIMITED
 
+
 def _continue(pid: int) -> None:
     """A tool can SIGSTOP the template and parked spares (they run as its
     user): each is continued whenever it is about to be needed, so one
