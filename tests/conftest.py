@@ -16,9 +16,27 @@ from helpers import wait_for  # noqa: E402
 LEFTOVER_GRACE_S = 5.0
 
 
+@pytest.fixture(scope="module", params=SPAWN_METHODS)
+def module_pool(request):
+    """One pool per test module and way a worker can start tools."""
+    with ExecPool(workers=2, spawn_method=request.param) as p:
+        yield p
+
+
+@pytest.fixture
+def pool(module_pool):
+    """Every test that takes ``pool`` runs once per way a worker can start
+    tools, on its module's pool: a pool per test was a fifth of the suite's
+    time. A test that counts, closes or breaks its pool takes ``fresh_pool``.
+    After each test nothing of it may still run in the pool the next one
+    gets."""
+    yield module_pool
+    assert wait_for(lambda: module_pool.running_jobs == 0, LEFTOVER_GRACE_S), "the test left jobs running"
+
+
 @pytest.fixture(params=SPAWN_METHODS)
-def pool(request):
-    """Every test that takes ``pool`` runs once per way a worker can start tools."""
+def fresh_pool(request):
+    """A pool of the test's own, for a test whose subject is the pool itself."""
     with ExecPool(workers=2, spawn_method=request.param) as p:
         yield p
 

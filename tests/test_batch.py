@@ -70,6 +70,7 @@ def test_map_yields_results_in_input_order_even_when_later_jobs_finish_first(poo
     assert all(r.ok for r in results)
 
 
+@pytest.mark.slow
 def test_imap_unordered_yields_each_index_once_as_jobs_finish(pool):
     jobs = [ShellJob("sleep 1; echo slow")] + [ShellJob(f"echo {i}") for i in range(1, 8)]
     pairs = list(imap_unordered_jobs(pool.submit, jobs, 8))
@@ -253,6 +254,7 @@ def line_count(path) -> int:
         return 0
 
 
+@pytest.mark.slow
 def test_examples_file_gives_every_kind_of_record(tmp_path):
     out = tmp_path / "out.jsonl"
     t0 = time.monotonic()
@@ -582,6 +584,7 @@ def _slow_jobs(tmp_path, n: int) -> str:
     ])
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_then_resume_writes_every_id_exactly_once(tmp_path):
     src = _slow_jobs(tmp_path, 60)
     out = tmp_path / "out.jsonl"
@@ -605,6 +608,7 @@ def test_sigkill_mid_run_then_resume_writes_every_id_exactly_once(tmp_path):
     assert len(runs) <= 60 + 4, "only the jobs in flight at the kill may have run twice"
 
 
+@pytest.mark.slow
 def test_ctrl_c_cancels_running_jobs_writes_nothing_partial_and_says_how_to_resume(tmp_path):
     src = _slow_jobs(tmp_path, 60)
     out = tmp_path / "out.jsonl"
@@ -668,6 +672,7 @@ def test_warm_flag_runs_python_jobs_warm_with_the_same_records(tmp_path):
     assert warm["argv"]["output"] == "__main__ True True\n"
 
 
+@pytest.mark.slow
 def test_memory_stays_bounded_for_a_big_input(tmp_path):
     """60 000 lines of 4 KB (240 MB) must stream through, never be held."""
     src = tmp_path / "big.jsonl"

@@ -39,6 +39,7 @@ def execpool_groups_of(pool) -> list:
             any(entry.startswith("job-") for entry in os.listdir(g))]
 
 
+@pytest.mark.slow
 def test_a_fork_bomb_is_held_by_the_process_cap(pool):
     caps = Limits(processes=64)
     # The bomb runs only once its cap is seen in place from inside a job.
@@ -49,6 +50,7 @@ def test_a_fork_bomb_is_held_by_the_process_cap(pool):
     assert wait_for(lambda: not execpool_groups_of(pool), timeout=3)
 
 
+@pytest.mark.slow
 def test_the_cap_counts_every_process_of_the_job(pool):
     command = "for i in $(seq 40); do sleep 30 >/dev/null 2>&1 & echo \"PIDS $!\"; done 2>&1; echo end"
     result = pool.run(ShellJob(command, limits=Limits(processes=10), timeout=2))  # bash retries forks for long

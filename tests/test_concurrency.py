@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from execpool import ExecPool, PythonJob, ShellJob
 from helpers import collect, joined_output
 
@@ -24,6 +26,7 @@ def check(i: int, events, result) -> None:
     assert joined_output(events) == expected
 
 
+@pytest.mark.slow
 def test_256_streams_consumed_from_threads():
     with ExecPool(workers=2) as pool:
         failures = []
@@ -44,6 +47,7 @@ def test_256_streams_consumed_from_threads():
         assert not failures, failures[:3]
 
 
+@pytest.mark.slow
 def test_256_streams_from_asyncio_without_extra_threads():
     peak = {}
 

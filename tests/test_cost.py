@@ -94,6 +94,7 @@ def test_memory_touched_in_a_grandchild_is_counted(pool, kind):
     assert result.peak_memory_bytes is None  # no memory cgroup without Limits(memory=...)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_job_that_sleeps_reports_almost_no_cpu(pool, kind):
     result = pool.run(job_of(kind, "import time\ntime.sleep(1)\n", timeout=60))
@@ -138,6 +139,7 @@ def _resident_peak(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
+@pytest.mark.slow
 def test_a_job_does_not_report_the_workers_memory():
     """The worker is made to hold a 160 MB output (its peak goes past 300
     MB); the jobs after it -- warm and cold, allocating 100 MB or nothing --
@@ -161,6 +163,7 @@ def _last_number(text: str) -> float:
     return float(text[: text.rindex("\n")].split()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_job_killed_at_its_timeout_still_reports_what_it_used(pool, kind):
     result = pool.run(job_of(kind, BURN_UNTIL_KILLED, timeout=1))
@@ -265,6 +268,7 @@ def test_run_json_prints_one_record_with_the_cost():
     assert "id" not in record and "line" not in record
 
 
+@pytest.mark.slow
 def test_batch_records_carry_the_cost(tmp_path):
     jobs = tmp_path / "in.jsonl"
     lines = [{"id": "burn", "python": run_in_child(BURN_CHILD)},

@@ -31,6 +31,8 @@ from execpool import ExecPool, Limits, Result, ShellJob, Status
 from execpool.shared import channel
 from helpers import alive, pids_in, remember, state, wait_for, worker_records
 
+pytestmark = pytest.mark.hostile
+
 #: How long a job that must end may take to end, here.
 DEADLINE_S = 10.0
 
@@ -179,6 +181,7 @@ def _assert_rogue_worker_was_replaced(pool: ExecPool, worker, victim: Running, b
     assert again.text == "again\n", again
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("forgery", FORGERIES)
 def test_a_worker_that_sends_garbage_is_treated_as_dead(forgery, doomed):
     with ExecPool(workers=2) as pool:
@@ -187,6 +190,7 @@ def test_a_worker_that_sends_garbage_is_treated_as_dead(forgery, doomed):
         _assert_rogue_worker_was_replaced(pool, worker, victim, bystander)
 
 
+@pytest.mark.slow
 def test_half_a_message_holds_up_no_other_worker(doomed):
     """A frame whose length promises more than ever comes: the dispatcher
     must not sit in a read for the rest while other workers wait."""
@@ -203,6 +207,7 @@ def test_half_a_message_holds_up_no_other_worker(doomed):
         assert wait_for(lambda: len(pool.worker_pids) == 2 and worker.proc.pid not in pool.worker_pids, DEADLINE_S)
 
 
+@pytest.mark.slow
 def test_an_exception_while_routing_kills_that_worker_not_the_dispatcher(doomed, monkeypatch):
     """Whatever validation misses: a failure handling one worker's message
     costs that worker, never the one thread every job depends on."""
@@ -224,6 +229,7 @@ def test_an_exception_while_routing_kills_that_worker_not_the_dispatcher(doomed,
 STOPPER = 'echo "PIDS $$"; while :; do kill -STOP $PPID; sleep 0.05; done'
 
 
+@pytest.mark.slow
 def test_a_stopped_worker_does_not_stall_a_later_timed_job(doomed):
     """Only untimed jobs in flight used to mean no watchdog at all: the
     dispatcher slept until a message came, and a stopped worker sends none."""

@@ -23,6 +23,7 @@ from helpers import (UNPRIVILEGED, all_dead, marked_processes, open_fds, pids_in
                      unprivileged_pythonpath, wait_for, worker_records)
 
 
+@pytest.mark.slow
 def test_sigkill_of_a_worker_fails_only_its_jobs_and_the_pool_recovers():
     with ExecPool(workers=2) as pool:
         victim = worker_records(pool)[0]
@@ -260,6 +261,7 @@ DEEP_TREE = ("import os\nos.symlink('/etc', 'out')\nfor i in range(3000):\n    o
              "    if i == 1500:\n        os.chmod('.', 0o700)\nopen('f', 'w').write('x')\nprint('built')")
 
 
+@pytest.mark.slow
 def test_a_job_that_builds_a_very_deep_tree_kills_nothing_and_leaves_nothing():
     """Regression (red team): Python 3.11's shutil.rmtree recurses per level,
     and its RecursionError -- which ignore_errors does not catch -- killed the
@@ -299,6 +301,7 @@ def test_remove_tree_removes_any_depth_and_follows_no_symlink(tmp_path):
     assert not top.exists() and keep.read_text() == "not in the tree"
 
 
+@pytest.mark.nobody
 def test_remove_tree_removes_a_directory_its_job_made_unreadable_as_nobody(tmp_path):
     """Red team: a sandboxed job of a ``nobody`` pool ran ``chmod 0 .`` on
     its own directory, which the worker then could not open to empty."""

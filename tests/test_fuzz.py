@@ -145,6 +145,7 @@ def test_any_bytes_decode_like_communicate_across_a_read_boundary(pool, data, sp
     assert result.output == newlines(data.decode("utf-8", "replace"))
 
 
+@pytest.mark.slow
 def test_huge_python_source_runs_and_huge_shell_command_is_refused(pool):
     code = "x = 'é'\n" * (10 * 1024 * 1024 // 9) + "print(len(x))"
     assert len(code.encode()) > 10 * 1024 * 1024
@@ -456,3 +457,19 @@ def test_session_ids_never_reach_outside_the_sandbox_root(tmp_path, monkeypatch,
         assert os.path.dirname(path) == str(root) and os.path.isdir(path)
         assert os.path.basename(path) == (session_id or tool_layer.DEFAULT_SESSION)
     _nothing_outside(tmp_path, root)
+
+
+def test_a_raypool_refuses_bad_options_before_it_starts_anything():
+    """Its options are checked -- its own, and every option of the pools its
+    actors make -- before Ray is started or joined, so a mistake costs no
+    cluster. (RayPool itself runs in tests/test_ray.py, on a real cluster.)"""
+    import ray
+
+    from execpool.ray import RayPool
+
+    for options, error, named in (({"per_node": 0}, ValueError, "per_node"), ({"retries": -1}, ValueError, "retries"),
+                                  ({"workers": "two"}, TypeError, "workers"),
+                                  ({"no_such_option": 1}, TypeError, "no_such_option")):
+        with pytest.raises(error, match=named):
+            RayPool(**options)
+    assert not ray.is_initialized()

@@ -36,6 +36,8 @@ from execpool.shared.output import STREAM_CAP_NOTICE
 from execpool.worker.spawn import SPAWN_METHODS
 from helpers import all_dead, alive, collect, joined_output, pids_in, processes_with_env, wait_for
 
+pytestmark = pytest.mark.hostile
+
 RUN = uuid.uuid4().hex
 RUN_VAR = "EXECPOOL_HOSTILE_RUN"
 #: Carried instead by the bystander job of ``busy_pool``, which must survive.
@@ -121,6 +123,7 @@ def run_streaming(pool: ExecPool, job) -> tuple[str, object]:
 # --- storms --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bash_fork_storm_is_killed_whole_at_its_timeout(pool):
     result = pool.run(ShellJob(hostile.FORK_STORM_BASH, timeout=3, env=env()))
     pids = pids_in(result.output)
@@ -130,6 +133,7 @@ def test_bash_fork_storm_is_killed_whole_at_its_timeout(pool):
     assert pool.run(ShellJob("echo healthy")).text == "healthy\n"
 
 
+@pytest.mark.slow
 def test_python_fork_storm_that_leaves_its_group_is_killed_whole(pool):
     result = pool.run(PythonJob(hostile.FORK_STORM_PYTHON, timeout=3, env=env()))
     pids = pids_in(result.output)
@@ -139,6 +143,7 @@ def test_python_fork_storm_that_leaves_its_group_is_killed_whole(pool):
     assert pool.run(PythonJob("print('healthy')")).text == "healthy\n"
 
 
+@pytest.mark.slow
 def test_warm_python_fork_storm_is_killed_whole(default_pool):
     result = default_pool.run(PythonJob(hostile.FORK_STORM_PYTHON, timeout=3, warm=True, env=env()))
     pids = pids_in(result.output)
@@ -235,6 +240,7 @@ def pids_cgroup():
                 time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_unbounded_fork_bombs_inside_a_verified_pids_cap(pids_cgroup):
     owner = subprocess.Popen(
         [sys.executable, "-c", BOMB_OWNER, pids_cgroup, str(PIDS_CAP), hostile.FORK_BOMB_BASH,
@@ -272,6 +278,7 @@ def _cap_or_skip(pool: ExecPool, caps: Limits) -> None:
     assert probe.text == "ok\n", probe.text
 
 
+@pytest.mark.slow
 def test_escaping_python_storm_is_held_by_the_per_job_process_cap(pool):
     caps = Limits(processes=32)
     _cap_or_skip(pool, caps)
@@ -284,6 +291,7 @@ def test_escaping_python_storm_is_held_by_the_per_job_process_cap(pool):
     assert pool.run(ShellJob("echo healthy")).text == "healthy\n"
 
 
+@pytest.mark.slow
 def test_warm_storm_and_its_daemons_are_held_and_killed_by_the_process_cap():
     """With a per-job cgroup, even processes the marker cannot attribute (a
     warm job's fork-without-exec daemons, see the next-but-one section) die
@@ -306,6 +314,7 @@ def test_warm_storm_and_its_daemons_are_held_and_killed_by_the_process_cap():
             other.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_fork_chain_and_pid_hopper_are_killed_whole_by_the_process_cap(busy_pool, warm):
     """What the default kill path misses (see test_escaped_processes_die_with_
@@ -340,6 +349,7 @@ def test_memory_bomb_fails_with_memory_error_and_the_pool_is_fine(pool, warm):
     assert_nothing_survives()
 
 
+@pytest.mark.slow
 def test_memory_bomb_that_swallows_memory_error_ends_at_its_timeout(pool):
     limits = Limits(address_space=BOMB_LIMIT)
     started = time.monotonic()
@@ -398,6 +408,7 @@ def test_tool_that_ignores_sigterm_dies_at_its_timeout(pool):
     assert_nothing_survives(pids_in(result.output))
 
 
+@pytest.mark.slow
 def test_tool_that_ignores_every_catchable_signal_dies_at_its_timeout(pool):
     started = time.monotonic()
     result = pool.run(ShellJob(hostile.IGNORES_ALL_SIGNALS, timeout=1, env=env()))
@@ -425,7 +436,8 @@ def test_signal_ignoring_child_dies_when_its_leader_exits_cleanly(busy_pool):
     assert_nothing_survives(pids_in(result.output))
 
 
-def test_tool_that_kills_its_worker_gets_an_execution_error_and_the_pool_recovers(pool):
+def test_tool_that_kills_its_worker_gets_an_execution_error_and_the_pool_recovers(fresh_pool):
+    pool = fresh_pool
     result = pool.run(ShellJob(hostile.KILLS_ITS_WORKER, timeout=5, env=env()))
     assert result.text.startswith("Execution error: worker process ") and "SIGKILL" in result.text
     assert_nothing_survives()
@@ -433,6 +445,7 @@ def test_tool_that_kills_its_worker_gets_an_execution_error_and_the_pool_recover
     assert pool.run(ShellJob("echo healthy")).text == "healthy\n"
 
 
+@pytest.mark.slow
 def test_tool_that_stops_its_worker_still_times_out():
     """A tool runs as the same user as its worker and can SIGSTOP it. The
     worker enforces the job's timeout, so a frozen worker enforces nothing:
@@ -481,6 +494,7 @@ def test_closed_stdout_without_timeout_ends_when_the_leader_exits(pool, kind):
     assert_nothing_survives(pids_in(result.output))
 
 
+@pytest.mark.slow
 def test_closed_stdout_without_timeout_runs_until_cancelled(pool):
     """Documented behaviour: with ``timeout=None`` a leader that closed its
     output and keeps running keeps its job running (only heartbeats), until

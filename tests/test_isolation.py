@@ -55,6 +55,7 @@ def test_open_files_limit():
         assert result.output == "True 24\n"
 
 
+@pytest.mark.slow
 def test_cpu_seconds_limit_kills_a_busy_loop():
     with ExecPool(workers=1) as pool:
         result = pool.run(PythonJob("while True: pass", limits=Limits(cpu_seconds=1), timeout=30))

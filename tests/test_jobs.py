@@ -39,6 +39,7 @@ def test_python_output_decodes_like_communicate(pool, tmp_path):
     assert pool.run(PythonJob(hostile.BINARY_GARBAGE)).output == expected
 
 
+@pytest.mark.slow
 def test_result_strings(pool):
     assert pool.run(ShellJob("echo hi")).text == "hi\n"
     assert pool.run(ShellJob("true")).text == "(no output)"
@@ -242,6 +243,7 @@ def test_bad_limits():
         Limits(cpu_seconds=1.5)
 
 
+@pytest.mark.slow
 def test_huge_inputs(pool):
     big = "x = 1\n" * (10 * 1024 * 1024 // 6) + "print('big ok')"
     assert pool.run(PythonJob(big, timeout=60)).text == "big ok\n"

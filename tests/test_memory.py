@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import psutil
+import pytest
 
 from execpool import ExecPool, ShellJob
 
@@ -12,6 +13,7 @@ GB = 1 << 30
 MiB = 1 << 20
 
 
+@pytest.mark.slow
 def test_a_gigabyte_flood_keeps_caller_and_worker_memory_bounded():
     with ExecPool(workers=1) as pool:
         caller, worker = psutil.Process(), psutil.Process(pool.worker_pids[0])

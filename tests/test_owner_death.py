@@ -335,6 +335,7 @@ QUICK_OWNER = textwrap.dedent("""
 BUSY = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end:\n    pass\n"
 
 
+@pytest.mark.slow
 def test_fifty_owner_sigkills_under_load_leave_no_worker_or_tool_alive_after_a_second(doomed):
     """The owner is SIGKILLed at once after its jobs started, 50 times in a
     row, with two CPU-bound processes beside it: each time, its workers and
@@ -439,7 +440,7 @@ ESCAPING_OWNER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("user, cgroups", [("root", False), ("nobody", True)])
+@pytest.mark.parametrize("user, cgroups", [("root", False), pytest.param("nobody", True, marks=pytest.mark.nobody)])
 def test_owner_and_worker_sigkilled_together_leave_no_escaped_daemon(user, cgroups, tmp_path, doomed, request):
     """The gap the lifeline used to leave: the owner and the worker die at
     once, and a daemon that left its session, double forked and cleared its

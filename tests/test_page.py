@@ -35,7 +35,8 @@ CHROMIUM = shutil.which("chromium")
 NO_CHROMIUM = "Debian's chromium is not installed (apt-get install chromium; .ci/run installs it)"
 IN_CI = os.environ.get("CI") == "true"
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None and not IN_CI, reason=NO_CHROMIUM)
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None and not IN_CI,
+                                                                     reason=NO_CHROMIUM)]
 
 #: Nothing the browser is asked for may leave the machine: every host name
 #: but the loopback ones fails to resolve. Root (as in CI containers) needs

@@ -23,7 +23,7 @@ from execpool import ExecPool, PythonJob, ShellJob, Status
 from execpool.ray import RayPool
 from helpers import all_dead, collect, joined_output, pids_in, remember, wait_for
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

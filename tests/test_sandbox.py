@@ -31,8 +31,8 @@ from execpool.shared.kernel.sandbox import MIN_LANDLOCK_ABI
 from execpool.worker.spawn import SPAWN_METHODS
 from helpers import UNPRIVILEGED, all_dead, pids_in, unprivileged_python, unprivileged_pythonpath
 
-pytestmark = pytest.mark.skipif(not sandbox_support().available,
-                                reason=f"no sandbox here: {sandbox_support().missing}")
+pytestmark = [pytest.mark.hostile, pytest.mark.skipif(not sandbox_support().available,
+                                                     reason=f"no sandbox here: {sandbox_support().missing}")]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OWNER = os.path.join(REPO, "tests", "sandbox_owner.py")
@@ -137,9 +137,10 @@ def owners():
         owner.close()
 
 
-@pytest.mark.parametrize("user,attack,label", [(user, attack, label) for user in ("root", "nobody")
-                                               for attack, label in _labels(user)],
-                         ids=[f"{user}-{label}" for user in ("root", "nobody") for _, label in _labels(user)])
+@pytest.mark.slow
+@pytest.mark.parametrize("user,attack,label", [
+    pytest.param(user, attack, label, id=f"{user}-{label}", marks=[pytest.mark.nobody] if user == "nobody" else [])
+    for user in ("root", "nobody") for attack, label in _labels(user)])
 def test_every_escape_is_refused_and_its_control_is_not(owners, user, attack, label):
     outcome = owners(user).report["results"][label]
     control, sandboxed = outcome["control"], outcome["sandboxed"]
@@ -151,7 +152,7 @@ def test_every_escape_is_refused_and_its_control_is_not(owners, user, attack, la
     assert sandboxed["status"] in ("ok", "error"), sandboxed  # it ran, and was refused
 
 
-@pytest.mark.parametrize("user", ["root", "nobody"])
+@pytest.mark.parametrize("user", ["root", pytest.param("nobody", marks=pytest.mark.nobody)])
 def test_the_attacks_left_the_pool_whole_and_wrote_nothing_outside(owners, user):
     owner = owners(user)
     report = owner.report
@@ -397,6 +398,7 @@ def test_tcp_ports_can_be_restricted_to_those_listed(pool, tmp_path, warm):
             server.close()
 
 
+@pytest.mark.slow
 def test_a_sandboxed_tree_is_still_killed_whole_at_its_timeout(pool):
     result = pool.run(ShellJob(hostile.FORK_TREE, sandbox="strict", timeout=1))
     assert result.status is Status.TIMEOUT
@@ -666,6 +668,7 @@ def test_the_pure_python_path_confines_as_the_extension_does(tmp_path):
     assert (own / "written").read_text() == "ok"
 
 
+@pytest.mark.slow
 def test_the_command_line_runs_jobs_in_the_sandbox_when_asked(tmp_path):
     secret, jobs = tmp_path / "secret", tmp_path / "jobs.jsonl"
     secret.write_text("s3cret\n")

@@ -224,6 +224,7 @@ def _run_owner(unprivileged, secret_value: str, non_dumpable: bool, *extra: str)
     return report
 
 
+@pytest.mark.nobody
 def test_without_non_dumpable_a_same_user_tool_reads_the_callers_secret(unprivileged):
     """The negative control: the probe works, and the option is needed."""
     value = "sk-" + secrets.token_hex(16)
@@ -231,6 +232,7 @@ def test_without_non_dumpable_a_same_user_tool_reads_the_callers_secret(unprivil
     assert f"{SECRET_VAR}={value}" in report["read_caller"]
 
 
+@pytest.mark.nobody
 def test_non_dumpable_caller_hides_its_environment_from_same_user_tools(unprivileged):
     value = "sk-" + secrets.token_hex(16)
     report = _run_owner(unprivileged, value, non_dumpable=True)
@@ -260,6 +262,7 @@ INJECT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.nobody
 def test_non_dumpable_caller_cannot_be_made_to_run_a_tools_code(unprivileged):
     """``non_dumpable`` protects the caller from same-user tools; a worker's
     pipe to the supervisor must not be a way around it."""
@@ -303,6 +306,7 @@ print("forged", forged)
 """
 
 
+@pytest.mark.nobody
 def test_a_batch_job_cannot_write_a_record_into_out(unprivileged):
     """``execpool batch`` holds OUT open: a job running as the same user
     wrote a record for another job's id there through /proc, which resume

@@ -265,6 +265,7 @@ BURN_IN_CHILD = ("import subprocess, sys\n"
                  "subprocess.run([sys.executable, '-c', burn])\n")
 
 
+@pytest.mark.slow
 def test_run_code_fills_cpu_time_and_records_carry_what_the_job_cost(server):
     """Issue 16: SandboxFusion's ``cpu_time`` (the whole tree's CPU), and
     the five cost fields in execpool's records."""
@@ -366,6 +367,7 @@ def _gated(gate) -> dict:
             "timeout": 60}
 
 
+@pytest.mark.slow
 def test_overload_is_answered_promptly_503_or_504_and_a_gone_client_never_runs(tmp_path):
     gate, marker = tmp_path / "gate", tmp_path / "ran"
     # The jobs leave a mark outside their directories, which the sandbox forbids.
@@ -398,6 +400,7 @@ def test_overload_is_answered_promptly_503_or_504_and_a_gone_client_never_runs(t
         assert s.stop() == 0
 
 
+@pytest.mark.slow
 def test_500_concurrent_requests_against_a_small_queue_each_get_an_answer(tmp_path):
     s = Server("--workers", "2", "--max-in-flight", "2", "--max-queue", "8", "--queue-timeout", "2")
     try:
@@ -439,6 +442,7 @@ def _runs_a_job(proc: psutil.Process) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_sigterm_lets_running_jobs_finish_within_the_grace_then_kills_the_rest(tmp_path):
     gate = tmp_path / "gate"
     # The jobs leave their pids outside their directories, which the sandbox forbids.

@@ -194,6 +194,7 @@ def test_the_queue_timeout_counts_from_the_requests_arrival():
     asyncio.run(scenario())
 
 
+@pytest.mark.slow
 def test_connections_past_the_cap_are_closed_at_once_and_the_service_goes_on():
     """Red team: a job opened 21,000 connections to its own server, which
     ran out of descriptors (and then could not replace a worker)."""
@@ -254,6 +255,7 @@ def test_web_pages_of_other_origins_and_other_host_names_are_refused(tmp_path):
         assert s.stop() == 0
 
 
+@pytest.mark.slow
 def test_an_answer_nobody_reads_holds_its_slot_not_the_servers_memory(tmp_path):
     """Red team: the slot was freed before the answer was sent, so clients
     that did not read their answers (16 MiB of fetched files each) piled
@@ -312,6 +314,7 @@ def server_any():
     assert s.stop() == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host, other", [("0.0.0.0", "::"), ("0.0.0.0", "::1")])
 def test_a_job_cannot_take_the_services_port_in_the_other_family_on_a_wildcard(host, other):
     """Red team: with ``--host 0.0.0.0`` a job could bind ``[::1]:PORT`` (or

@@ -152,6 +152,7 @@ TIMED_OUT = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(TIMED_OUT))
 def test_a_timeout_keeps_what_both_streams_said_so_far(pool, kind):
     result, events = run(pool, TIMED_OUT[kind]())
@@ -191,6 +192,7 @@ def test_without_timeout_the_job_waits_for_eof_on_both_streams(pool, kind, strea
     assert "late\n" in live(events, stream)
 
 
+@pytest.mark.slow
 def test_a_timeout_kills_a_grandchild_that_holds_stderr(pool):
     command = "( echo PIDS $BASHPID >&2; exec sleep 60 ) >/dev/null &\necho leader done"
     result, _ = run(pool, ShellJob(command, timeout=1, separate_stderr=True))

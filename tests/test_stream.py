@@ -146,6 +146,7 @@ def test_cancel_event_set_elsewhere_cancels_within_half_a_second(pool):
     assert all_dead(pids_in(first["text"]))
 
 
+@pytest.mark.slow
 def test_thousand_streams_started_and_closed_leave_nothing(pool):
     def snapshot():
         return threading.active_count(), len(open_fds())

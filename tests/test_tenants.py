@@ -25,6 +25,8 @@ from helpers import alive, all_dead, pids_in, state, wait_for, worker_records
 from execpool import ExecPool, Limits, PythonJob, ShellJob
 from execpool.worker.warm.wire import SPARE_NAME, TEMPLATE_NAME
 
+pytestmark = pytest.mark.hostile
+
 #: A tool's view of its own descriptors, less the one the listing opens.
 LIST_FDS_PYTHON = """
 import os
@@ -114,7 +116,7 @@ def test_no_tool_can_open_the_pools_channels_through_proc():
     # rewrote it. Sockets cannot be opened that way.
     with ExecPool(workers=2) as pool:
         pool.run(PythonJob("pass", warm=True))
-        channels = {pool._dispatcher._wake_r, pool._dispatcher._wake_w, pool._workers.lifeline._fd}
+        channels = {pool._dispatcher._wake_r, pool._dispatcher._wake_w, pool._workers.lifeline._socket().fileno()}
         for worker in worker_records(pool):
             channels |= {worker.send_conn.fileno(), worker.recv.fileno()}
         for job in (ShellJob(f"exec {sys.executable} -c {shlex.quote(OPEN_THE_OWNERS_DESCRIPTORS)}"),
@@ -187,6 +189,7 @@ def test_a_warm_job_finds_nothing_of_other_jobs_in_its_memory():
                 stream.close()
 
 
+@pytest.mark.slow
 def test_stopped_spares_and_template_cost_nobody_anything():
     # A tool can SIGSTOP the parked spares and the template (they run as its
     # user). The worker once waited for a stopped spare's answer with a
@@ -265,6 +268,7 @@ def test_a_template_killed_as_it_starts_fails_the_waiting_warm_jobs_not_the_work
         assert pool.run(PythonJob("print('again')", warm=True)).text == "again\n"
 
 
+@pytest.mark.slow
 def test_job_directories_are_unpredictable_and_squatting_costs_nothing():
     # Private directories were named by job id: a tool that made the next
     # ids' directories first had every later job fail with "File exists".

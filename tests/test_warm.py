@@ -224,6 +224,7 @@ def _holds_only_its_socket(pid: int) -> bool:
     return len(sockets) == 1 and set(targets) - {os.devnull} == set(sockets)
 
 
+@pytest.mark.slow
 def test_each_warm_job_runs_exactly_once_in_its_spare():
     # A hand-over once ran the job a second time in a fresh fork when the
     # spare had closed its socket before the worker's last (empty) send.
