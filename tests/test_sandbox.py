@@ -89,7 +89,7 @@ class _Owner:
             fd, self.home_secret = tempfile.mkstemp(prefix=".execpool-test-secret-", dir=os.path.expanduser("~"))
             os.write(fd, b"home-secret\n")
             os.close(fd)
-            python, pythonpath, env_home = sys.executable, REPO, os.path.expanduser("~")
+            python, pythonpath, env_home, owner = sys.executable, REPO, os.path.expanduser("~"), OWNER
         else:
             self.home_secret = _secret_file(dirs["home"], "home-secret", uid)
             python = unprivileged_python()
@@ -97,6 +97,9 @@ class _Owner:
                 pytest.skip("no Python interpreter the unprivileged user may run")
             pythonpath = unprivileged_pythonpath(self.base)
             env_home = dirs["home"]
+            # Beside the readable copy of execpool: the checkout may lie where nobody cannot enter.
+            owner = shutil.copy(OWNER, os.path.join(pythonpath, os.path.basename(OWNER)))
+            os.chmod(owner, 0o644)
         cwd_secret = _secret_file(dirs["cwd"], "cwd-secret", uid)
         mounts = _mounts()
         spec = {
@@ -108,7 +111,7 @@ class _Owner:
                      "@DISK@": _disk(), "@CLONE3@": "435"},
         }
         credentials = {} if user == "root" else {"user": uid, "group": uid, "extra_groups": []}
-        done = subprocess.run([python, OWNER], input=json.dumps(spec), capture_output=True, text=True,
+        done = subprocess.run([python, owner], input=json.dumps(spec), capture_output=True, text=True,
                               cwd=dirs["cwd"], timeout=OWNER_TIMEOUT_S, **credentials,
                               env={"PATH": "/usr/bin:/bin", "PYTHONPATH": pythonpath, "HOME": env_home})
         assert done.returncode == 0, done.stderr[-3000:]
