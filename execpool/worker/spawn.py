@@ -7,12 +7,13 @@ order, so a lowered open-files limit cannot hide a descriptor from the
 close, and a root tool has lost the capability to raise its rlimits before
 they are set -- in one of three ways:
 
-- ``vfork``: execpool.worker._spawn (C) vforks and execs ``bash -c`` or ``python -u FILE``;
+- ``vfork``: execpool.worker._spawn (C) vforks and execs ``bash -c`` or
+  ``python -u FILE``;
 - ``fork``: the pure-Python fallback, where the C extension was not built;
-- ``warm``: no exec at all -- a parked spare of the worker's template becomes
-  the job's interpreter (execpool/worker/warm/template.py, execpool/worker/warm/spare.py). The worker
-  hands warm jobs to spares itself; :func:`become_tool` is the setup the
-  spare shares with a fork.
+- ``warm``: no exec at all -- a parked spare of the worker's template
+  becomes the job's interpreter (execpool/worker/warm/spare.py). The worker
+  hands warm jobs to spares itself (execpool/worker/warm/handover.py);
+  :func:`become_tool` is the ``Setup`` the spare shares with a fork.
 """
 
 from __future__ import annotations
