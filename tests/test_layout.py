@@ -115,6 +115,19 @@ def _in(folders: set, loaded: set) -> set:
     return {m for m in loaded if m != "execpool" and m.split(".")[1] not in folders}
 
 
+def test_every_documented_import_path_still_works():
+    """The names the README and the contract give, wherever the code moved."""
+    code = ("import execpool, execpool.tools, execpool.loop, execpool.agent.tools, execpool.agent.loop\n"
+            "from execpool import ExecPool, PythonJob, ShellJob, Result, Status, ExecPoolError, drain_queue\n"
+            "from execpool.ray import RayPool\nfrom execpool.serve import create_app\n"
+            "from execpool.loop import chat_with_tools\n"
+            "assert execpool.tools is execpool.agent.tools and execpool.loop is execpool.agent.loop\n"
+            "assert callable(create_app) and callable(chat_with_tools) and RayPool.submit\n"
+            "assert set(execpool.__all__) <= set(dir(execpool))\n"
+            "for name in execpool.__all__:\n    getattr(execpool, name)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
 def test_a_worker_loads_only_its_folder_and_the_shared_one():
     """What a worker process, its template and its spares import."""
     loaded = _loaded_by("execpool.worker.loop", "execpool.worker.warm.template", "execpool.worker.warm.spare")

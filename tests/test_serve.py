@@ -19,6 +19,7 @@ import httpx
 import psutil
 import pytest
 
+from execpool.formats.request import HTTP_JOB, RUN_CODE
 from helpers import all_dead, pids_in, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,8 +95,15 @@ def test_health_ping_and_openapi(server):
     ready = c.get("/readyz")
     assert ready.status_code == 200 and ready.json()["ready"] is True and ready.json()["workers"] == 2
     assert c.get("/v1/ping").json() == "pong"
-    paths = c.get("/openapi.json").json()["paths"]
-    assert {"/v1/run", "/v1/stream", "/v1/batch", "/run_code", "/metrics"} <= set(paths)
+    document = c.get("/openapi.json").json()
+    assert {"/v1/run", "/v1/stream", "/v1/batch", "/run_code", "/metrics"} <= set(document["paths"])
+    # Generated from the declaration that parses the bodies: what it describes is what is taken.
+    schemas = document["components"]["schemas"]
+    assert set(schemas["Job"]["properties"]) == set(HTTP_JOB.keys) and schemas["Job"]["additionalProperties"] is False
+    assert set(schemas["RunCodeRequest"]["properties"]) == set(RUN_CODE.keys)
+    for key in set(HTTP_JOB.keys) - {"fetch_files"}:  # a list of paths is a list
+        refused = c.post("/v1/run", json={"shell": "true", key: ["not", "this type"]})
+        assert refused.status_code == 400 and json.dumps(key) in refused.json()["detail"], (key, refused.text)
 
 
 # -- execpool's dialect ----------------------------------------------------------------------

@@ -14,6 +14,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, as_completed, wait
 
 import pytest
 
+import execpool
+
 import hostile
 from execpool import (ExecPool, JobFuture, JobOutput, Limits, PoolClosedError, PoolConfig, PythonJob, Result,
                       ShellJob, Status)
@@ -176,8 +178,18 @@ def test_misuse_raises_at_submit(pool):
         pool.submit(ShellJob("true", cwd="/nonexistent/dir"))
     closed = ExecPool(workers=1)
     closed.close()
-    with pytest.raises(PoolClosedError):
+    with pytest.raises(PoolClosedError) as caught:
         closed.submit(ShellJob("true"))
+    assert isinstance(caught.value, execpool.ExecPoolError)
+    with pytest.raises(TypeError, match="unexpected option 'worker'"):
+        ExecPool(worker=2)
+
+
+def test_a_pool_whose_workers_do_not_start_says_so_with_a_broken_pool_error():
+    """A worker takes tens of milliseconds to be ready: none is in one."""
+    with pytest.raises(execpool.PoolBrokenError, match="did not start within") as caught:
+        ExecPool(workers=1, startup_timeout=0.001)
+    assert isinstance(caught.value, execpool.ExecPoolError) and isinstance(caught.value, RuntimeError)
 
 
 def test_a_pool_from_a_config_built_elsewhere():
