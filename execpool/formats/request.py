@@ -343,9 +343,8 @@ def _checked(label: str, field: Field, value: object, defaults: Defaults) -> Any
         raise BadField(str(exc)) from None
 
 
-def parse(obj: object, dialect: Dialect, defaults: Defaults = Defaults(), **extra: Any) -> JobRequest:
-    """The job ``obj`` asks for in ``dialect``; BadField if it asks for none.
-    ``extra`` are job options the front sets itself (a test's ``stdin``)."""
+def parse(obj: object, dialect: Dialect, defaults: Defaults = Defaults()) -> JobRequest:
+    """The job ``obj`` asks for in ``dialect``; BadField if it asks for none."""
     if not isinstance(obj, dict):
         raise BadField(f"{dialect.title} must be a JSON object, not {json_type(obj)}")
     if dialect.strict:
@@ -369,7 +368,6 @@ def parse(obj: object, dialect: Dialect, defaults: Defaults = Defaults(), **extr
     for name in ("cwd", "env", "stdin"):
         if name in values:
             options[name] = values[name]
-    options.update(extra)
     if kind == "python" and defaults.warm:
         options["warm"] = True
     try:
