@@ -298,6 +298,27 @@ def test_strays_are_swept_after_a_keep_background_job_ran():
     assert all_dead(kept)
 
 
+#: A keep_background job's process (kept: it is in the job's group) starts a
+#: daemon in a session of its own with an empty environment, closes its
+#: output so the job ends, and waits for the test's gate before it exits --
+#: handing the daemon to the worker only after the job's Result.
+HANDS_OVER_A_DAEMON_LATE = ("(setsid env -i /bin/sleep 100 >/dev/null 2>&1 & echo \"PIDS $!\"; exec >/dev/null 2>&1; "
+                            "while [ ! -e go ]; do sleep 0.01; done) &")
+
+
+def test_a_stray_handed_to_an_idle_worker_is_swept_when_its_parent_is_reaped(tmp_path):
+    """Red team: the worker swept strays only as a job ended, so a daemon
+    whose parent outlived that moment reached the worker with no job left
+    to end -- and ran until the pool closed. (The same gap made a daemon
+    whose parent exited just as its job ended survive now and then: listed
+    before it was handed over, its parent dead by the time it was looked at.)"""
+    with ExecPool(workers=1) as pool:
+        daemon = pids_in(pool.run(ShellJob(HANDS_OVER_A_DAEMON_LATE, keep_background=True, cwd=str(tmp_path))).output)
+        assert daemon and all(alive(pid) for pid in daemon), "the daemon is its (kept) parent's until the gate opens"
+        (tmp_path / "go").touch()
+        assert all_dead(daemon), "the daemon outlived its parent on an idle worker"
+
+
 def _helpers(pool: ExecPool, name: str) -> list:
     """The workers' children called ``name`` that can run: not stopped,
     not frozen (a frozen one sits in a group of _frozen's), not dead."""

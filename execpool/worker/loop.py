@@ -207,6 +207,7 @@ class Worker:
         here as it exited and reaped in the same round, are in its Result."""
         touched = []
         tree = self.tree
+        ownerless = False
         while True:
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -236,8 +237,15 @@ class Worker:
                 touched.append(owner)
             elif not self.warm.spares.exited(pid):
                 tree.remove_stale()  # the template, a spare, a stray, or a job's process reaped after its Result
+                ownerless = True
         for job in touched:
             self._settle(job)
+        if ownerless and not self.jobs:
+            # What it had started is the worker's child now, and with no job
+            # running it can be no job's: a stray that reached the worker
+            # after the last job's end (its parent outlived the job) would
+            # otherwise run until the next job ends.
+            tree.sweep_strays()
 
     def _on_output(self, fd: int) -> None:
         job = self.jobs_by_fd.get(fd)
