@@ -145,3 +145,88 @@ def unprivileged_pythonpath(base: str) -> str:
             target = os.path.join(root, name)
             os.chmod(target, os.stat(target).st_mode | 0o444 | (0o111 if name in dirs else 0))
     return path
+
+
+class Gates:
+    """Named gates a sandboxed job waits at, opened by the test: a TCP
+    server on loopback. A file the test makes would do outside the sandbox,
+    but a sandboxed job's view holds none of the test's files (and a job
+    has the network unless told otherwise). A waiting job connects, says
+    the gate's name and reads one byte, which comes once the test opens
+    that gate (at once, if it already has)."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self._opened: set = set()
+        self._waiting: dict = {}
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            name = b""
+            while not name.endswith(b"\n"):
+                chunk = conn.recv(64)
+                if not chunk:
+                    break
+                name += chunk
+            name_text = name.decode().strip()
+            with self._lock:
+                if name_text in self._opened:
+                    self._release(conn)
+                else:
+                    self._waiting.setdefault(name_text, []).append(conn)
+
+    @staticmethod
+    def _release(conn) -> None:
+        try:
+            conn.sendall(b"x")
+        except OSError:
+            pass  # the job is gone
+        conn.close()
+
+    def open(self, name: str = "gate") -> None:
+        with self._lock:
+            self._opened.add(name)
+            for conn in self._waiting.pop(name, []):
+                self._release(conn)
+
+    def python(self) -> str:
+        """Python source defining ``wait(name)``."""
+        return (f"def wait(name='gate'):\n    import socket\n"
+                f"    s = socket.create_connection(('127.0.0.1', {self.port}))\n"
+                "    s.sendall(name.encode() + b'\\n')\n    s.recv(1)\n")
+
+    def shell(self, name: str = "gate") -> str:
+        """A bash command that waits at gate ``name``."""
+        return f"{{ exec 3<>/dev/tcp/127.0.0.1/{self.port}; echo {name} >&3; head -c 1 <&3 >/dev/null; }}"
+
+    def __enter__(self) -> "Gates":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        import socket
+
+        try:
+            self._server.shutdown(socket.SHUT_RDWR)  # wakes the accept; a close alone would not
+        except OSError:
+            pass
+        self._server.close()
+        self._thread.join(5)
+        with self._lock:
+            for conns in self._waiting.values():
+                for conn in conns:
+                    conn.close()
+            self._waiting.clear()

@@ -495,6 +495,20 @@ SANDBOX_ATTACKS = [
     _attack("rename_out", "shell", "echo x > f && mv f @OUTSIDE@/moved-@MODE@ && echo ESCAPED"),
     _attack("other_job_dir", "shell", "cat @VICTIM_DIR@/victim-secret && echo ESCAPED"),
     _attack("other_job_cwd_link", "shell", "cat /proc/@VICTIM_PID@/cwd/victim-secret && echo ESCAPED"),
+    # Each job's /tmp is a tmpfs of its own: no path on the machine names it,
+    # and its root is reached only through the victim's /proc/<pid>/root.
+    _attack("other_job_tmp", "shell",
+            "cat /tmp/victim-tmp-secret && echo ESCAPED; "
+            "cat /proc/@VICTIM_PID@/root/tmp/victim-tmp-secret && echo ESCAPED"),
+    # /proc/net/unix names every socket in the network namespace with its
+    # path; in the job's view that path is its own /tmp, not the victim's.
+    _attack("other_job_unix_socket", "python",
+            "import socket\n"
+            "paths = [l.split()[-1] for l in open('/proc/net/unix') if l.rstrip().endswith('victim.sock')]\n"
+            "print('listed', paths)\n"
+            "for path in [*paths, *('/proc/@VICTIM_PID@/root' + p for p in paths)]:\n"
+            "    s = socket.socket(socket.AF_UNIX)\n    try:\n        s.connect(path)\n        print(path)\n        print('ESCAPED')\n"
+            "    except OSError as exc:\n        " + _refused("path, exc.strerror") + "\n"),
     _attack("other_job_environ", "shell", "tr '\\0' '\\n' < /proc/@VICTIM_PID@/environ | grep -q . && echo ESCAPED"),
     _attack("other_job_signal", "shell", "kill -0 @VICTIM_PID@ && echo ESCAPED"),
     _attack("other_job_ptrace", "python", _PY_LIBC + (
@@ -544,6 +558,14 @@ SANDBOX_ATTACKS = [
         "else:\n    os.waitpid(pid, 0)\n"), root=True, needs="a cgroup v2 hierarchy the worker has a group in"),
     _attack("read_etc_shadow", "shell", "head -c 1 /etc/shadow > /dev/null && echo ESCAPED", root=True,
             needs="an /etc/shadow that only root may read"),
+    # The view covers what only root may read beneath /etc; a cover cannot
+    # be taken off, in the job's namespace or in one of its own. (On the
+    # machine /etc/shadow is no mountpoint: the control's umount fails.)
+    _attack("uncover_etc_shadow", "shell",
+            "umount /etc/shadow 2>/dev/null; umount -l /etc/shadow 2>/dev/null; "
+            "[ -n \"$(head -c 1 /etc/shadow)\" ] && echo ESCAPED; "
+            "unshare -Urm sh -c 'umount -l /etc/shadow 2>/dev/null; head -c 1 /etc/shadow' | grep -q . && echo ESCAPED",
+            root=True, needs="an /etc/shadow that only root may read"),
     _attack("root_only_etc_file", "python",
             "import os, stat\n"
             "for top, dirs, files in os.walk('/etc'):\n"

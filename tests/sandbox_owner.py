@@ -27,7 +27,12 @@ from execpool import ExecPool, PythonJob, ShellJob
 from execpool.shared.jobs import Limits
 from execpool.shared.kernel.seccomp import TABLES
 
-VICTIM = 'echo victim-secret > victim-secret; echo "VICTIM $$ $PWD"; exec sleep 600'
+#: The victim keeps a secret in its directory and in its /tmp, and listens
+#: on a Unix socket there.
+VICTIM = ('echo victim-secret > victim-secret; echo victim-tmp > /tmp/victim-tmp-secret; '
+          '"$PY" -c "import socket, time; s = socket.socket(socket.AF_UNIX); s.bind(\'/tmp/victim.sock\'); '
+          's.listen(); time.sleep(600)" & '
+          'while [ ! -S /tmp/victim.sock ]; do sleep 0.01; done; echo "VICTIM $$ $PWD"; exec sleep 600')
 READY_S = 30.0
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -65,6 +70,18 @@ def _job(attack: dict, kind: str, code: str, sandbox):
     return PythonJob(code, sandbox=sandbox, limits=limits, timeout=60, warm=kind == "warm", **options)
 
 
+def _on_the_host(pid: str, path: str) -> str:
+    """Where ``path`` in a sandboxed job's view is on the machine: the job
+    sees its directory where every job sees its own (its view's home), and
+    an attack names the path its neighbour's directory has outside."""
+    with open(f"/proc/{pid}/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[4] == path:
+                return fields[3]
+    return path
+
+
 def main() -> None:
     spec = json.load(sys.stdin)
     fill = dict(spec["fill"])
@@ -93,11 +110,12 @@ def main() -> None:
                 if "VICTIM" in "".join(lines):
                     seen.set()
 
-            victim = pool.submit(ShellJob(VICTIM, sandbox="strict", timeout=None), on_event=on_event)
+            victim = pool.submit(ShellJob(VICTIM, sandbox="strict", timeout=None, env={"PY": sys.executable}),
+                                 on_event=on_event)
             if not seen.wait(READY_S):
                 raise RuntimeError(f"the victim job never started: {victim.result(5).text!r}")
             _, pid, directory = "".join(lines).split()[:3]
-            fill["@VICTIM_PID@"], fill["@VICTIM_DIR@"] = pid, directory
+            fill["@VICTIM_PID@"], fill["@VICTIM_DIR@"] = pid, _on_the_host(pid, directory)
             for attack in spec["attacks"]:
                 if attack["root"] and os.getuid() != 0:
                     continue

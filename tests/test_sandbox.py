@@ -207,18 +207,37 @@ def test_a_sandboxed_job_works_in_its_directory_and_its_tmpdir(pool, kind):
         expected = "tmp under TMPDIR True\n[1, 2]\nchild\nTrue in\n"
     assert result.status is Status.OK, result.text
     assert result.output.startswith(expected), result.output
-    tmpdir = result.output.rsplit("TMPDIR ", 1)[1].strip()
-    assert not os.path.exists(tmpdir), "the job's private TMPDIR outlived it"
+    assert result.output.rsplit("TMPDIR ", 1)[1].strip() == "/tmp"  # its own (what it left there: below)
 
 
 def test_with_a_cwd_the_tmpdir_is_a_private_directory_of_its_own(pool, tmp_path):
-    result = pool.run(ShellJob('echo kept > kept; echo gone > "$TMPDIR/gone"; echo "$TMPDIR"',
+    name = f"gone-{secrets.token_hex(4)}"
+    result = pool.run(ShellJob(f'echo kept > kept; echo gone > "$TMPDIR/{name}"; echo "$TMPDIR"; ls "$TMPDIR"',
                                cwd=str(tmp_path), sandbox="strict"))
     assert result.status is Status.OK, result.text
-    tmpdir = result.output.strip()
-    assert os.path.dirname(tmpdir) != str(tmp_path) and not tmpdir.startswith(str(tmp_path))
-    assert not os.path.exists(tmpdir)
+    # The caller's directory beneath /tmp is at its own path, in the job's own /tmp.
+    chain = [tmp_path.parts[2]] if tmp_path.parts[1] == "tmp" else []
+    assert result.output.split() == ["/tmp", *sorted([name, *chain])]
+    assert not os.path.exists(f"/tmp/{name}") and not list(tmp_path.glob("gone-*"))
     assert (tmp_path / "kept").read_text() == "kept\n"
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_what_a_job_leaves_in_its_tmp_home_and_shm_is_gone_for_the_next(warm):
+    """Each job's /tmp, /dev/shm and home are its own: the next job on the
+    same worker starts with them empty, and the machine's are untouched."""
+    name = f"planted-{secrets.token_hex(4)}"
+    plant = (f"import os\nfor d in ('/tmp', '/var/tmp', '/dev/shm', os.path.expanduser('~')):\n"
+             f"    open(os.path.join(d, '{name}'), 'w').write('x')\n"
+             "print(sorted(os.listdir('/tmp')), sorted(os.listdir('/dev/shm')))\n")
+    look = (f"import os\nprint([d for d in ('/tmp', '/var/tmp', '/dev/shm', os.path.expanduser('~'))"
+            f" if os.path.exists(os.path.join(d, '{name}'))], os.listdir('/tmp'), os.listdir('/dev/shm'))\n")
+    with ExecPool(workers=1) as pool:
+        planted = pool.run(PythonJob(plant, sandbox="strict", warm=warm))
+        assert planted.output == f"['{name}'] ['{name}']\n", planted.text
+        looked = pool.run(PythonJob(look, sandbox="strict", warm=warm))
+        assert looked.output == "[] [] []\n", looked.text
+    assert not any(os.path.exists(os.path.join(d, name)) for d in ("/tmp", "/var/tmp", "/dev/shm", "/root"))
 
 
 def test_a_sandboxed_tool_holds_no_descriptor_but_stdio(pool):
@@ -238,7 +257,7 @@ def test_sandbox_paths_add_reading_and_writing(pool, tmp_path):
     assert added.output.endswith("wrote\n") and (writable / "out").read_text() == "written\n"
     assert not (readable / "nope").exists()
     strict = pool.run(ShellJob(f"cat {readable}/data", sandbox="strict"))
-    assert "Permission denied" in strict.output  # the control: the path was not readable before
+    assert "No such file or directory" in strict.output  # the control: the path was not in the view before
 
 
 @pytest.fixture
@@ -299,6 +318,20 @@ def test_what_only_root_may_read_in_etc_stays_hidden_as_etc_changes(pool, etc_di
     assert pool.run(job(False, made, later)).output == "made\nplain/later 1\n"  # the control
 
 
+def test_naming_a_file_in_a_hidden_directory_gives_that_file_alone(pool, etc_dir):
+    """Red team: naming one file of a root-only directory beneath /etc took
+    the directory's cover off, and gave its other files too."""
+    keys = os.path.join(etc_dir, "keys")
+    os.mkdir(keys, 0o700)
+    for name in ("a.pem", "b.key"):
+        with open(os.path.join(keys, name), "w") as f:
+            f.write(f"{name} secret\n")
+    with ExecPool(workers=1) as fresh:  # a template built since the directory was made
+        named = fresh.run(ShellJob(f"cat {keys}/a.pem; ls {keys}; cat {keys}/b.key",
+                                   sandbox=Sandbox(read=[os.path.join(keys, "a.pem")])))
+    assert named.output.startswith(f"a.pem secret\na.pem\ncat: {keys}/b.key: No such file or directory"), named.text
+
+
 def test_an_interpreter_named_through_a_linked_directory_opens_only_its_own_prefix(tmp_path):
     """Red team: ``python="/bin/python3"`` on a merged-/usr system made the
     prefix ``/`` (its ``lib`` is ``/usr/lib``, which holds ``python3.11``),
@@ -311,7 +344,7 @@ def test_an_interpreter_named_through_a_linked_directory_opens_only_its_own_pref
     secret = fake / "secret"
     secret.write_text("s3cret\n")
     with ExecPool(workers=1, sandbox="strict", python=str(fake / "bin" / os.path.basename(real))) as linked:
-        assert "Permission denied" in linked.run(ShellJob(f"cat {secret}")).output
+        assert "No such file or directory" in linked.run(ShellJob(f"cat {secret}")).output
         assert linked.run(PythonJob("import json\nprint(json.dumps('runs'))")).output == '"runs"\n'
         assert linked.run(PythonJob(f"print(open({str(secret)!r}).read())", sandbox=False)).output == "s3cret\n\n"
 
@@ -330,8 +363,109 @@ def test_an_interpreter_whose_prefix_holds_a_home_is_refused_clearly(tmp_path, m
     assert rulesets._too_wide(str(home)) and rulesets._too_wide(str(tmp_path)) and rulesets._too_wide("/")
     assert not rulesets._too_wide(str(home / "lib"))
     with pytest.raises(OSError, match="holds home directories"):
-        rulesets._python_dirs(str(home / "bin" / "python"))  # a home that looks like a prefix
-    assert str(tmp_path / "venv") in rulesets._python_dirs(str(tmp_path / "venv" / "bin" / "python"))
+        rulesets.python_dirs(str(home / "bin" / "python"))  # a home that looks like a prefix
+    assert str(tmp_path / "venv") in rulesets.python_dirs(str(tmp_path / "venv" / "bin" / "python"))
+
+
+@pytest.fixture
+def outside_tmp():
+    """A directory of this test's own outside /tmp (each job's /tmp is its
+    own, so a caller's path there never needs the template's directories):
+    beside the package, whose directory the view's template holds."""
+    path = tempfile.mkdtemp(prefix="execpool-test-view-", dir=REPO)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def test_a_callers_paths_go_where_they_are_and_name_nothing_for_other_jobs(pool, outside_tmp):
+    """Red team: the directories the template made for callers' paths stayed
+    in it, so every later job listed other tenants' session names. Each
+    job's paths now go on a tmpfs of its own; paths nested in one another,
+    a file, and a cwd beneath /var/tmp (the job's /tmp) all land."""
+    alice = os.path.join(outside_tmp, "tenant-alice-" + secrets.token_hex(4), "session")
+    shared = os.path.join(outside_tmp, "tenant-alice-data")
+    os.makedirs(alice)
+    os.makedirs(shared)
+    with open(os.path.join(shared, "notes.txt"), "w") as f:
+        f.write("shared notes\n")
+    ran = pool.run(ShellJob(f"pwd; cat {shared}/notes.txt; echo out > here; ls {REPO}; python3 -c 'print(42)'",
+                            cwd=alice, sandbox=Sandbox(read=[os.path.join(shared, "notes.txt")])))
+    assert ran.status is Status.OK, ran.text
+    listed = "\n".join(sorted([os.path.basename(outside_tmp), "execpool"]))
+    assert ran.output == f"{alice}\nshared notes\n{listed}\n42\n"
+    assert open(os.path.join(alice, "here")).read() == "out\n"
+    later = pool.run(PythonJob(f"import os\nprint(sorted(os.listdir({REPO!r})), os.path.exists({outside_tmp!r}))",
+                               sandbox="strict"))
+    assert later.status is Status.OK and "execpool'" in later.output, later.text  # what the template shows there
+    assert os.path.basename(outside_tmp) not in later.output and later.output.endswith(" False\n"), later.output
+    var_tmp = tempfile.mkdtemp(prefix="execpool-test-", dir="/var/tmp")
+    try:
+        there = pool.run(ShellJob("echo kept > kept; pwd", cwd=var_tmp, sandbox="strict"))
+        assert there.status is Status.OK and there.output == f"/tmp/{os.path.basename(var_tmp)}\n", there.text
+        assert open(os.path.join(var_tmp, "kept")).read() == "kept\n"
+    finally:
+        shutil.rmtree(var_tmp)
+
+
+def test_a_link_in_a_callers_path_is_never_followed(pool, tmp_path):
+    """Red team: a job that could write a directory a later job's Sandbox
+    names replaced a path there with a link -- to a root-only directory, to
+    ``/`` (the machine's root on top of the view's) -- and the later job got
+    what it led to. A link anywhere in a path a caller names is refused."""
+    session = tmp_path / "session"
+    session.mkdir()
+    planted = pool.run(ShellJob("rm -rf data; ln -s / data; ln -s /etc etc", cwd=str(session), sandbox="strict"))
+    assert planted.status is Status.OK, planted.text
+    for sandbox in (Sandbox(read=[str(session / "data")]), Sandbox(write=[str(session / "etc")])):
+        refused = pool.run(ShellJob("ls /..; head -c 5 /etc/shadow", cwd=str(session), sandbox=sandbox))
+        assert refused.status is Status.INFRA and "will not follow the link" in refused.text, refused.text
+    linked = tmp_path / "linked"
+    linked.symlink_to(session)
+    refused = pool.run(ShellJob("pwd", cwd=str(linked), sandbox="strict"))
+    assert refused.status is Status.INFRA and repr(str(session)) in refused.text, refused.text
+
+
+def test_the_pools_directories_and_what_only_root_may_read_are_never_given_whole(pool):
+    """Red team: ``cwd="/tmp"`` mounted the machine's /tmp -- every worker's
+    jobs directory -- and naming an ancestor of what the view hides beneath
+    /etc (``Sandbox(write=["/etc"])``, ``cwd="/etc"``) mounted it uncovered."""
+    for job in (ShellJob("ls", cwd="/tmp", sandbox="strict"), ShellJob("ls", cwd="/", sandbox="strict"),
+                ShellJob("ls", cwd="/etc", sandbox="strict"), ShellJob("ls", sandbox=Sandbox(write=["/etc"]))):
+        refused = pool.run(job)
+        assert refused.status is Status.INFRA and "the sandbox will not give a job" in refused.text, refused.text
+    # Reading /etc asks for nothing the view lacks: what it hides stays hidden.
+    read = pool.run(ShellJob("head -c 5 /etc/shadow; head -c 5 /etc/passwd", sandbox=Sandbox(read=["/etc"])))
+    assert read.output.startswith("head: cannot open '/etc/shadow'") and read.output.endswith("root:"), read.output
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root, to make a shared mount")
+def test_a_jobs_mounts_never_reach_the_machine_through_shared_propagation(pool, outside_tmp):
+    """Red team: where the machine's mounts are shared (systemd's default),
+    a job's copy of its cwd shared their propagation, and attaching a path
+    beneath it copied the mount back onto the machine -- doubling with each
+    job, and leaving the caller's directory read-only."""
+    data = os.path.join(outside_tmp, "session", "data")
+    os.makedirs(data)
+    subprocess.run(["mount", "--bind", outside_tmp, outside_tmp], check=True)
+    try:
+        subprocess.run(["mount", "--make-shared", outside_tmp], check=True)
+        session = os.path.dirname(data)
+        for _ in range(3):
+            ran = pool.run(ShellJob("ls data; echo ok", cwd=session, sandbox=Sandbox(read=[data])))
+            assert ran.output == "ok\n", ran.text
+        mounted = [mount for mount in _mount_points() if mount.startswith(outside_tmp + "/")]
+        assert mounted == [], mounted
+        with open(os.path.join(data, "written"), "w") as f:  # the caller's directory is as it was
+            f.write("x")
+    finally:
+        subprocess.run(["umount", "-R", outside_tmp], check=False)
+
+
+def _mount_points() -> list:
+    with open("/proc/self/mountinfo") as f:
+        return [line.split()[4] for line in f]
 
 
 def test_a_sandbox_path_that_cannot_be_opened_fails_the_job_clearly(pool, tmp_path):
@@ -349,13 +483,13 @@ def test_a_jobs_sandbox_overrides_its_pools(tmp_path):
     secret.write_text("s3cret\n")
     read = f"cat {secret}"
     with ExecPool(workers=1, sandbox="strict") as strict_pool:
-        assert "Permission denied" in strict_pool.run(ShellJob(read)).output
+        assert "No such file or directory" in strict_pool.run(ShellJob(read)).output
         assert strict_pool.run(ShellJob(read, sandbox=False)).output == "s3cret\n"
         widened = strict_pool.run(ShellJob(read, sandbox=Sandbox(read=[str(tmp_path)])))
         assert widened.output == "s3cret\n"
     with ExecPool(workers=1) as open_pool:
         assert open_pool.run(ShellJob(read)).output == "s3cret\n"
-        assert "Permission denied" in open_pool.run(PythonJob(f"print(open({str(secret)!r}).read())",
+        assert "No such file or directory" in open_pool.run(PythonJob(f"print(open({str(secret)!r}).read())",
                                                               sandbox="strict", warm=True)).output
 
 
@@ -608,7 +742,7 @@ def test_execpool_serve_runs_every_job_in_the_sandbox_by_default(tmp_path, flags
         if flags:
             assert record["output"] == "s3cret\n", record  # the control
         else:
-            assert "Permission denied" in record["output"] and "s3cret" not in record["output"], record
+            assert "No such file or directory" in record["output"] and "s3cret" not in record["output"], record
     finally:
         assert server.stop() == 0
 
@@ -621,8 +755,8 @@ def test_the_tool_layer_runs_model_code_in_the_strict_sandbox(tmp_path, monkeypa
     read_secret = f"print(open({str(secret)!r}).read(), end='')"
     with ExecPool(workers=1) as pool:
         refused = tool_layer.python_exec(read_secret, pool=pool, session_id="s")
-        assert "PermissionError" in refused and "s3cret" not in refused, refused
-        assert "Permission denied" in tool_layer.bash_exec(f"cat {secret}", pool=pool, session_id="s")
+        assert "FileNotFoundError" in refused and "s3cret" not in refused, refused
+        assert "No such file or directory" in tool_layer.bash_exec(f"cat {secret}", pool=pool, session_id="s")
         # The session's directory is writable, and /mnt/data still lands in it.
         saved = tool_layer.python_exec("open('/mnt/data/out.txt', 'w').write('kept')\nprint(open('out.txt').read())",
                                        pool=pool, session_id="s")
@@ -635,16 +769,19 @@ def test_the_tool_layer_runs_model_code_in_the_strict_sandbox(tmp_path, monkeypa
 #: Where execpool.worker._spawn is not built: the rulesets through ctypes
 #: (build_ruleset) and entered through ctypes (enter), in a fresh process.
 PURE_PYTHON = textwrap.dedent("""
-    import os, socket, sys
+    import os, socket, sys, tempfile
     from execpool.worker.rulesets import Confiner
-    from execpool.shared.kernel.sandbox import Sandbox, enter, view_arguments
+    from execpool.worker.view import Views
+    from execpool.shared.kernel.sandbox import Sandbox, enter
     secret, own, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    confiner, sandbox = Confiner(), Sandbox(connect=())
-    rulesets = confiner.rulesets(sys.executable, sandbox, (own,))
+    confiner, sandbox, views = Confiner(), Sandbox(connect=()), Views(tempfile.mkdtemp())
+    view = views.plan(None, own, (), (), sys.executable, confiner.hidden(), confiner.handled)
+    rulesets = confiner.rulesets(sys.executable, sandbox, (own,), views.current())
     print("layers", len(rulesets))
-    enter(rulesets, view_arguments(confiner.writable(sandbox, (own,)), own))
+    enter(rulesets, view.arguments())
     open("written", "w").write("ok")
-    for name, attempt in (("read", lambda: open(secret).read()), ("chmod", lambda: os.chmod(secret, 0o666)),
+    open("/tmp/own", "w").write("ok")
+    for name, attempt in (("read", lambda: open(secret).read()), ("chmod", lambda: os.chmod("/", 0o755)),
                           ("connect", lambda: socket.create_connection(("127.0.0.1", port), timeout=5)),
                           ("signal", lambda: os.kill(os.getppid(), 0))):
         try:
@@ -666,7 +803,7 @@ def test_the_pure_python_path_confines_as_the_extension_does(tmp_path):
                                str(server.getsockname()[1])], capture_output=True, text=True, timeout=60,
                               env={**os.environ, "PYTHONPATH": REPO})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout == ("layers 2\nread Permission denied\nchmod Read-only file system\n"
+    assert done.stdout == ("layers 1\nread No such file or directory\nchmod Read-only file system\n"
                            "connect Permission denied\nsignal Operation not permitted\n")
     assert (own / "written").read_text() == "ok"
 
@@ -686,8 +823,8 @@ def test_the_command_line_runs_jobs_in_the_sandbox_when_asked(tmp_path):
                                capture_output=True, text=True, timeout=60, env=env)
         record = json.loads(batch.stdout.splitlines()[0])
         if sandboxed:
-            assert run.returncode == 1 and "Permission denied" in run.stdout, run
-            assert record["status"] == "error" and "Permission denied" in record["output"], record
+            assert run.returncode == 1 and "No such file or directory" in run.stdout, run
+            assert record["status"] == "error" and "No such file or directory" in record["output"], record
         else:  # the control
             assert run.returncode == 0 and run.stdout == "s3cret\n", run
             assert record["output"] == "s3cret\n", record

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from execpool.formats.request import HTTP_JOB, RUN_CODE
-from helpers import all_dead, pids_in, wait_for
+from helpers import Gates, all_dead, pids_in, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEADLINE_S = 20.0
@@ -175,19 +175,18 @@ def test_not_json_and_too_large_bodies(server):
     assert huge.status_code == 413
 
 
-def test_stream_shows_output_before_the_job_ends(server, tmp_path):
-    gate = tmp_path / "gate"
-    code = (f"import os, time\nprint('first')\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)\n"
-            "print('second')")
+def test_stream_shows_output_before_the_job_ends(server):
     events, result, heartbeats = [], None, 0
-    with server.client.stream("POST", "/v1/stream", json={"python": code, "id": 7}) as response:
+    # The job is sandboxed: no file of the test's is in its view to wait for.
+    with Gates() as gates, server.client.stream("POST", "/v1/stream", json={
+            "python": gates.python() + "print('first', flush=True)\nwait()\nprint('second')", "id": 7}) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         name = None
         for line in response.iter_lines():
             if line.startswith(": keep-alive"):
                 heartbeats += 1
                 if "first\n" in "".join(e["text"] for e in events):
-                    gate.touch()  # the job ends only after its first line, then a keep-alive, came
+                    gates.open()  # the job ends only after its first line, then a keep-alive, came
             elif line.startswith("event: "):
                 name = line[len("event: "):]
             elif line.startswith("data: "):

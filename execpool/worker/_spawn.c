@@ -31,6 +31,7 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -53,74 +54,237 @@ static const int limit_resources[] = {RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMI
 static const char *const step_names[] = {
     "setsid", "prctl(PR_SET_PDEATHSIG)", "setrlimit", "chdir", "dup2", "execve", "unshare(CLONE_NEWNET)",
     "joining the job's cgroup", "close_range", "prctl(PR_SET_NO_NEW_PRIVS)", "dropping capabilities",
-    "landlock_restrict_self", "prctl(PR_SET_SECCOMP)", "unshare(CLONE_NEWNS)",
-    "mapping the user namespace's ids", "mount_setattr (the read-only view)", "binding a writable path",
+    "landlock_restrict_self", "prctl(PR_SET_SECCOMP)", "entering the sandbox's view (setns)",
+    "unshare(CLONE_NEWNS)", "cloning a path into the view (open_tree)", "mounting the job's own paths",
 };
+
+/* include/uapi/linux/landlock.h, spelled out: the build machine's headers
+ * may predate the fields this uses. */
+struct ruleset_attr {
+    unsigned long long handled_access_fs, handled_access_net, scoped;
+};
+struct path_beneath_attr {
+    unsigned long long allowed_access;
+    int parent_fd;
+} __attribute__((packed));
+struct net_port_attr {
+    unsigned long long allowed_access, port;
+};
+#define SYS_landlock_create_ruleset_ 444
+#define SYS_landlock_add_rule_ 445
+#define LANDLOCK_RULE_PATH_BENEATH_ 1
+#define LANDLOCK_RULE_NET_PORT_ 2
 
 /* What a sandboxed tool's child needs, all prepared by the parent. */
 #define MAX_RULESETS 4
-#define MAX_WRITABLE 64
-#define VIEW_NONE 0
-#define VIEW_MOUNT_NS 1 /* the worker holds CAP_SYS_ADMIN */
-#define VIEW_USER_NS 2  /* a user namespace of its own first, ids mapped to themselves */
+#define MAX_STEPS 48
+#define MAX_CLONES 16
+/* The steps of a job's view (execpool/worker/view.py names them). */
+#define STEP_CLONE_RW 1   /* open_tree(a): a path of the worker's, attached later by STEP_ATTACH */
+#define STEP_CLONE_RO 2
+#define STEP_BIND 3       /* bind a (a path in the view) on b */
+#define STEP_TMPFS 4      /* an empty tmpfs on a, with the options b */
+#define STEP_MKDIR 5      /* a, and what it lacks above it */
+#define STEP_ATTACH 6     /* the clone numbered a on b */
+#define STEP_OWN_TMPFS 7  /* STEP_TMPFS, writable by the job: a rule in its last ruleset */
+#define STEP_UNCOVER 8    /* detach the mount on a: what the template hides, for a job that names it */
+#define STEP_SAVE 9       /* open_tree(a) in the job's namespace: the template's, attached again by STEP_ATTACH */
+#define STEP_TOUCH 10     /* an empty file a, and the directories it lacks above it */
+struct view_step {
+    int op;
+    const char *a, *b;
+};
 struct confinement {
     int n_rulesets; /* 0: no sandbox */
     int rulesets[MAX_RULESETS];
     int last_cap;
     int drop_bounding;
     struct sock_fprog filter;
-    int view;
-    const char *uid_map, *gid_map, *cwd;
-    const char *writable[MAX_WRITABLE];
-    int n_writable;
+    int has_view;
+    int user_fd; /* the view's user namespace; -1 where the worker holds CAP_SYS_ADMIN */
+    int mnt_fd;  /* the view's mount namespace, built once per worker */
+    const char *cwd;
+    unsigned long long own_rights; /* what a STEP_OWN_TMPFS lets the job do beneath it */
+    struct view_step steps[MAX_STEPS];
+    int n_steps;
 };
 
-/* include/uapi/linux/mount.h, spelled out for older build headers. */
+/* include/uapi/linux/mount.h and openat2.h, spelled out for older build headers. */
 struct mount_attr_ {
     unsigned long long attr_set, attr_clr, propagation, userns_fd;
 };
-#define SYS_mount_setattr_ 442 /* the same number on every architecture */
+struct open_how_ {
+    unsigned long long flags, mode, resolve;
+};
+#define SYS_mount_setattr_ 442 /* the same numbers on every architecture */
+#define SYS_open_tree_ 428
+#define SYS_move_mount_ 429
+#define SYS_openat2_ 437
 #define MOUNT_ATTR_RDONLY_ 0x1ULL
 #define AT_RECURSIVE_ 0x8000
+#define OPEN_TREE_CLONE_ 1
+#define MOVE_MOUNT_F_EMPTY_PATH_ 0x4
+#define MOVE_MOUNT_T_EMPTY_PATH_ 0x40
+#define RESOLVE_NO_MAGICLINKS_ 0x02
+#define RESOLVE_NO_SYMLINKS_ 0x04
+#define UMOUNT_NOFOLLOW_ 0x8
 
-static int write_file(const char *path, const char *text) {
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t length = (ssize_t)strlen(text), done = write(fd, text, (size_t)length);
-    close(fd);
-    return done == length ? 0 : -1;
+/* An O_PATH descriptor of `path` reached without following any link: a
+ * job can put a link where a path the worker resolved used to be, and
+ * must not redirect what is mounted, or where. */
+static int open_unlinked(const char *path) {
+    struct open_how_ how = {O_PATH | O_CLOEXEC, 0, RESOLVE_NO_SYMLINKS_ | RESOLVE_NO_MAGICLINKS_};
+    return (int)syscall(SYS_openat2_, AT_FDCWD, path, &how, sizeof how);
 }
 
-/* Every mount read-only but the job's writable paths, each bound on
- * itself and made writable again, in a mount namespace of the tool's own
- * (whose changes never reach the worker's: slave propagation); then the
- * working directory again, so that it is the writable one. Returns the
- * failing step, or -1. */
-static int make_view(const struct confinement *c) {
-    if (c->view == VIEW_USER_NS) {
-        /* A non-dumpable worker's child owns none of its /proc files, so it
-         * could not write its maps; the exec to come makes it dumpable
-         * anyway (a warm job's spare: its own job only). */
-        if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0 || unshare(CLONE_NEWUSER | CLONE_NEWNS) < 0)
-            return 13;
-        if (write_file("/proc/self/setgroups", "deny") < 0 || write_file("/proc/self/uid_map", c->uid_map) < 0 ||
-            write_file("/proc/self/gid_map", c->gid_map) < 0)
-            return 14;
-    } else if (unshare(CLONE_NEWNS) < 0) {
-        return 13;
+/* A copy of the tree at `path` (already open as `fd` when >= 0), detached,
+ * its mounts private -- a copy that shared the host's propagation would
+ * send the job's mounts back to the host -- and read-only if asked. */
+static int clone_tree(int fd, const char *path, int read_only) {
+    int tree = fd >= 0 ? (int)syscall(SYS_open_tree_, fd, "", AT_EMPTY_PATH | OPEN_TREE_CLONE_ | O_CLOEXEC | AT_RECURSIVE_)
+                       : (int)syscall(SYS_open_tree_, AT_FDCWD, path, OPEN_TREE_CLONE_ | O_CLOEXEC | AT_RECURSIVE_);
+    if (tree < 0)
+        return -1;
+    struct mount_attr_ attr = {read_only ? MOUNT_ATTR_RDONLY_ : 0, 0, MS_PRIVATE, 0};
+    if (syscall(SYS_mount_setattr_, tree, "", AT_EMPTY_PATH | AT_RECURSIVE_, &attr, sizeof attr) < 0) {
+        close(tree);
+        return -1;
     }
-    struct mount_attr_ read_only = {MOUNT_ATTR_RDONLY_, 0, MS_SLAVE, 0};
-    if (syscall(SYS_mount_setattr_, AT_FDCWD, "/", AT_RECURSIVE_, &read_only, sizeof read_only) < 0)
-        return 15;
-    struct mount_attr_ writable = {0, MOUNT_ATTR_RDONLY_, 0, 0};
-    for (int i = 0; i < c->n_writable; i++)
-        if (mount(c->writable[i], c->writable[i], NULL, MS_BIND | MS_REC, NULL) < 0 ||
-            syscall(SYS_mount_setattr_, AT_FDCWD, c->writable[i], 0, &writable, sizeof writable) < 0)
-            return 16;
-    if (chdir(c->cwd) < 0)
-        return 3;
-    return -1;
+    return tree;
+}
+
+/* mkdir -p, in place: `path` is the child's copy; the last component a
+ * directory too unless `file`, then an empty file. */
+static int make_path(char *path, int file) {
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        int failed = mkdir(path, 0755) < 0 && errno != EEXIST;
+        *p = '/';
+        if (failed)
+            return -1;
+    }
+    if (!file)
+        return mkdir(path, 0755) < 0 && errno != EEXIST ? -1 : 0;
+    int fd = open(path, O_CREAT | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    return 0;
+}
+
+/* The job's view (execpool/worker/view.py): the paths of the worker's it
+ * names cloned while the worker's mounts are still in reach (in the view's
+ * user namespace first, where the worker lacks CAP_SYS_ADMIN), then the
+ * view's mount namespace entered and copied -- a namespace of the tool's
+ * own -- and the job's own paths mounted in it; then the working
+ * directory, inside the view. Returns the failing step, or -1. */
+static int make_view(const struct confinement *c) {
+    int clones[MAX_CLONES], n_clones = 0, in_user = 0, step = -1;
+    char path[PATH_MAX];
+    for (int i = 0; i < c->n_steps; i++) {
+        const struct view_step *s = &c->steps[i];
+        if (s->op != STEP_CLONE_RW && s->op != STEP_CLONE_RO)
+            continue;
+        if (c->user_fd >= 0 && !in_user) {
+            /* Its own copy of the worker's mounts, owned by the view's
+             * user namespace, where open_tree may clone them. */
+            if (setns(c->user_fd, CLONE_NEWUSER) < 0)
+                return 13;
+            if (unshare(CLONE_NEWNS) < 0)
+                return 14;
+            in_user = 1;
+        }
+        int fd = open_unlinked(s->a);
+        int tree = fd < 0 ? -1 : clone_tree(fd, NULL, s->op == STEP_CLONE_RO);
+        if (fd >= 0)
+            close(fd);
+        if (tree < 0) {
+            step = 15;
+            goto done;
+        }
+        clones[n_clones++] = tree;
+    }
+    if ((c->user_fd >= 0 && !in_user && setns(c->user_fd, CLONE_NEWUSER) < 0) || setns(c->mnt_fd, CLONE_NEWNS) < 0) {
+        step = 13;
+        goto done;
+    }
+    if (unshare(CLONE_NEWNS) < 0) {
+        step = 14;
+        goto done;
+    }
+    step = 16;
+    for (int i = 0; i < c->n_steps; i++) {
+        const struct view_step *s = &c->steps[i];
+        int failed = 0;
+        switch (s->op) {
+        case STEP_BIND:
+            failed = mount(s->a, s->b, NULL, MS_BIND, NULL) < 0;
+            break;
+        case STEP_TMPFS:
+        case STEP_OWN_TMPFS:
+            failed = mount("tmpfs", s->a, "tmpfs", MS_NOSUID | MS_NODEV, s->b) < 0;
+            if (!failed && s->op == STEP_OWN_TMPFS) {
+                /* Landlock's rules name inodes, and this one is new: the
+                 * job's ruleset, built by the worker, learns it here. */
+                int fd = open(s->a, O_PATH | O_DIRECTORY | O_CLOEXEC);
+                struct path_beneath_attr rule = {c->own_rights, fd};
+                failed = fd < 0 || syscall(SYS_landlock_add_rule_, c->rulesets[c->n_rulesets - 1],
+                                           LANDLOCK_RULE_PATH_BENEATH_, &rule, 0U) < 0;
+                if (fd >= 0)
+                    close(fd);
+            }
+            break;
+        case STEP_MKDIR:
+        case STEP_TOUCH:
+            if (strlen(s->a) >= sizeof path) {
+                errno = ENAMETOOLONG;
+                goto done;
+            }
+            strcpy(path, s->a);
+            failed = make_path(path, s->op == STEP_TOUCH) < 0;
+            break;
+        case STEP_UNCOVER:
+            failed = umount2(s->a, MNT_DETACH | UMOUNT_NOFOLLOW_) < 0;
+            break;
+        case STEP_SAVE: {
+            int tree = n_clones < MAX_CLONES ? clone_tree(-1, s->a, 0) : -1;
+            failed = tree < 0;
+            if (!failed)
+                clones[n_clones++] = tree;
+            break;
+        }
+        case STEP_ATTACH: {
+            int n = atoi(s->a), target = open_unlinked(s->b);
+            if (n < 0 || n >= n_clones) {
+                errno = EINVAL;
+                failed = 1;
+            } else {
+                failed = target < 0 || syscall(SYS_move_mount_, clones[n], "", target, "",
+                                               MOVE_MOUNT_F_EMPTY_PATH_ | MOVE_MOUNT_T_EMPTY_PATH_) < 0;
+            }
+            if (target >= 0) {
+                int saved = errno;
+                close(target);
+                errno = saved;
+            }
+            break;
+        }
+        default:
+            break;
+        }
+        if (failed)
+            goto done;
+    }
+    step = chdir(c->cwd) < 0 ? 3 : -1;
+done:
+    for (int i = 0; i < n_clones; i++) {
+        int saved = errno;
+        close(clones[i]);
+        errno = saved;
+    }
+    return step;
 }
 
 /* The read-only view, no new privileges, no capabilities (a root tool
@@ -129,7 +293,7 @@ static int make_view(const struct confinement *c) {
  * execpool/shared/kernel/sandbox.py says why each. Returns the failing step, or -1. */
 static int confine(const struct confinement *c) {
     int step;
-    if (c->view != VIEW_NONE && (step = make_view(c)) >= 0)
+    if (c->has_view && (step = make_view(c)) >= 0)
         return step;
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         return 9;
@@ -315,31 +479,35 @@ PyDoc_STRVAR(spawn_doc,
 "(ruleset_fds, seccomp_filter_bytes, last_cap, drop_bounding, view) from\n"
 "execpool.shared.kernel.sandbox.child_arguments. Raises OSError naming the step that failed.");
 
-/* Fill the view of *c from None or (kind, uid_map, gid_map, writable paths,
- * cwd), all bytes; pointers into `view`, which the caller keeps alive. */
+/* Fill the view of *c from None or (user_fd, mnt_fd, steps, cwd,
+ * own_rights): steps a tuple of (op, a, b), a and b bytes; pointers into
+ * `view`, which the caller keeps alive. */
 static int parse_view(PyObject *view, struct confinement *c) {
-    PyObject *writable;
+    PyObject *steps;
     if (view == Py_None)
         return 0;
-    if (!PyArg_ParseTuple(view, "iyyOy", &c->view, &c->uid_map, &c->gid_map, &writable, &c->cwd))
+    if (!PyArg_ParseTuple(view, "iiOyK", &c->user_fd, &c->mnt_fd, &steps, &c->cwd, &c->own_rights))
         return -1;
-    if (c->view != VIEW_MOUNT_NS && c->view != VIEW_USER_NS) {
-        PyErr_Format(PyExc_ValueError, "not a kind of view: %d", c->view);
-        return -1;
-    }
-    if (!PyTuple_Check(writable) || PyTuple_GET_SIZE(writable) > MAX_WRITABLE) {
-        PyErr_Format(PyExc_ValueError, "the view's writable paths: a tuple of at most %d", MAX_WRITABLE);
+    if (!PyTuple_Check(steps) || PyTuple_GET_SIZE(steps) > MAX_STEPS) {
+        PyErr_Format(PyExc_ValueError, "the view's steps: a tuple of at most %d", MAX_STEPS);
         return -1;
     }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(writable); i++) {
-        PyObject *path = PyTuple_GET_ITEM(writable, i);
-        if (!PyBytes_Check(path)) {
-            PyErr_SetString(PyExc_TypeError, "the view's writable paths must be bytes");
+    int clones = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(steps); i++) {
+        struct view_step *s = &c->steps[i];
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(steps, i), "iyy", &s->op, &s->a, &s->b))
+            return -1;
+        if (s->op < STEP_CLONE_RW || s->op > STEP_TOUCH) {
+            PyErr_Format(PyExc_ValueError, "not a step of a view: %d", s->op);
             return -1;
         }
-        c->writable[i] = PyBytes_AS_STRING(path);
+        if ((s->op == STEP_CLONE_RW || s->op == STEP_CLONE_RO || s->op == STEP_SAVE) && ++clones > MAX_CLONES) {
+            PyErr_Format(PyExc_ValueError, "a view clones at most %d paths", MAX_CLONES);
+            return -1;
+        }
     }
-    c->n_writable = (int)PyTuple_GET_SIZE(writable);
+    c->n_steps = (int)PyTuple_GET_SIZE(steps);
+    c->has_view = 1;
     return 0;
 }
 
@@ -462,23 +630,6 @@ done:
     Py_DECREF(cwd_obj);
     return result;
 }
-
-/* include/uapi/linux/landlock.h, spelled out: the build machine's headers
- * may predate the fields this uses. */
-struct ruleset_attr {
-    unsigned long long handled_access_fs, handled_access_net, scoped;
-};
-struct path_beneath_attr {
-    unsigned long long allowed_access;
-    int parent_fd;
-} __attribute__((packed));
-struct net_port_attr {
-    unsigned long long allowed_access, port;
-};
-#define SYS_landlock_create_ruleset_ 444
-#define SYS_landlock_add_rule_ 445
-#define LANDLOCK_RULE_PATH_BENEATH_ 1
-#define LANDLOCK_RULE_NET_PORT_ 2
 
 PyDoc_STRVAR(ruleset_doc,
 "ruleset(handled_fs, scoped, rules, handled_net=0, ports=()) -> fd\n\n"

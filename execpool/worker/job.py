@@ -24,6 +24,7 @@ from ..shared.output import LiveBudget
 from ..shared.result import Result, Status
 from .capture import MAX_ERROR_LINES, Capture
 from .spawn import DEVNULL, memfd_holding
+from .view import View
 
 
 class Phase(enum.Enum):
@@ -117,13 +118,13 @@ class RunningJob:
         self.env: Dict[str, str] = {}
         self.tmpdir: Optional[str] = None
         self.script: Optional[str] = None
-        # A sandboxed job's Landlock rulesets, open until its tool entered
-        # them, and its private TMPDIR: ``tmpdir`` for a job without a cwd,
-        # else a directory of its own (``sandbox_tmp``), removed like ``tmpdir``.
+        # A sandboxed job's Landlock rulesets and its view
+        # (execpool/worker/view.py), open until its tool entered them; and,
+        # for one without the view, its private TMPDIR: ``tmpdir`` for a job
+        # without a cwd, else a directory of its own (``sandbox_tmp``),
+        # removed like ``tmpdir``.
         self.rulesets: Tuple[int, ...] = ()
-        # What its read-only view binds writable again; None: no view.
-        self.writable: Optional[Tuple[str, ...]] = None
-        self.private_tmp: Optional[str] = None
+        self.view: Optional[View] = None
         self.sandbox_tmp: Optional[str] = None
         self.group: Optional[JobGroup] = None
         # A warm job's hand-over: the spare's ready pipe, what it said there.
@@ -201,6 +202,18 @@ class RunningJob:
         for fd in self.rulesets:
             os.close(fd)
         self.rulesets = ()
+        if self.view is not None:
+            self.view.close()
+            self.view = None
+
+    def view_arguments(self) -> Optional[tuple]:
+        return None if self.view is None else self.view.arguments()
+
+    def in_view(self, path: str) -> str:
+        """``path`` (in the job's directory) as its tool sees it."""
+        if not path or self.view is None or self.view.cwd == self.cwd:
+            return path
+        return os.path.join(self.view.cwd, os.path.relpath(path, self.cwd))
 
     @contextlib.contextmanager
     def start_fds(self) -> Iterator[Tuple[int, List[int]]]:

@@ -10,6 +10,7 @@ here the same way and then handed to a spare
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -21,6 +22,7 @@ from .job import RunningJob
 from .jobdirs import JobDirs
 from .rulesets import Confiner
 from .spawn import RULESET_BUILDER, Setup, Tool, rlimit_values, start_tool
+from .view import HOME, TMP, Views
 
 #: A tool that cannot be forked for want of process slots (EAGAIN) is tried
 #: this many times, reaping between tries: bounded, since the worker's other
@@ -47,6 +49,7 @@ class Launcher:
         self._cgroups_detected = False
         self._confiner: Optional[Confiner] = None
         self._confiner_missing: Optional[str] = None
+        self._views: Optional[Views] = None
 
     def cgroups(self) -> Optional[Cgroups]:
         """The cgroup tier, detected the first time a job needs it; None
@@ -68,6 +71,21 @@ class Launcher:
             raise OSError(self._confiner_missing)
         return self._confiner
 
+    def views(self) -> Views:
+        """The sandbox's views, whose template is built at the first job
+        that needs it."""
+        if self._views is None:
+            self._views = Views(self.dirs.jobs_dir)
+        return self._views
+
+    def close(self) -> None:
+        if self.cgroup_tier is not None:
+            self.cgroup_tier.close()
+        if self._views is not None:
+            self._views.close()
+        if self._confiner is not None:
+            self._confiner.close()
+
     def prepare(self, job: RunningJob) -> List[str]:
         """Make ready what every way of starting a tool needs -- its
         directory (a fresh one with a name no job can guess), its script,
@@ -78,13 +96,6 @@ class Launcher:
             job.tmpdir = job.cwd = self.dirs.private()
         else:
             job.cwd = start.cwd
-        if start.argv_kind == "python":
-            fd, job.script = tempfile.mkstemp(prefix=".execpool-", suffix=".py", dir=job.cwd)
-            with open(fd, "w", encoding="utf-8") as f:
-                f.write(start.source)
-            argv = [start.python, "-u", job.script]
-        else:
-            argv = [self.shell, "-c", start.source]
         if start.limits.needs_cgroup:
             tier = self.cgroups()
             if tier is not None and tier.offers(start.limits.processes, start.limits.memory):
@@ -93,24 +104,40 @@ class Launcher:
                 raise OSError("Limits(memory=...) needs a cgroup memory controller, and execpool cannot "
                               "use one here")
             # else: the worker counts the job's processes itself (execpool/worker/loop.py)
-        if start.sandbox is not None:
-            job.private_tmp = private_tmp = job.cwd if start.cwd is None else self.dirs.private()
-            job.sandbox_tmp = None if start.cwd is None else private_tmp  # removed with the job
-            confiner = self.confiner()
-            job.writable = confiner.writable(start.sandbox, (job.cwd, private_tmp))
-            job.rulesets = confiner.rulesets(start.python, start.sandbox, (job.cwd, private_tmp))
         job.env = dict(start.env)
         job.env[JOB_MARKER_ENV] = job.marker
-        if job.private_tmp is not None:
-            job.env["TMPDIR"] = job.private_tmp  # the only temporary directory a sandboxed job may write
-        return argv
+        if start.sandbox is not None:
+            confiner = self.confiner()
+            template = None
+            if start.sandbox.read_only_view:
+                missing = confiner.support.missing_for(start.sandbox)
+                if missing is not None:
+                    raise OSError(missing)
+                views = self.views()
+                job.view = views.plan(job.tmpdir, start.cwd, start.sandbox.read, start.sandbox.write, start.python,
+                                      confiner.hidden(), confiner.handled)
+                template = views.current()
+                job.env.update(TMPDIR=TMP, HOME=HOME, PATH=views.path(start.python, job.env.get("PATH", os.defpath)))
+                own: Tuple[str, ...] = (job.cwd,)
+            else:
+                if start.cwd is not None:
+                    job.sandbox_tmp = self.dirs.private()  # removed with the job
+                own = tuple(dict.fromkeys((job.cwd, job.sandbox_tmp or job.cwd)))
+                job.env["TMPDIR"] = own[-1]  # the only temporary directory a sandboxed job may write
+            job.rulesets = confiner.rulesets(start.python, start.sandbox, own, template)
+        if start.argv_kind == "python":
+            fd, job.script = tempfile.mkstemp(prefix=".execpool-", suffix=".py", dir=job.cwd)
+            with open(fd, "w", encoding="utf-8") as f:
+                f.write(start.source)
+            return [start.python, "-u", job.in_view(job.script)]
+        return [self.shell, "-c", start.source]
 
     def start(self, job: RunningJob, argv: List[str]) -> Tuple[int, List[int]]:
         """Start the job's cold tool; its pid and output pipes."""
         start = job.start
         with job.start_fds() as (stdin_fd, join_fds):
             tool = Tool(argv, job.env, Setup(job.cwd, rlimit_values(start.limits), not start.network,
-                                             tuple(join_fds), job.confinement(), job.writable),
+                                             tuple(join_fds), job.confinement(), job.view_arguments()),
                         stdin_fd, start.separate_stderr)
             for attempt in range(SPAWN_ATTEMPTS):
                 try:

@@ -417,8 +417,7 @@ class Worker:
             self._finish(job)
         self.warm.close()
         self._reap()
-        if self.launcher.cgroup_tier is not None:
-            self.launcher.cgroup_tier.close()
+        self.launcher.close()
 
 
 def main(argv: List[str]) -> None:

@@ -26,6 +26,11 @@ an access must pass both:
 A path the caller names that the first layer does not cover -- one made
 since it was built, or one it hides, which naming it gives the job -- gets
 a first layer of the job's own.
+
+A job with a view (execpool/worker/view.py) enters the second layer alone:
+its view hides what the first would (Landlock checks no rule on a
+mountpoint, so the first could not grant the view's own directories), and
+the second lets it read what its view shows.
 """
 
 from __future__ import annotations
@@ -36,10 +41,14 @@ import os
 import pwd
 import stat
 import sys
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
+from ..shared.kernel.linux import open_unlinked
 from ..shared.kernel.sandbox import SYS_LANDLOCK_CREATE_RULESET, Sandbox, errno_error, prepare, sandbox_support, syscall
 from ..shared.package import PACKAGE_DIR
+
+if TYPE_CHECKING:
+    from .view import Template
 
 logger = logging.getLogger("execpool")
 
@@ -118,7 +127,7 @@ class _PathBeneath(ctypes.Structure):
 
 
 
-def _python_dirs(python: str) -> List[str]:
+def python_dirs(python: str) -> List[str]:
     """Where a Python interpreter's standard library and packages live: the
     prefix of what ``python`` resolves to (one holding ``lib/python3*``),
     and the venv it is named through (one holding ``pyvenv.cfg``: a venv's
@@ -273,40 +282,55 @@ class _WorldReadable:
         self.fd = -1
         self.changes: Optional[_Changes] = None
         self.unwatched_said = False
-        self.hidden: Set[str] = set()
+        self.hidden: FrozenSet[str] = frozenset()
         self.ancestors: Set[str] = set()
         self.granted: Set[str] = set()
+        self.generation = 0
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self._drop_layer()
         if self.changes is not None:
             self.changes.close()
             self.changes = None
+
+    def _drop_layer(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def current(self) -> Tuple[FrozenSet[str], int]:
+        """What the world may not read beneath /etc now, and a number that
+        changes whenever that is read again: a job's view covers each
+        (execpool/worker/view.py) instead of entering this layer."""
+        if self.changes is None or self.changes.seen():
+            self._scan()
+        return self.hidden, self.generation
 
     def layer(self, paths: Iterable[str]) -> Optional[int]:
         """A descriptor of the layer for a job that names ``paths``, the
         caller's to close; None where nothing is hidden. A job keeps the
         layer it started with: what changes while it runs is hidden from
         the jobs that start after."""
-        if self.changes is None or self.changes.seen():
-            self._rebuild()
+        self.current()
         if not self.hidden:
             return None
+        if self.fd < 0:
+            self.fd = self._ruleset(self.granted)
         extra = [path for path in paths if self._uncovered(os.path.realpath(path))]
         if not extra:
             return os.dup(self.fd)
         return self._ruleset([*self.granted, *extra])
 
-    def _rebuild(self) -> None:
+    def _scan(self) -> None:
         self.close()
-        self.hidden, looked = set(), ["/"]  # "/": a directory made there is new to the layer
+        self.generation += 1
+        hidden, looked = set(), ["/"]  # "/": a directory made there is new to the layer
         for top in GUARDED_TREES:
             if os.path.isdir(top):
-                hidden, directories = _unreadable(os.path.realpath(top))
-                self.hidden |= hidden
+                found, directories = _unreadable(os.path.realpath(top))
+                hidden |= found
                 looked += directories
+        self.hidden = frozenset(hidden)
         # Watched before the layer is read off the disk: a change from here
         # on makes the next job build it again.
         self.changes = _Changes(looked)
@@ -327,8 +351,6 @@ class _WorldReadable:
                 path = os.path.join(directory, name)
                 if path not in self.ancestors and path not in self.hidden and not os.path.islink(path):
                     self.granted.add(path)
-        if self.hidden:
-            self.fd = self._ruleset(self.granted)
 
     def _uncovered(self, path: str) -> bool:
         """Whether the layer must grant ``path`` for the job to read it: it
@@ -385,7 +407,7 @@ class Confiner:
         for path in SYSTEM_DIRS:
             self._grant(grants, path, READ)
         for python in {sys.executable, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
-            for path in ([os.path.realpath(python)] if os.path.isdir(python) else _python_dirs(python)):
+            for path in ([os.path.realpath(python)] if os.path.isdir(python) else python_dirs(python)):
                 if not _too_wide(path):  # the job's interpreter gets its own rules, or a clear error
                     self._grant(grants, path, READ)
         # execpool's own code: the tool layer's /mnt/data shim, and what a
@@ -422,35 +444,28 @@ class Confiner:
             rights &= _FILE_RIGHTS
         return rights
 
-    def writable(self, sandbox: Sandbox, own: Tuple[str, ...]) -> Optional[Tuple[str, ...]]:
-        """The paths a job's read-only view binds writable again -- its
-        ``own`` directories, the sandbox's ``write`` and ``/dev/shm`` --
-        or None for a sandbox without the view. OSError where the machine
-        cannot make it."""
-        if not sandbox.read_only_view:
-            return None
-        missing = self.support.missing_for(sandbox)
-        if missing is not None:
-            raise OSError(missing)
-        shared = (SHARED_MEMORY,) if os.path.isdir(SHARED_MEMORY) else ()
-        return tuple(dict.fromkeys((*own, *sandbox.write, *shared)))
-
-    def rulesets(self, python: str, sandbox: Sandbox, own: Tuple[str, ...]) -> Tuple[int, ...]:
+    def rulesets(self, python: str, sandbox: Sandbox, own: Tuple[str, ...],
+                 template: Optional[Template] = None) -> Tuple[int, ...]:
         """One job's layers, in the order the tool enters them, as
         descriptors the caller closes once the tool did: the world-readable
         layer, and the job's own -- the system paths, ``python``'s prefix,
         the job's ``own`` directories and the sandbox's ``write`` (every
-        right), its ``read`` (read and execute), and the TCP ports it may
-        connect to and bind."""
-        guard = self._guard.layer((*own, *sandbox.read, *sandbox.write))
+        right), its ``read`` (read and execute), the TCP ports it may
+        connect to and bind, and, for a job with a view (``template``),
+        reading what the view shows: it shows nothing else, and hides what
+        the first layer would (Landlock checks no rule on a mountpoint, so
+        that layer could not grant the view's own directories anyway)."""
+        guard = None if template is not None else self._guard.layer((*own, *sandbox.read, *sandbox.write))
         try:
-            return (*(() if guard is None else (guard,)), self._job_ruleset(python, sandbox, own))
+            view_root = () if template is None else ((template.root_fd, READ),)
+            return (*(() if guard is None else (guard,)), self._job_ruleset(python, sandbox, own, view_root))
         except BaseException:
             if guard is not None:
                 os.close(guard)
             raise
 
-    def _job_ruleset(self, python: str, sandbox: Sandbox, own: Tuple[str, ...]) -> int:
+    def _job_ruleset(self, python: str, sandbox: Sandbox, own: Tuple[str, ...],
+                     view_root: Tuple[Tuple[int, int], ...]) -> int:
         read, write = sandbox.read, (*own, *sandbox.write)
         handled_net = 0
         ports: Dict[int, int] = {}
@@ -461,13 +476,15 @@ class Confiner:
                     ports[port] = ports.get(port, 0) | right
         opened: List[int] = []
         try:
-            rules = self._base + self._interpreter(python)
+            rules = [*self._base, *self._interpreter(python), *view_root]
             wanted = dict.fromkeys(write, self.handled)
             for path in read:
                 wanted[path] = wanted.get(path, 0) | READ
             for path, rights in wanted.items():
                 try:
-                    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                    # What the tool's process clones is reached the same way
+                    # (execpool/worker/view.py): without following a link.
+                    fd = open_unlinked(os.path.abspath(path))
                 except OSError as exc:
                     raise OSError(exc.errno, f"the sandbox cannot open {path!r}: {exc.strerror}") from None
                 opened.append(fd)
@@ -484,13 +501,18 @@ class Confiner:
         known = self._interpreters.get(python)
         if known is None:
             known = []
-            for path in {os.path.realpath(p) for p in [python, *_python_dirs(python)]}:
+            for path in {os.path.realpath(p) for p in [python, *python_dirs(python)]}:
                 if any(path == done or _beneath(path, done) for done in self.granted) or not os.path.exists(path):
                     continue
                 fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
                 known.append((fd, self._rights(fd, READ)))
             self._interpreters[python] = known
         return list(known)
+
+    def hidden(self) -> Tuple[FrozenSet[str], int]:
+        """What a job's view hides beneath /etc, and its generation
+        (``_WorldReadable.current``)."""
+        return self._guard.current()
 
     def close(self) -> None:
         for fd, _ in self._base:

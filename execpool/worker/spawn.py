@@ -109,8 +109,8 @@ class Setup:
     join_fds: Tuple[int, ...] = ()
     #: The job's Landlock rulesets (execpool/worker/rulesets.py); none: no sandbox.
     rulesets: Tuple[int, ...] = ()
-    #: What the read-only view binds writable again; None: no view.
-    writable: Optional[Tuple[str, ...]] = None
+    #: The job's view (execpool/worker/view.py's ``View.arguments``); None: none.
+    view: Optional[tuple] = None
 
 
 @dataclass(frozen=True)
@@ -132,8 +132,7 @@ def start_tool(tool: Tool, method: str) -> Tuple[int, List[int]]:
     with output_pipes(tool.separate_stderr) as (readers, out_w, err_w):
         if method == "vfork":
             envp = [f"{key}={value}" for key, value in tool.env.items()]
-            confinement = (sandbox.child_arguments(setup.rulesets, _view(setup.writable, setup.cwd))
-                           if setup.rulesets else None)
+            confinement = sandbox.child_arguments(setup.rulesets, setup.view) if setup.rulesets else None
             pid = _spawn.spawn(tool.argv, envp, setup.cwd, setup.rlimits, tool.stdin_fd, out_w, err_w,
                                setup.no_network, list(setup.join_fds), confinement)
         else:
@@ -195,10 +194,6 @@ def rlimit_values(limits: Limits) -> tuple:
     return tuple(-1 if getattr(limits, field) is None else getattr(limits, field) for field in RLIMIT_FIELDS)
 
 
-def _view(writable: Optional[Tuple[str, ...]], cwd: str) -> Optional[tuple]:
-    return None if writable is None else sandbox.view_arguments(writable, cwd)
-
-
 def _exec(argv: list, env: dict) -> Callable[[int], None]:
     def then(_ready_fd: int) -> None:
         # exec resets caught signals itself; ignored ones would stay ignored.
@@ -247,11 +242,10 @@ def become_tool(setup: Setup, stdio: tuple, ready_w: int, parent_pid: int, then:
         for target, fd in enumerate(stdio):
             os.dup2(fd, target)
         if setup.rulesets:
-            view = _view(setup.writable, setup.cwd)
             if _spawn is not None:
-                _spawn.confine(*sandbox.child_arguments(setup.rulesets, view))
+                _spawn.confine(*sandbox.child_arguments(setup.rulesets, setup.view))
             else:
-                sandbox.enter(setup.rulesets, view)
+                sandbox.enter(setup.rulesets, setup.view)
         close_all_but(ready_w)  # the worker's pipes, selector and channel are not the tool's
         _apply_limits(setup.rlimits)
         then(ready_w)

@@ -1,7 +1,8 @@
 """The few Linux calls Python's os module lacks (3.10/3.11), in one place:
 prctl for the parent-death signal, child subreaper and dumpable flags and
-the process name, unshare for a job's network namespace, close_range, and a
-fork whose child is its parent's sibling. Each raises OSError on failure."""
+the process name, unshare for a job's network namespace, close_range, a
+fork whose child is its parent's sibling, and an open that follows no link.
+Each raises OSError on failure."""
 
 from __future__ import annotations
 
@@ -91,3 +92,26 @@ def fork_sibling() -> int:
     if pid < 0:
         raise OSError(errno, f"clone(CLONE_PARENT): {os.strerror(errno)}")
     return pid
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_SYS_OPENAT2 = 437  # the same number on every architecture
+_RESOLVE_NO_MAGICLINKS, _RESOLVE_NO_SYMLINKS = 0x02, 0x04
+_AT_FDCWD = -100
+
+
+def open_unlinked(path: str) -> int:
+    """An ``O_PATH`` descriptor of ``path`` reached without following any
+    link (``openat2``): where a job may write a directory on the way, it
+    could put a link there between the worker resolving a path and using
+    it. Raises OSError (ELOOP where a link is on the way)."""
+    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
+    fd = int(_libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(_AT_FDCWD), os.fsencode(path), ctypes.byref(how),
+                           ctypes.c_size_t(ctypes.sizeof(how))))
+    if fd < 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno), path)
+    return fd

@@ -36,15 +36,22 @@ tries every escape below):
   it raise its hard rlimits (CAP_SYS_RESOURCE) or load a kernel module
   (CAP_SYS_MODULE), and nothing it execs gains one back (no_new_privs, an
   empty bounding set).
-- **A read-only view of every mount but the job's own paths**: a mount
-  namespace of the tool's own (in a user namespace of its own where the
-  worker lacks CAP_SYS_ADMIN) in which every mount is read-only, and the
-  job's directory, its ``TMPDIR``, ``/dev/shm`` and the ``Sandbox``'s
-  ``write`` paths are bound writable again. Landlock does not govern a
-  file's metadata: without this view a tool changed the mode, owner, times
-  and extended attributes of any file its user owned -- a root tool made
-  a file anywhere world-writable or setuid. ``Sandbox(read_only_view=False)``
-  goes without it where the machine cannot make one.
+- **A view of its own** (execpool/worker/view.py): a root, as bubblewrap
+  builds one, that lists the machine's top-level directories and holds the
+  system's software, the pool's interpreter and execpool's package, all
+  read-only, ``/proc`` (on a root server a procfs of its own, where a
+  process outside the job's Landlock domain is not listed), ``/sys``, a
+  small ``/dev``, and the job's own ``/tmp``, home, ``/dev/shm`` and
+  directory, writable; nothing else is there (``/root`` and ``/home`` are
+  empty, other jobs' directories absent), and beneath ``/etc`` what the
+  world may not read is covered by an empty file or directory. The shared
+  part is a mount namespace built once per worker (in a user namespace of
+  its own where the worker lacks CAP_SYS_ADMIN); a tool enters it, copies
+  it and mounts its own paths. Landlock does not govern a file's
+  metadata: without read-only mounts a tool changed the mode, owner, times
+  and extended attributes of any file its user owned -- a root tool made a
+  file anywhere world-writable or setuid. ``Sandbox(read_only_view=False)``
+  goes without the view where the machine cannot make one.
 - **A small seccomp filter** (execpool/shared/kernel/seccomp.py, which says why each
   rule) for what the rest does not cover: ``clone3``, io_uring, the
   keyrings, System V IPC, another process's limits and priorities, setuid
@@ -65,7 +72,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
 from .. import checks
-from . import seccomp
+from . import linux, seccomp
 
 # -- Landlock's ABI (include/uapi/linux/landlock.h) ------------------------------------------------
 
@@ -81,7 +88,6 @@ MIN_LANDLOCK_ABI = 6
 # -- capabilities, seccomp -------------------------------------------------------------------------
 
 _PR_SET_NO_NEW_PRIVS = 38
-_PR_SET_DUMPABLE = 4
 _PR_CAPBSET_DROP = 24
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -92,17 +98,19 @@ _CAP_SETPCAP = 8
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _CAP_SYS_ADMIN = 21
 
-# -- the read-only view (mount namespaces) ---------------------------------------------------------
+# -- the view (mount namespaces) ----------------------------------------------------------------
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUSER = 0x10000000
-_MS_BIND, _MS_REC, _MS_SLAVE = 0x1000, 0x4000, 1 << 19
-_AT_FDCWD, _AT_RECURSIVE = -100, 0x8000
+_MS_NOSUID, _MS_NODEV, _MS_BIND = 0x2, 0x4, 0x1000
+_AT_FDCWD, _AT_RECURSIVE, _AT_EMPTY_PATH = -100, 0x8000, 0x1000
 _MOUNT_ATTR_RDONLY = 1
-_SYS_MOUNT_SETATTR = 442  # the same number on every architecture
-#: How a tool's view is made, as execpool/worker/_spawn.c numbers them: a mount
-#: namespace where the worker holds CAP_SYS_ADMIN, else a user namespace
-#: (the ids mapped to themselves) with a mount namespace in it.
+_OPEN_TREE_CLONE, _MOVE_MOUNT_F_EMPTY_PATH = 1, 0x4
+# The same numbers on every architecture.
+_SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442
+#: How a worker's view is made (execpool/worker/view.py): a mount namespace
+#: where the worker holds CAP_SYS_ADMIN, else a user namespace (the ids
+#: mapped to themselves) with a mount namespace in it.
 VIEW_MOUNT_NS, VIEW_USER_NS = 1, 2
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -362,19 +370,32 @@ def view_kind() -> int:
     return VIEW_MOUNT_NS if _Capabilities.get()[2] else VIEW_USER_NS
 
 
-def view_arguments(writable: Tuple[str, ...], cwd: str) -> tuple:
-    """The read-only view of a tool whose writable paths are ``writable``
-    and which works in ``cwd``, as execpool.worker._spawn takes it."""
-    uid, gid = os.geteuid(), os.getegid()
-    return (view_kind(), f"{uid} {uid} 1".encode(), f"{gid} {gid} 1".encode(),
-            tuple(os.fsencode(path) for path in writable), os.fsencode(cwd))
+#: The steps of a job's view, as execpool/worker/_spawn.c numbers them
+#: (execpool/worker/view.py makes them, and says what each is for): clone a
+#: path of the worker's (writable or read-only) for a later attach, bind a
+#: path of the view on another, an empty tmpfs (with the options ``b``), a
+#: directory (and its parents), attach the clone numbered ``a`` on ``b``, an
+#: empty tmpfs the job may write (its rule added to its last Landlock
+#: ruleset), detach what covers a hidden path the job names, clone a path
+#: of the view (to attach it again), an empty file (and its parents).
+(STEP_CLONE_RW, STEP_CLONE_RO, STEP_BIND, STEP_TMPFS, STEP_MKDIR, STEP_ATTACH, STEP_OWN_TMPFS, STEP_UNCOVER, STEP_SAVE,
+ STEP_TOUCH) = range(1, 11)
+_SYS_LANDLOCK_ADD_RULE, _RULE_PATH_BENEATH = 445, 1
+_MNT_DETACH, _UMOUNT_NOFOLLOW = 2, 8
+_MS_PRIVATE = 1 << 18
+_MOVE_MOUNT_T_EMPTY_PATH = 0x40
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1  # the kernel's struct is packed: 12 bytes
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
 def child_arguments(rulesets: Tuple[int, ...], view: Optional[tuple]) -> tuple:
     """What execpool.worker._spawn's child needs to enter the sandbox: the rulesets
     (entered in order, each a Landlock layer), the seccomp filter, the
     highest capability number, whether to empty the bounding set, and the
-    read-only view (:func:`view_arguments`, or None)."""
+    view (execpool/worker/view.py's ``View.arguments``, or None)."""
     last_cap, drop_bounding, _ = _Capabilities.get()
     return tuple(rulesets), seccomp.PROGRAM, last_cap, drop_bounding, view
 
@@ -385,38 +406,103 @@ def prepare() -> None:
     _Capabilities.get()
 
 
-def _make_view(view: tuple) -> None:
-    """execpool/worker/_spawn.c's make_view, through ctypes."""
-    kind, uid_map, gid_map, writable, cwd = view
-    if kind == VIEW_USER_NS and _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0) != 0:  # as _spawn.c says why
-        raise errno_error("prctl(PR_SET_DUMPABLE)")
-    if _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS if kind == VIEW_USER_NS else _CLONE_NEWNS) != 0:
-        raise errno_error("unshare(CLONE_NEWNS)")
-    if kind == VIEW_USER_NS:
-        for name, text in (("setgroups", b"deny"), ("uid_map", uid_map), ("gid_map", gid_map)):
-            with open(f"/proc/self/{name}", "wb") as f:
-                f.write(text)
-    read_only = _MountAttr(_MOUNT_ATTR_RDONLY, 0, _MS_SLAVE, 0)
-    if syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD), b"/", ctypes.c_uint(_AT_RECURSIVE),
-               ctypes.byref(read_only), ctypes.c_size_t(ctypes.sizeof(read_only))) != 0:
-        raise errno_error("mount_setattr (the read-only view)")
-    again = _MountAttr(0, _MOUNT_ATTR_RDONLY, 0, 0)
-    for path in writable:
-        if _libc.mount(path, path, None, _MS_BIND | _MS_REC, None) != 0 or syscall(
-                ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD), path, ctypes.c_uint(0),
-                ctypes.byref(again), ctypes.c_size_t(ctypes.sizeof(again))) != 0:
-            raise errno_error(f"binding a writable path ({os.fsdecode(path)})")
-    os.chdir(cwd)
+def _clone_tree(fd: int, path: bytes, read_only: bool) -> int:
+    """_spawn.c's clone_tree: a detached, private copy of a tree."""
+    if fd >= 0:
+        tree = int(syscall(ctypes.c_long(_SYS_OPEN_TREE), ctypes.c_int(fd), b"",
+                           ctypes.c_uint(_AT_EMPTY_PATH | _OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_RECURSIVE)))
+    else:
+        tree = int(syscall(ctypes.c_long(_SYS_OPEN_TREE), ctypes.c_int(_AT_FDCWD), path,
+                           ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_RECURSIVE)))
+    if tree < 0:
+        raise errno_error(f"cloning a path into the view ({os.fsdecode(path)})")
+    attr = _MountAttr(_MOUNT_ATTR_RDONLY if read_only else 0, 0, _MS_PRIVATE, 0)
+    if syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(tree), b"",
+               ctypes.c_uint(_AT_EMPTY_PATH | _AT_RECURSIVE), ctypes.byref(attr),
+               ctypes.c_size_t(ctypes.sizeof(attr))) != 0:
+        error = errno_error(f"cloning a path into the view ({os.fsdecode(path)})")
+        os.close(tree)
+        raise error
+    return tree
+
+
+def _make_view(view: tuple, ruleset: int) -> None:
+    """execpool/worker/_spawn.c's make_view, through ctypes: ``ruleset`` is
+    the job's own, which learns its tmpfs directories."""
+    user_fd, mnt_fd, steps, cwd, own_rights = view
+    clones: list = []
+    try:
+        in_user = False
+        for op, path, _target in steps:
+            if op not in (STEP_CLONE_RW, STEP_CLONE_RO):
+                continue
+            if user_fd >= 0 and not in_user:
+                if _libc.setns(user_fd, _CLONE_NEWUSER) != 0:
+                    raise errno_error("entering the sandbox's view (setns)")
+                if _libc.unshare(_CLONE_NEWNS) != 0:
+                    raise errno_error("unshare(CLONE_NEWNS)")
+                in_user = True
+            fd = linux.open_unlinked(os.fsdecode(path))
+            try:
+                clones.append(_clone_tree(fd, path, op == STEP_CLONE_RO))
+            finally:
+                os.close(fd)
+        if user_fd >= 0 and not in_user and _libc.setns(user_fd, _CLONE_NEWUSER) != 0:
+            raise errno_error("entering the sandbox's view (setns)")
+        if _libc.setns(mnt_fd, _CLONE_NEWNS) != 0:
+            raise errno_error("entering the sandbox's view (setns)")
+        if _libc.unshare(_CLONE_NEWNS) != 0:
+            raise errno_error("unshare(CLONE_NEWNS)")
+        for op, a, b in steps:
+            _view_step(op, a, b, clones, ruleset, own_rights)
+        os.chdir(cwd)
+    finally:
+        for fd in clones:
+            os.close(fd)
+
+
+def _view_step(op: int, a: bytes, b: bytes, clones: list, ruleset: int, own_rights: int) -> None:
+    if op == STEP_BIND:
+        failed = _libc.mount(a, b, None, _MS_BIND, None) != 0
+    elif op in (STEP_TMPFS, STEP_OWN_TMPFS):
+        failed = _libc.mount(b"tmpfs", a, b"tmpfs", _MS_NOSUID | _MS_NODEV, b) != 0
+        if not failed and op == STEP_OWN_TMPFS:
+            fd = os.open(a, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            rule = _PathBeneath(own_rights, fd)
+            failed = syscall(ctypes.c_long(_SYS_LANDLOCK_ADD_RULE), ctypes.c_int(ruleset),
+                             ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)) != 0
+            os.close(fd)
+    elif op in (STEP_MKDIR, STEP_TOUCH):
+        os.makedirs(a if op == STEP_MKDIR else os.path.dirname(a), 0o755, exist_ok=True)
+        if op == STEP_TOUCH:
+            os.close(os.open(a, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+        failed = False
+    elif op == STEP_UNCOVER:
+        failed = _libc.umount2(a, _MNT_DETACH | _UMOUNT_NOFOLLOW) != 0
+    elif op == STEP_SAVE:
+        clones.append(_clone_tree(-1, a, False))
+        failed = False
+    elif op == STEP_ATTACH:
+        target = linux.open_unlinked(os.fsdecode(b))
+        try:
+            failed = syscall(ctypes.c_long(_SYS_MOVE_MOUNT), ctypes.c_int(clones[int(a)]), b"", ctypes.c_int(target),
+                             b"", ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH | _MOVE_MOUNT_T_EMPTY_PATH)) != 0
+        finally:
+            os.close(target)
+    else:
+        return
+    if failed:
+        raise errno_error("mounting the job's own paths")
 
 
 def enter(rulesets: Tuple[int, ...], view: Optional[tuple] = None) -> None:
     """Confine the calling process for good, in the order execpool.worker._spawn
-    does it: the read-only view (:func:`view_arguments`), no new
+    does it: the job's view (``View.arguments``), no new
     privileges, no capabilities, the Landlock layers, the seccomp filter.
     For a freshly forked tool or a warm spare, before any of the job's code
     runs; raises OSError naming the step that failed."""
     if view is not None:
-        _make_view(view)
+        _make_view(view, rulesets[-1])
     last_cap, drop_bounding, _ = _Capabilities.get()
     if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise errno_error("prctl(PR_SET_NO_NEW_PRIVS)")

@@ -28,7 +28,7 @@ from typing import Callable, List, Optional
 from ..job import RunningJob
 from ..spawn import Setup, memfd_holding, output_pipes, rlimit_values
 from .supply import SpareSupply, WarmSpare
-from .wire import MAX_CGROUP_FDS, REHEARSE_WHEN_IDLE_S, encode_job, read_report
+from .wire import MAX_CGROUP_FDS, REHEARSE_WHEN_IDLE_S, encode_job, read_report, view_fds
 
 
 @dataclass(frozen=True)
@@ -128,14 +128,16 @@ class WarmJobs:
 
     def _hand_over(self, job: RunningJob, spare: WarmSpare) -> bool:
         start = job.start
-        setup = Setup(job.cwd, rlimit_values(start.limits), not start.network, (), job.confinement(), job.writable)
-        description = memfd_holding("execpool-job", encode_job(job.script or "", job.env, setup))
+        setup = Setup(job.cwd, rlimit_values(start.limits), not start.network, (), job.confinement(),
+                      job.view_arguments())
+        description = memfd_holding("execpool-job", encode_job(job.in_view(job.script or ""), job.env, setup))
         ready_r, ready_w = os.pipe()
         try:
             with output_pipes(start.separate_stderr) as (readers, out_w, err_w), \
                     job.start_fds() as (stdin_fd, join_fds):
+                # The rulesets and view are kept until the job ends: a requeued job needs them again.
                 handed = spare.hand(description, stdin_fd, out_w, err_w, ready_w, join_fds[:MAX_CGROUP_FDS],
-                                    job.rulesets)  # kept until the job ends: a requeued job needs them again
+                                    (*job.rulesets, *view_fds(setup.view)))
         except BaseException:
             os.close(ready_r)
             raise

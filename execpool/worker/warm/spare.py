@@ -46,7 +46,18 @@ from typing import Callable, NoReturn, TextIO
 from ...shared.kernel import linux
 from ...shared.kernel.proctree import JOB_MARKER_ENV
 from ..spawn import Setup, become_tool
-from .wire import FIXED_FDS, JOB, MAX_CGROUP_FDS, MAX_RULESETS, REHEARSE, SPARE_NAME, SPARE_PID, decode_job, taken
+from .wire import (
+    FIXED_FDS,
+    JOB,
+    MAX_CGROUP_FDS,
+    MAX_RULESETS,
+    MAX_VIEW_FDS,
+    REHEARSE,
+    SPARE_NAME,
+    SPARE_PID,
+    decode_job,
+    taken,
+)
 
 #: What the worker's own PYTHONPATH added to sys.path (execpool itself),
 #: which a warm job's sys.path must not have: a cold tool does not.
@@ -80,7 +91,8 @@ def park(channel: socket.socket, worker_pid: int, name: str) -> NoReturn:
                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno()]))])
         theirs.close()
         channel.close()  # so that the template's end reaches the worker as EOF
-        while (received := socket.recv_fds(sock, 16, FIXED_FDS + MAX_RULESETS + MAX_CGROUP_FDS))[0] == REHEARSE:
+        most = FIXED_FDS + MAX_RULESETS + MAX_VIEW_FDS + MAX_CGROUP_FDS
+        while (received := socket.recv_fds(sock, 16, most))[0] == REHEARSE:
             rehearse()
         message, fds, flags, _addr = received
         if message != JOB or len(fds) < FIXED_FDS or flags & socket.MSG_CTRUNC:
@@ -88,10 +100,14 @@ def park(channel: socket.socket, worker_pid: int, name: str) -> NoReturn:
         sock.close()
         description, stdin_fd, out_fd, err_fd, ready_w, *join_fds = fds
         os.write(ready_w, taken())
-        script, env, cwd, rlimits, no_network, n_rulesets, writable = decode_job(_read_all(description))
-        if len(join_fds) < n_rulesets:
+        script, env, cwd, rlimits, no_network, n_rulesets, view = decode_job(_read_all(description))
+        n_view = 0 if view is None else 1 + view[0]
+        if len(join_fds) < n_rulesets + n_view:
             raise ValueError("a sandboxed job came without its rulesets")
-        setup = Setup(cwd, rlimits, no_network, tuple(join_fds[n_rulesets:]), tuple(join_fds[:n_rulesets]), writable)
+        namespaces = join_fds[n_rulesets:n_rulesets + n_view]
+        arguments = None if view is None else ((namespaces[0] if view[0] else -1), namespaces[-1], *view[1:])
+        setup = Setup(cwd, rlimits, no_network, tuple(join_fds[n_rulesets + n_view:]), tuple(join_fds[:n_rulesets]),
+                      arguments)
         linux.set_name(name)  # the interpreter's own, as a cold start has it
     except BaseException as exc:  # noqa: BLE001 - a broken hand-over is the job's start failure
         if ready_w >= 0:

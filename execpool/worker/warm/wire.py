@@ -29,10 +29,12 @@ SPARE_PID = struct.Struct("=i")
 
 #: Worker -> spare: the hand-over's one message, and the descriptors it
 #: carries (description, stdin, stdout, stderr, ready pipe, then the
-#: sandbox's rulesets, as many as the description says, then cgroup files).
+#: sandbox's rulesets, as many as the description says, then its view's
+#: namespaces when it has one, then cgroup files).
 JOB = b"job"
 FIXED_FDS = 5
 MAX_RULESETS = 2
+MAX_VIEW_FDS = 2
 MAX_CGROUP_FDS = 8
 
 #: A spare's first word on the ready pipe: it has the job. A spare that dies
@@ -63,23 +65,40 @@ def encode_job(script: str, env: dict, setup: Setup) -> bytes:
     looked up, nothing is called -- and it runs little Python in a spare,
     whose every page touched is a copy-on-write fault on a warm job's path.
     The setup's descriptors go beside it, in the hand-over's message: here
-    is only how many rulesets there are."""
-    return marshal.dumps((script, env, setup.cwd, setup.rlimits, setup.no_network, len(setup.rulesets),
-                          setup.writable))
+    is only how many rulesets there are, and of the view (the sandbox's
+    ``View.arguments``) whether it has a user namespace, its steps, its
+    working directory and its rights on its own tmpfs directories."""
+    view = None if setup.view is None else (setup.view[0] >= 0, *setup.view[2:])
+    return marshal.dumps((script, env, setup.cwd, setup.rlimits, setup.no_network, len(setup.rulesets), view))
+
+
+def view_fds(view: Optional[tuple]) -> tuple:
+    """The descriptors of a view's arguments that go beside its description."""
+    if view is None:
+        return ()
+    return (view[1],) if view[0] < 0 else (view[0], view[1])
 
 
 def decode_job(data: bytes) -> tuple[str, dict, str, tuple, bool, int, Optional[tuple]]:
     """The hand-over's description, checked field by field: a spare takes
     nothing but what :func:`encode_job` writes."""
-    script, env, cwd, rlimits, no_network, rulesets, writable = marshal.loads(data)
+    script, env, cwd, rlimits, no_network, rulesets, view = marshal.loads(data)
     if not (type(script) is str and type(cwd) is str and type(no_network) is bool and type(env) is dict
             and type(rulesets) is int and 0 <= rulesets <= MAX_RULESETS
-            and (writable is None or type(writable) is tuple and all(type(path) is str for path in writable))
+            and (view is None or _is_view(view))
             and all(type(k) is str and type(v) is str for k, v in env.items())
             and type(rlimits) is tuple and len(rlimits) == len(RLIMIT_FIELDS)
             and all(type(value) is int for value in rlimits)):
         raise ValueError("not a warm job description")
-    return script, env, cwd, rlimits, no_network, rulesets, writable
+    return script, env, cwd, rlimits, no_network, rulesets, view
+
+
+def _is_view(view: object) -> bool:
+    return (type(view) is tuple and len(view) == 4 and type(view[0]) is bool and type(view[2]) is bytes
+            and type(view[3]) is int
+            and type(view[1]) is tuple and all(type(step) is tuple and len(step) == 3 and type(step[0]) is int
+                                               and type(step[1]) is bytes and type(step[2]) is bytes
+                                               for step in view[1]))
 
 
 def taken() -> bytes:
