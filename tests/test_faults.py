@@ -118,6 +118,23 @@ def test_close_is_bounded_and_leaves_nothing_behind():
     assert not [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
 
 
+def test_closing_the_pool_just_after_cancels_finishes_each_job_once(capfd):
+    """Red team: a job cancelled just before the pool closed was finished by
+    the shutdown before its leader was reaped, and the reap then tried to
+    move the finished job back: each worker died raising "job N cannot go
+    from finished to reaped" (nothing was left running, but the traceback
+    was the worker's last word, and any leader reaped after its Result --
+    one that outlived the wait for its kill -- did the same)."""
+    for _ in range(3):
+        with ExecPool(workers=2) as pool:
+            futures = [pool.submit(ShellJob("sleep 60 & sleep 60 & echo up; sleep 60", timeout=30))
+                       for _ in range(2)]
+            assert pool.run(ShellJob("true")).ok
+            for future in futures:
+                future.cancel()
+    assert "cannot go from" not in capfd.readouterr().err
+
+
 def test_close_twice_and_context_manager_exit():
     with ExecPool(workers=1) as pool:
         pool.run(ShellJob("true"))

@@ -110,6 +110,10 @@ class Tree:
         if job.pid is not None:
             if self.by_session.get(job.pid) is job:
                 del self.by_session[job.pid]
+            # A leader reaped after its job's Result (the pool closed, or it
+            # outlived the wait for its kill) is nobody's: the job has ended.
+            if self.by_leader.get(job.pid) is job:
+                del self.by_leader[job.pid]
             if keep:
                 self.kept_pgids.add(job.pid)
                 self.kept_markers.add(job.marker)
