@@ -18,9 +18,9 @@ simply absent: ``/root`` and ``/home`` are empty, other jobs' and the
 pool's directories are not there at all, and a Unix socket's path in
 ``/proc/net/unix`` names, in the job's view, only the job's own files.
 
-The worker's ``jobs_dir`` is bound on the template's ``/tmp``, where each
-job's private directory is reached and bound into place; the job's own
-``/tmp`` then covers it. A path the caller names (a ``cwd``, a ``Sandbox``
+The worker's ``jobs_dir`` is bound beneath the template's ``/tmp``, where
+each job's private directory is reached and bound into place as its home
+before the job's own ``/tmp`` covers it. A path the caller names (a ``cwd``, a ``Sandbox``
 path) is cloned in the worker's mount namespace before the tool enters the
 template (``open_tree`` of what ``openat2`` reached without following a
 link: a job may have put one there since the worker resolved the path),
@@ -71,6 +71,9 @@ SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 _DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
               "stderr": "/proc/self/fd/2"}
+#: Where the template has the worker's jobs_dir: beneath /tmp, which each
+#: job's own covers.
+_STAGED = "/tmp/.execpool-jobs"
 #: A tmpfs a caller's path is mounted in holds only the directories it needs.
 _ANCHOR_OPTIONS = b"mode=0755,size=64k,nr_inodes=256"
 #: /etc files that are often links out of /etc (systemd's resolver): their
@@ -156,10 +159,7 @@ class Template:
 
     def reaches(self, path: str) -> bool:
         """Whether ``path`` names something in the view, links followed as
-        the view has them (``/bin`` to ``/usr/bin``); never what is beneath
-        /tmp, which is each job's own."""
-        if _beneath(path, TMP):
-            return False
+        the view has them (``/bin`` to ``/usr/bin``)."""
         return os.path.exists(f"/proc/self/fd/{self.root_fd}{path}")
 
     def has_dir(self, path: str) -> bool:
@@ -255,11 +255,7 @@ class Views:
             self._rebuild(self._plan)  # a top-level directory made since: the view lists it too
             template = self.current()
         steps = _Steps(template, wanted)
-        if private is not None:  # from the jobs_dir bound on /tmp: before the job's own /tmp covers it
-            steps.own.append((STEP_BIND, os.fsencode(f"{TMP}/{os.path.basename(private)}"), HOME.encode()))
-        else:
-            steps.own.append((STEP_OWN_TMPFS, HOME.encode(), b"mode=0700"))
-        steps.own += [(STEP_OWN_TMPFS, TMP.encode(), b"mode=1777"), (STEP_OWN_TMPFS, SHM.encode(), b"mode=1777")]
+        steps.own_paths(private)
         # Its own copies: the template may be built again before a warm job
         # is handed to its spare.
         user_fd = -1 if template.user_fd < 0 else os.dup(template.user_fd)
@@ -399,22 +395,42 @@ class _Steps:
         group += steps
         self._placed[target] = group
 
+    def own_paths(self, private: Optional[str]) -> None:
+        """The job's home -- its private directory, from the jobs_dir the
+        template binds there, or a tmpfs -- /tmp and /dev/shm; what the
+        template binds beneath /tmp (an interpreter in a checkout there)
+        goes into the job's /tmp again."""
+        if private is not None:
+            self.own.append((STEP_BIND, os.fsencode(f"{_STAGED}/{os.path.basename(private)}"), HOME.encode()))
+        else:
+            self.own.append((STEP_OWN_TMPFS, HOME.encode(), b"mode=0700"))
+        self.own += [*self._reattached(TMP, self.own, (STEP_OWN_TMPFS, TMP.encode(), b"mode=1777")),
+                     (STEP_OWN_TMPFS, SHM.encode(), b"mode=1777")]
+
+    def _reattached(self, where: str, into: list, mount: Tuple[int, bytes, bytes],
+                    skip: Iterable[str] = ()) -> List[Tuple[int, bytes, bytes]]:
+        """``mount`` on ``where``, with what the template binds beneath it
+        cloned before and attached again after (but what beneath ``skip``
+        the job's own paths bring): its steps, the saves put on ``into``."""
+        kept = [path for path in self.template.bound if _beneath(path, where) and path != where
+                and not any(_beneath(path, other) for other in skip)]
+        base = len(self.clones) + self._saved
+        into += [(STEP_SAVE, os.fsencode(path), b"") for path in kept]
+        self._saved += len(kept)
+        steps = [mount]
+        for number, path in enumerate(kept):
+            steps += [(STEP_MKDIR, os.fsencode(path), b""), (STEP_ATTACH, str(base + number).encode(),
+                                                              os.fsencode(path))]
+        return steps
+
     def _anchor(self, anchor: str, targets: set) -> None:
         """A tmpfs on ``anchor``, and what the template had beneath it
         again -- what the job's own paths do not bring themselves."""
         self._anchors.append(anchor)
-        kept = [path for path in self.template.bound if _beneath(path, anchor) and path != anchor
-                and not any(_beneath(path, target) for target in targets)]
-        base = len(self.clones)
-        for path in kept:
-            self.anchored.append((STEP_SAVE, os.fsencode(path), b""))
         if anchor in self.template.covered:  # a cover is a deleted directory, which takes no mount
             self.anchored.append((STEP_UNCOVER, os.fsencode(anchor), b""))
-        self.anchored.append((STEP_TMPFS, os.fsencode(anchor), _ANCHOR_OPTIONS))
-        for number, path in enumerate(kept):
-            self.anchored += [(STEP_MKDIR, os.fsencode(path), b""),
-                              (STEP_ATTACH, str(base + self._saved + number).encode(), os.fsencode(path))]
-        self._saved += len(kept)
+        self.anchored += self._reattached(anchor, self.anchored, (STEP_TMPFS, os.fsencode(anchor), _ANCHOR_OPTIONS),
+                                          skip=targets)
         if _beneath(HOME, anchor) and HOME != anchor:
             self.anchored.append((STEP_MKDIR, HOME.encode(), b""))
 
@@ -574,8 +590,11 @@ def _make(stage: str, jobs_dir: str, plan: _Plan, kind: int, uid: int, gid: int)
     os.mkdir(stage + SHM, 0o755)
     os.symlink(TMP, stage + "/var/tmp")
     covered = _cover(stage, plan.hidden)
+    os.mkdir(stage + _STAGED, 0o700)
     _read_only(stage, recursive=True)
-    _mount(jobs_dir, stage + TMP, None, _MS_BIND)  # writable: each job's own directories are bound from here
+    # Writable: each job's private directory is bound from here, before its
+    # own /tmp covers it.
+    _mount(jobs_dir, stage + _STAGED, None, _MS_BIND)
     os.chdir(stage)
     _check(_libc.syscall(ctypes.c_long(_SYS_PIVOT_ROOT), b".", b"."), "pivot_root")
     _check(_libc.umount2(b".", _MNT_DETACH), "detaching the old root")
