@@ -30,8 +30,8 @@ from execpool.shared.kernel.seccomp import TABLES
 #: The victim keeps a secret in its directory and in its /tmp, and listens
 #: on a Unix socket there.
 VICTIM = ('echo victim-secret > victim-secret; echo victim-tmp > /tmp/victim-tmp-secret; '
-          '"$PY" -c "import socket, time; s = socket.socket(socket.AF_UNIX); s.bind(\'/tmp/victim.sock\'); '
-          's.listen(); time.sleep(600)" & '
+          '"$PY" -c "import signal, socket; s = socket.socket(socket.AF_UNIX); s.bind(\'/tmp/victim.sock\'); '
+          's.listen(); signal.pause()" & '
           'while [ ! -S /tmp/victim.sock ]; do sleep 0.01; done; echo "VICTIM $$ $PWD"; exec sleep 600')
 READY_S = 30.0
 
