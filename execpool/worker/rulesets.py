@@ -101,7 +101,7 @@ DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
 SHARED_MEMORY = "/dev/shm"
 #: /etc files that are often symlinks out of /etc (systemd's resolver):
 #: their targets are granted too, or name resolution would fail.
-_FOLLOWED = ("/etc/resolv.conf",)
+FOLLOWED = ("/etc/resolv.conf",)
 
 
 #: Beneath these, what the world may not read stays unreadable to a root
@@ -418,7 +418,7 @@ class Confiner:
         for path in DEVICES:
             self._grant(grants, path, _DEVICE)
         self._grant(grants, SHARED_MEMORY, _SHM)
-        for path in _FOLLOWED:
+        for path in FOLLOWED:
             self._grant(grants, os.path.realpath(path), FS_READ_FILE)
         self.granted = _pruned(grants)
         self._base: List[Tuple[int, int]] = []

@@ -57,18 +57,15 @@ from ..shared.kernel.sandbox import (
     view_kind,
 )
 from ..shared.package import PACKAGE_DIR
-from .rulesets import python_dirs
+from .rulesets import DEVICES, FOLLOWED, SYSTEM_DIRS, python_dirs
 
 #: Where a job finds its own directories in its view.
 HOME = "/home/user"
 TMP = "/tmp"
 SHM = "/dev/shm"
-#: The host's top-level directories the view binds read-only (those that
-#: exist): the system's software and its configuration.
-SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
-#: Devices a program expects, bound from the host's /dev; the rest of /dev
-#: is links into /proc/self/fd and the job's own shm.
-DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+#: Besides the system's directories and the devices the Landlock rules
+#: name (execpool/worker/rulesets.py), bound from the host's: the rest of
+#: /dev is links into /proc/self/fd and the job's own shm.
 _DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
               "stderr": "/proc/self/fd/2"}
 #: Where the template has the worker's jobs_dir: beneath /tmp, which each
@@ -76,9 +73,6 @@ _DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/pro
 _STAGED = "/tmp/.execpool-jobs"
 #: A tmpfs a caller's path is mounted in holds only the directories it needs.
 _ANCHOR_OPTIONS = b"mode=0755,size=64k,nr_inodes=256"
-#: /etc files that are often links out of /etc (systemd's resolver): their
-#: targets are bound too, or name resolution would fail.
-_FOLLOWED = ("/etc/resolv.conf",)
 
 _CLONE_NEWNS, _CLONE_NEWUSER = 0x00020000, 0x10000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
@@ -126,11 +120,10 @@ class Template:
     descriptors: its namespaces, and its root (which the job's Landlock
     layer lets it read: the view shows nothing else)."""
 
-    def __init__(self, jobs_dir: str, plan: _Plan, user_fd: int, mnt_fd: int, root_fd: int,
+    def __init__(self, jobs_dir: str, user_fd: int, mnt_fd: int, root_fd: int,
                  tops: Tuple[str, ...], bound: Tuple[str, ...], covered: FrozenSet[str]) -> None:
         self.jobs_dir = jobs_dir
         self.jobs_dir_id = _identity(jobs_dir)
-        self.plan = plan
         self.user_fd, self.mnt_fd, self.root_fd = user_fd, mnt_fd, root_fd
         #: The view's top-level directories, and every host path it shows.
         self.tops = tops
@@ -470,7 +463,7 @@ def _build(jobs_dir: str, plan: _Plan) -> Template:
     if kind != VIEW_USER_NS:
         fds.insert(0, -1)
     user_fd, mnt_fd, root_fd = fds
-    return Template(jobs_dir, plan, user_fd, mnt_fd, root_fd, tuple(tops), tuple(bound), frozenset(covered))
+    return Template(jobs_dir, user_fd, mnt_fd, root_fd, tuple(tops), tuple(bound), frozenset(covered))
 
 
 def _check(result: int, what: str) -> None:
@@ -559,11 +552,11 @@ def _make(stage: str, jobs_dir: str, plan: _Plan, kind: int, uid: int, gid: int)
         tops.append("/" + name)
     os.makedirs(stage + HOME, 0o755)
     fds.append(os.open(stage, os.O_PATH | os.O_CLOEXEC))
-    for name in SYSTEM_DIRS:
-        if "/" + name in tops:
-            _bind("/" + name, stage, "/" + name)
-            bound.append(os.path.realpath("/" + name))
-    for path in _FOLLOWED:
+    for path in SYSTEM_DIRS:
+        if path in tops:
+            _bind(path, stage, path)
+            bound.append(os.path.realpath(path))
+    for path in FOLLOWED:  # their targets too, or name resolution would fail
         target = os.path.realpath(path)
         if os.path.exists(target) and not any(_beneath(target, done) for done in bound):
             _bind(target, stage, target, recursive=False)
@@ -582,9 +575,9 @@ def _make(stage: str, jobs_dir: str, plan: _Plan, kind: int, uid: int, gid: int)
         _mount("proc", stage + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "hidepid=ptraceable")
     bound.append("/proc")
     _mount("tmpfs", stage + "/dev", "tmpfs", _MS_NOSUID | _MS_NOEXEC, "mode=0755,size=64k")
-    for name in DEVICES:
-        if os.path.exists("/dev/" + name):
-            _bind("/dev/" + name, stage, "/dev/" + name, recursive=False)
+    for path in DEVICES:
+        if os.path.exists(path):
+            _bind(path, stage, path, recursive=False)
     for name, target in _DEV_LINKS.items():
         os.symlink(target, f"{stage}/dev/{name}")
     os.mkdir(stage + SHM, 0o755)
