@@ -8,9 +8,11 @@ Run from the repository root::
     python -m benchmarks.profile_pool kill --rounds 20
     python -m benchmarks.profile_pool bash --iters 300
     python -m benchmarks.profile_pool warm --iters 300
+    python -m benchmarks.profile_pool bash --iters 300 --sandbox strict
 
-Nothing in execpool is changed: the pool's ``subprocess.Popen`` (execpool/pool/workers.py) is
-wrapped, for this process only, so that a worker's command line
+Nothing in execpool is changed: the ``subprocess.Popen`` that starts the
+pool's lifeline (execpool/pool/lifeline.py) is wrapped, for this process
+only, so that the lifeline wraps its own, and a worker's command line
 ``python -m execpool.worker ...`` becomes ``python -m cProfile -o FILE -m
 execpool.worker ...`` (and ``--tmpdir`` moves the jobs' private directories).
 A worker writes its profile when it exits normally
@@ -42,28 +44,42 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 
 from benchmarks import _common as C
 from execpool import ExecPool, PythonJob, ShellJob
-import execpool.pool.workers as lifecycle
+import execpool.pool.lifeline as lifecycle
+
+
+#: Run in the lifeline process, which starts the workers
+#: (execpool/lifeline/process.py): its ``subprocess.Popen`` gives each
+#: worker's command line to cProfile. ``{out}`` is the profiles' directory.
+_LIFELINE = """
+import os, subprocess, sys
+import execpool.lifeline.process as process
+real, n = subprocess.Popen, [0]
+def popen(argv, *args, **kwargs):
+    if list(argv[1:3]) == ["-m", "execpool.worker"]:
+        n[0] += 1
+        argv = [argv[0], "-m", "cProfile", "-o", os.path.join({out!r}, "worker-%d.prof" % n[0]), *argv[1:]]
+    return real(argv, *args, **kwargs)
+process.subprocess = type("Wrapped", (), {{"Popen": staticmethod(popen), "__getattr__": lambda self, name: getattr(subprocess, name)}})()
+process.main(sys.argv[1:])
+"""
 
 
 class _ProfilingSubprocess:
-    """Stands in for the ``subprocess`` module inside execpool.lifecycle."""
+    """Stands in for the ``subprocess`` module inside execpool/pool/lifeline.py:
+    the lifeline it starts profiles the workers it starts."""
 
     def __init__(self, real, out_dir: str, profile: bool) -> None:
         self._real = real
         self._out_dir = out_dir
         self._profile = profile
-        self._n = 0
 
     def __getattr__(self, name):
         return getattr(self._real, name)
 
     def Popen(self, argv, *args, **kwargs):  # noqa: N802 - the name it replaces
         argv = list(argv)
-        if argv[1:3] == ["-m", "execpool.worker"]:
-            self._n += 1
-            if self._profile:
-                out = os.path.join(self._out_dir, f"worker-{self._n}.prof")
-                argv = [argv[0], "-m", "cProfile", "-o", out, *argv[1:]]
+        if self._profile and argv[1:3] == ["-m", "execpool.lifeline"]:
+            argv = [argv[0], "-c", _LIFELINE.format(out=self._out_dir), *argv[3:]]
         return self._real.Popen(argv, *args, **kwargs)
 
 
@@ -119,7 +135,7 @@ def scenario_bash(pool: ExecPool, args) -> str:
     times = []
     for _ in range(args.iters):
         t0 = time.perf_counter()
-        pool.run(ShellJob("echo hi"))
+        pool.run(ShellJob("echo hi", sandbox=args.sandbox))
         times.append(time.perf_counter() - t0)
     return f"{args.iters} x echo hi: median {C.ms(C.median(times))} ms"
 
@@ -128,7 +144,7 @@ def scenario_warm(pool: ExecPool, args) -> str:
     times = []
     for _ in range(args.iters):
         t0 = time.perf_counter()
-        pool.run(PythonJob("print('hi')", warm=True))
+        pool.run(PythonJob("print('hi')", warm=True, sandbox=args.sandbox))
         times.append(time.perf_counter() - t0)
     return f"{args.iters} x warm print('hi'): median {C.ms(C.median(times))} ms"
 
@@ -159,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="directory for the .prof files (default: a new temporary one)")
     parser.add_argument("--no-caller", action="store_true", help="do not profile the caller")
     parser.add_argument("--no-workers", action="store_true", help="do not profile the workers")
+    parser.add_argument("--sandbox", choices=("strict",), default=None,
+                        help="bash, warm: run the jobs in this sandbox (default none), to see what it costs")
     parser.add_argument("--tmpdir",
                         help="diagnostic: the temporary directory the pool makes the jobs' private directories "
                              "in (e.g. /dev/shm, to see what /tmp costs)")

@@ -97,8 +97,6 @@ struct view_step {
 struct confinement {
     int n_rulesets; /* 0: no sandbox */
     int rulesets[MAX_RULESETS];
-    int last_cap;
-    int drop_bounding;
     struct sock_fprog filter;
     int has_view;
     int user_fd; /* the view's user namespace; -1 where the worker holds CAP_SYS_ADMIN */
@@ -297,10 +295,6 @@ static int confine(const struct confinement *c) {
         return step;
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         return 9;
-    if (c->drop_bounding)
-        for (int cap = 0; cap <= c->last_cap; cap++)
-            if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0)
-                return 10;
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); /* EINVAL before 4.3: none to clear */
     struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
     struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
@@ -476,7 +470,7 @@ PyDoc_STRVAR(spawn_doc,
 "network namespace of its own (only a loopback that is down) when\n"
 "no_network is true, after writing \"0\" to each of join_fds (open\n"
 "cgroup.procs files), and, unless sandbox is None, confined by it: a tuple\n"
-"(ruleset_fds, seccomp_filter_bytes, last_cap, drop_bounding, view) from\n"
+"(ruleset_fds, seccomp_filter_bytes, view) from\n"
 "execpool.shared.kernel.sandbox.child_arguments. Raises OSError naming the step that failed.");
 
 /* Fill the view of *c from None or (user_fd, mnt_fd, steps, cwd,
@@ -511,13 +505,12 @@ static int parse_view(PyObject *view, struct confinement *c) {
     return 0;
 }
 
-/* Fill *c from (ruleset_fds, seccomp_filter_bytes, last_cap, drop_bounding,
- * view): at least one ruleset, and a filter; 0, or -1 with an exception set. */
+/* Fill *c from (ruleset_fds, seccomp_filter_bytes, view): at least one ruleset, and a filter; 0, or -1 with an exception set. */
 static int parse_confinement(PyObject *args, struct confinement *c) {
     PyObject *fds, *view;
     const char *filter;
     Py_ssize_t filter_size;
-    if (!PyArg_ParseTuple(args, "Oy#ipO", &fds, &filter, &filter_size, &c->last_cap, &c->drop_bounding, &view) ||
+    if (!PyArg_ParseTuple(args, "Oy#O", &fds, &filter, &filter_size, &view) ||
         parse_view(view, c) < 0)
         return -1;
     PyObject *fast = PySequence_Fast(fds, "the sandbox's rulesets must be a sequence of descriptors");
@@ -688,7 +681,7 @@ static PyObject *ruleset(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(confine_doc,
-"confine(ruleset_fds, seccomp_filter_bytes, last_cap, drop_bounding, view)\n\n"
+"confine(ruleset_fds, seccomp_filter_bytes, view)\n\n"
 "Enter the sandbox in the calling process, as spawn's child does: what a\n"
 "forked tool or a warm spare runs (execpool.shared.kernel.sandbox.enter does the same\n"
 "through ctypes, a few hundred microseconds slower). Raises OSError.");

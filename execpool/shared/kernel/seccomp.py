@@ -95,6 +95,8 @@ TABLES = {
 # Classic BPF, as seccomp runs it.
 _LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _ALLOW = 0x7FFF0000
+#: The shared returns every rule's checks end at.
+_REFUSE, _NO_SUCH_CALL = f"errno.{_EPERM}", f"errno.{_ENOSYS}"
 _NR, _ARCH = 0, 4
 
 
@@ -147,43 +149,56 @@ def _numbers(value: object) -> Tuple[int, ...]:
     return value
 
 
-def _rule(program: _Program, name: str, rule: Rule) -> None:
-    """The body for one system call, entered with its number matched;
-    every path through it returns."""
+def _body(program: _Program, rule: Rule) -> None:
+    """The argument checks of one system call, entered with its number
+    matched; every path through them ends at a shared return."""
     kind = rule[0]
-    allow, refuse = f"{name}.allow", f"{name}.refuse"
-    if kind == "refuse":
-        program.op(_RET, _errno(_number(rule[1])))
-        return
     if kind == "self":
-        for arg in rule[1:]:
-            program.op(_LD_ABS, _arg_low(_number(arg)))
-            program.op(_JEQ, 0, None, refuse)
+        args = [_number(arg) for arg in rule[1:]]
+        for n, arg in enumerate(args):
+            program.op(_LD_ABS, _arg_low(arg))
+            program.op(_JEQ, 0, "allow" if n == len(args) - 1 else None, _REFUSE)
     elif kind == "self_or_zero":
         pid, other = _number(rule[1]), _number(rule[2])
         program.op(_LD_ABS, _arg_low(pid))
-        program.op(_JEQ, 0, allow, None)
+        program.op(_JEQ, 0, "allow", None)
         program.op(_LD_ABS, _arg_low(other))
-        program.op(_JEQ, 0, None, refuse)
+        program.op(_JEQ, 0, None, _REFUSE)
         program.op(_LD_ABS, _arg_low(other) + 4)
-        program.op(_JEQ, 0, None, refuse)
+        program.op(_JEQ, 0, "allow", _REFUSE)
     elif kind == "which_self":
         which, who = _number(rule[1]), _number(rule[3])
         allowed = [_number(value) for value in _numbers(rule[2])]
         program.op(_LD_ABS, _arg_low(who))
-        program.op(_JEQ, 0, None, refuse)
+        program.op(_JEQ, 0, None, _REFUSE)
         program.op(_LD_ABS, _arg_low(which))
         for n, value in enumerate(allowed):
-            program.op(_JEQ, value, allow, refuse if n == len(allowed) - 1 else None)
+            program.op(_JEQ, value, "allow", _REFUSE if n == len(allowed) - 1 else None)
     elif kind == "no_setid":
         program.op(_LD_ABS, _arg_low(_number(rule[1])))
-        program.op(_JSET, _S_ISUID_GID, refuse, allow)
+        program.op(_JSET, _S_ISUID_GID, _REFUSE, "allow")
     else:
         raise ValueError(f"unknown seccomp rule {kind!r}")
-    program.label(allow)
-    program.op(_RET, _ALLOW)
-    program.label(refuse)
-    program.op(_RET, _errno(_EPERM))
+
+
+def _search(program: _Program, entries: List[Tuple[int, str]]) -> None:
+    """Find the system call number (in the accumulator) among ``entries``
+    (sorted) by halving, each leaf a short run of comparisons; a number
+    that is none of them is allowed. Why a tree and not one comparison
+    after another: the kernel runs the filter once per system call number
+    when it installs it, to learn which numbers are always allowed (its
+    action cache), and a chain made that cost most of the sandbox's
+    start-up; a tree also decides a checked call in a few comparisons."""
+    if len(entries) <= 3:
+        for n, (number, target) in enumerate(entries):
+            program.op(_JEQ, number, target, "allow" if n == len(entries) - 1 else None)
+        return
+    middle = len(entries) // 2
+    upper = f"at_least_{entries[middle][0]}"
+    program.op(_JGE, entries[middle][0], upper, None)
+    _search(program, entries[:middle])
+    program.label(upper)
+    _search(program, entries[middle:])
 
 
 def build(machine: str) -> bytes:
@@ -194,19 +209,27 @@ def build(machine: str) -> bytes:
     arch, numbers = table
     program = _Program()
     program.op(_LD_ABS, _ARCH)
-    program.op(_JEQ, arch, "native", None)
-    program.op(_RET, _errno(_ENOSYS))
-    program.label("native")
+    program.op(_JEQ, arch, None, _NO_SUCH_CALL)
     program.op(_LD_ABS, _NR)
-    program.op(_JGE, _X32_BIT, None, "own_table")
-    program.op(_RET, _errno(_ENOSYS))
-    program.label("own_table")
+    program.op(_JGE, _X32_BIT, _NO_SUCH_CALL, None)
+    entries, bodies, errnos = [], [], {_EPERM, _ENOSYS}
     for name, number in sorted(numbers.items(), key=lambda item: item[1]):
-        program.op(_JEQ, number, None, f"{name}.next")
-        _rule(program, name, _RULES[name])
-        program.label(f"{name}.next")
-        program.op(_LD_ABS, _NR)  # a rule's body loaded arguments
+        rule = _RULES[name]
+        if rule[0] == "refuse":
+            errnos.add(_number(rule[1]))
+            entries.append((number, f"errno.{rule[1]}"))
+        else:
+            entries.append((number, f"{name}.checks"))
+            bodies.append((name, rule))
+    _search(program, entries)
+    for name, rule in bodies:
+        program.label(f"{name}.checks")
+        _body(program, rule)
+    program.label("allow")
     program.op(_RET, _ALLOW)
+    for errno in sorted(errnos):
+        program.label(f"errno.{errno}")
+        program.op(_RET, _errno(errno))
     return program.assemble()
 
 
