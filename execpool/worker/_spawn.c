@@ -99,6 +99,7 @@ struct confinement {
     int rulesets[MAX_RULESETS];
     struct sock_fprog filter;
     int has_view;
+    int own_namespace; /* mnt_fd is the job's own, made ahead (prepare_view): entered, not copied */
     int user_fd; /* the view's user namespace; -1 where the worker holds CAP_SYS_ADMIN */
     int mnt_fd;  /* the view's mount namespace, built once per worker */
     const char *cwd;
@@ -181,6 +182,11 @@ static int make_path(char *path, int file) {
 static int make_view(const struct confinement *c) {
     int clones[MAX_CLONES], n_clones = 0, in_user = 0, step = -1;
     char path[PATH_MAX];
+    if (c->own_namespace) {
+        if ((c->user_fd >= 0 && setns(c->user_fd, CLONE_NEWUSER) < 0) || setns(c->mnt_fd, CLONE_NEWNS) < 0)
+            return 13;
+        return chdir(c->cwd) < 0 ? 3 : -1;
+    }
     for (int i = 0; i < c->n_steps; i++) {
         const struct view_step *s = &c->steps[i];
         if (s->op != STEP_CLONE_RW && s->op != STEP_CLONE_RO)
@@ -474,13 +480,14 @@ PyDoc_STRVAR(spawn_doc,
 "execpool.shared.kernel.sandbox.child_arguments. Raises OSError naming the step that failed.");
 
 /* Fill the view of *c from None or (user_fd, mnt_fd, steps, cwd,
- * own_rights): steps a tuple of (op, a, b), a and b bytes; pointers into
+ * own_rights, own_namespace): steps a tuple of (op, a, b), a and b bytes; pointers into
  * `view`, which the caller keeps alive. */
 static int parse_view(PyObject *view, struct confinement *c) {
     PyObject *steps;
     if (view == Py_None)
         return 0;
-    if (!PyArg_ParseTuple(view, "iiOyK", &c->user_fd, &c->mnt_fd, &steps, &c->cwd, &c->own_rights))
+    if (!PyArg_ParseTuple(view, "iiOyKp", &c->user_fd, &c->mnt_fd, &steps, &c->cwd, &c->own_rights,
+                          &c->own_namespace))
         return -1;
     if (!PyTuple_Check(steps) || PyTuple_GET_SIZE(steps) > MAX_STEPS) {
         PyErr_Format(PyExc_ValueError, "the view's steps: a tuple of at most %d", MAX_STEPS);
@@ -700,8 +707,79 @@ static PyObject *confine_self(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Shared with prepare_view's child, which shares the worker's memory and
+ * descriptors until it exits. */
+struct preparation {
+    const struct confinement *c;
+    int fd, step, error;
+};
+
+static int prepare_child(void *arg) {
+    struct preparation *p = arg;
+    p->step = make_view(p->c);
+    if (p->step < 0) {
+        p->fd = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+        if (p->fd < 0)
+            p->step = 13;
+    }
+    p->error = errno;
+    _exit(0);
+}
+
+PyDoc_STRVAR(prepare_view_doc,
+"prepare_view(sandbox) -> fd\n\n"
+"A job's mount namespace made ahead of the job: a short-lived child takes\n"
+"the view's steps (sandbox as spawn takes it; its last ruleset learns the\n"
+"job's tmpfs directories) and leaves a descriptor of its namespace, the\n"
+"caller's, which the job's tool enters (a view with own_namespace) instead\n"
+"of copying the template and mounting its own paths then. Raises OSError\n"
+"naming the step that failed.");
+
+static PyObject *prepare_view(PyObject *self, PyObject *args) {
+    PyObject *sandbox;
+    struct confinement confinement;
+    memset(&confinement, 0, sizeof confinement);
+    if (!PyArg_ParseTuple(args, "O", &sandbox) || parse_confinement(sandbox, &confinement) < 0)
+        return NULL;
+    if (!confinement.has_view || confinement.own_namespace) {
+        PyErr_SetString(PyExc_ValueError, "prepare_view needs a view's steps");
+        return NULL;
+    }
+    size_t stack_size = 1 << 16;
+    char *stack = PyMem_Malloc(stack_size);
+    if (stack == NULL)
+        return PyErr_NoMemory();
+    struct preparation p = {&confinement, -1, -1, 0};
+    sigset_t all, old_mask;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old_mask);
+    /* The child's descriptors are the worker's (CLONE_FILES): the
+     * namespace's descriptor it opens is left here when it exits. */
+    pid_t pid = clone(prepare_child, stack + stack_size, CLONE_VM | CLONE_VFORK | CLONE_FILES | SIGCHLD, &p);
+    int saved = errno;
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    if (pid > 0) {
+        int status;
+        while (waitpid(pid, &status, __WALL) < 0 && errno == EINTR)
+            ;
+    }
+    PyMem_Free(stack);
+    if (pid < 0) {
+        errno = saved;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (p.step >= 0) {
+        if (p.fd >= 0)
+            close(p.fd);
+        PyErr_Format(PyExc_OSError, "%s: %s", step_names[p.step], strerror(p.error));
+        return NULL;
+    }
+    return PyLong_FromLong(p.fd);
+}
+
 static PyMethodDef methods[] = {
     {"confine", confine_self, METH_VARARGS, confine_doc},
+    {"prepare_view", prepare_view, METH_VARARGS, prepare_view_doc},
     {"spawn", spawn, METH_VARARGS, spawn_doc},
     {"ruleset", ruleset, METH_VARARGS, ruleset_doc},
     {NULL, NULL, 0, NULL},

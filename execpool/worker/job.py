@@ -199,9 +199,18 @@ class RunningJob:
         return self.rulesets
 
     def close_rulesets(self) -> None:
+        """Once its tool holds its domain; a namespace of the job's own,
+        made ahead, stays until :meth:`release`."""
         for fd in self.rulesets:
             os.close(fd)
         self.rulesets = ()
+        if self.view is not None and not self.view.own_namespace:
+            self.view.close()
+            self.view = None
+
+    def release(self) -> None:
+        """Everything it holds for its tool's start, once its Result is out."""
+        self.close_rulesets()
         if self.view is not None:
             self.view.close()
             self.view = None

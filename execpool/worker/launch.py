@@ -18,6 +18,7 @@ from typing import Callable, List, Optional, Tuple
 
 from ..shared.kernel.cgroups import Cgroups
 from ..shared.kernel.proctree import JOB_MARKER_ENV
+from .ahead import Ahead, Made
 from .job import RunningJob
 from .jobdirs import JobDirs
 from .rulesets import Confiner
@@ -50,6 +51,7 @@ class Launcher:
         self._confiner: Optional[Confiner] = None
         self._confiner_missing: Optional[str] = None
         self._views: Optional[Views] = None
+        self.ahead = Ahead(dirs)
 
     def cgroups(self) -> Optional[Cgroups]:
         """The cgroup tier, detected the first time a job needs it; None
@@ -81,6 +83,7 @@ class Launcher:
     def close(self) -> None:
         if self.cgroup_tier is not None:
             self.cgroup_tier.close()
+        self.ahead.close()
         if self._views is not None:
             self._views.close()
         if self._confiner is not None:
@@ -92,7 +95,10 @@ class Launcher:
         its environment, its cgroup, its sandbox's rulesets -- on the job;
         return the cold tool's argv."""
         start = job.start
-        if start.cwd is None:
+        made = self._made_for(job)
+        if made is not None:
+            job.tmpdir = job.cwd = made.private
+        elif start.cwd is None:
             job.tmpdir = job.cwd = self.dirs.private()
         else:
             job.cwd = start.cwd
@@ -114,8 +120,11 @@ class Launcher:
                 if missing is not None:
                     raise OSError(missing)
                 views = self.views()
-                job.view = views.plan(job.tmpdir, start.cwd, start.sandbox.read, start.sandbox.write, start.python,
-                                      confiner.hidden(), confiner.handled)
+                if made is not None:
+                    job.view, job.rulesets = made.view, (made.ruleset,)
+                else:
+                    job.view = views.plan(job.tmpdir, start.cwd, start.sandbox.read, start.sandbox.write,
+                                          start.python, confiner.hidden(), confiner.handled)
                 template = views.current()
                 job.env.update(TMPDIR=TMP, HOME=HOME, PATH=views.path(start.python, job.env.get("PATH", os.defpath)))
                 own: Tuple[str, ...] = (job.cwd,)
@@ -124,13 +133,29 @@ class Launcher:
                     job.sandbox_tmp = self.dirs.private()  # removed with the job
                 own = tuple(dict.fromkeys((job.cwd, job.sandbox_tmp or job.cwd)))
                 job.env["TMPDIR"] = own[-1]  # the only temporary directory a sandboxed job may write
-            job.rulesets = confiner.rulesets(start.python, start.sandbox, own, template)
+            if made is None:
+                job.rulesets = confiner.rulesets(start.python, start.sandbox, own, template)
         if start.argv_kind == "python":
             fd, job.script = tempfile.mkstemp(prefix=".execpool-", suffix=".py", dir=job.cwd)
             with open(fd, "w", encoding="utf-8") as f:
                 f.write(start.source)
             return [start.python, "-u", job.in_view(job.script)]
         return [self.shell, "-c", start.source]
+
+    def _made_for(self, job: RunningJob) -> Optional[Made]:
+        """What was made ahead for a job like this one (execpool/worker/ahead.py), if anything."""
+        start = job.start
+        if not Ahead.fits(start.cwd, start.sandbox):
+            return None
+        confiner = self.confiner()
+        if confiner.support.missing_for(start.sandbox) is not None:
+            return None
+        return self.ahead.take(start.python, self.views().current(confiner.hidden()))
+
+    def make_ahead(self) -> None:
+        """Ask for the next jobs' own namespaces, if jobs that fit have come: once a Result is out."""
+        if self.ahead.wanted is not None and self._confiner is not None and self._views is not None:
+            self.ahead.ask(self._confiner, self._views)
 
     def start(self, job: RunningJob, argv: List[str]) -> Tuple[int, List[int]]:
         """Start the job's cold tool; its pid and output pipes."""

@@ -46,7 +46,7 @@ import selectors
 import signal
 import time
 from multiprocessing.connection import Connection
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from ..shared import channel
 from ..shared.kernel import linux
@@ -103,7 +103,7 @@ class Worker:
         self.warm = WarmJobs(self.sel, config.spawn_method, config.preload, config.warm_spares,
                              Hooks(started=self._running, failed=self._fail_start,
                                    stopping=lambda: self.stopping, idle_since=lambda: self.idle_since))
-        self.tree = Tree(self.pid, self.warm.spares.pids, self.warm.spares.made)
+        self.tree = Tree(self.pid, self._helpers, self.warm.spares.made)
         self.idle_since: Optional[float] = time.monotonic()  # None while a job runs
         self.stopping = False
 
@@ -126,6 +126,14 @@ class Worker:
                     break
             self._fire_timers()
         self._shutdown()
+
+    def _helpers(self) -> Set[int]:
+        """The worker's children that belong to no job: the warm template,
+        its spares, the preparer of sandboxed jobs' namespaces."""
+        helpers = set(self.warm.spares.pids())
+        if self.launcher.ahead.pid:
+            helpers.add(self.launcher.ahead.pid)
+        return helpers
 
     def _preload(self) -> Tuple[str, ...]:
         """Find what warm jobs should find already loaded -- the template
@@ -361,7 +369,6 @@ class Worker:
         if job.start.job_id not in self.jobs:
             return
         del self.jobs[job.start.job_id]
-        job.close_rulesets()  # a warm job keeps them until now (a requeue needs them), or the tool never started
         if not self.jobs:
             self.idle_since = time.monotonic()
             self.timers.add(self.idle_since + REHEARSE_WHEN_IDLE_S, Kind.REHEARSE)
@@ -388,6 +395,10 @@ class Worker:
         elif job.script is not None:
             unlink(job.script)
         self._send(channel.Finished(job.start.job_id, job.result()))
+        # A warm job keeps its rulesets and view until now (a requeue needs
+        # them), a job's own namespace made ahead is torn down here, not on
+        # its way out; or the tool never started.
+        job.release()
         if trashed is not None:
             if job.script is not None:  # most often all it holds: one rmdir then does
                 unlink(os.path.join(trashed, os.path.basename(job.script)))
@@ -396,6 +407,7 @@ class Worker:
             remove(tmp_trashed)
         if not self.jobs:
             self.tree.sweep_strays()  # after the Result: the tree it belongs to is dead already
+        self.launcher.make_ahead()
         if job.held_chars() >= TRIM_AFTER_CHARS:
             for capture in job.captures:
                 capture.release()

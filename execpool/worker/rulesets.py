@@ -509,6 +509,10 @@ class Confiner:
             self._interpreters[python] = known
         return list(known)
 
+    def descriptors(self) -> List[int]:
+        """What it keeps open to build a job's layer with a view."""
+        return [fd for fd, _ in self._base] + [fd for known in self._interpreters.values() for fd, _ in known]
+
     def hidden(self) -> Tuple[FrozenSet[str], int]:
         """What a job's view hides beneath /etc, and its generation
         (``_WorldReadable.current``)."""

@@ -25,11 +25,12 @@ from .job import RunningJob
 class Tree:
     """The worker's book of its jobs' processes."""
 
-    def __init__(self, worker_pid: int, spares: Callable[[], Set[int]], spare_made: Callable[[int], bool]) -> None:
+    def __init__(self, worker_pid: int, helpers: Callable[[], Set[int]], spare_made: Callable[[int], bool]) -> None:
         self.worker_pid = worker_pid
-        # The warm template and its parked spares (children of the worker
-        # that belong to no job), and whether a pid is a spare on its way.
-        self._spares = spares
+        # The warm template, its parked spares and the preparer
+        # (execpool/worker/ahead.py): children of the worker that belong to
+        # no job; and whether a pid is a spare on its way.
+        self._helpers = helpers
         self._spare_made = spare_made
         self.by_leader: Dict[int, RunningJob] = {}
         self.by_session: Dict[int, RunningJob] = {}
@@ -131,13 +132,14 @@ class Tree:
 
     def not_strays(self) -> Set[int]:
         """The worker's children that belong to no finished job: the leaders
-        of running jobs, the warm template and the parked spares."""
-        return {*self.by_leader, *self._spares()}
+        of running jobs, the warm template, the parked spares and the preparer."""
+        return {*self.by_leader, *self._helpers()}
 
     def sweep_strays(self) -> None:
         """Kill the worker's children no running job can own (call it only
         when none runs). Spared: the template and its spares (also one on
-        its way, a child of the worker before the worker knows its pid), and
+        its way, a child of the worker before the worker knows its pid), the
+        preparer, and
         what ``keep_background`` jobs left, by group or marker."""
         keep = self.not_strays()
         for pid in child_pids(self.worker_pid):

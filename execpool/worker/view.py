@@ -164,6 +164,9 @@ class Template:
         job moved it away and the worker made it again)."""
         return _identity(self.jobs_dir) != self.jobs_dir_id
 
+    def descriptors(self) -> List[int]:
+        return [fd for fd in (self.user_fd, self.mnt_fd, self.root_fd) if fd >= 0]
+
     def close(self) -> None:
         for fd in (self.user_fd, self.mnt_fd, self.root_fd):
             if fd >= 0:
@@ -189,9 +192,12 @@ class View:
     steps: Tuple[Tuple[int, bytes, bytes], ...]
     cwd: str
     own_rights: int
+    #: ``mnt_fd`` is the job's own namespace, made ahead with the steps
+    #: taken (execpool/worker/ahead.py): the tool enters it as it is.
+    own_namespace: bool = False
 
     def arguments(self) -> tuple:
-        return self.user_fd, self.mnt_fd, self.steps, os.fsencode(self.cwd), self.own_rights
+        return self.user_fd, self.mnt_fd, self.steps, os.fsencode(self.cwd), self.own_rights, self.own_namespace
 
     def close(self) -> None:
         for fd in (self.user_fd, self.mnt_fd):
@@ -244,16 +250,18 @@ class Views:
         or remove. OSError for a path the sandbox will not give a job."""
         template = self.current(hidden)
         wanted = self._wanted(template, cwd, read, write, python)
-        if any(_top(target) not in template.tops for target in wanted if os.path.lexists(_top(target))):
+        if not _lists_tops(template, wanted):
             self._rebuild(self._plan)  # a top-level directory made since: the view lists it too
             template = self.current()
-        steps = _Steps(template, wanted)
-        steps.own_paths(private)
-        # Its own copies: the template may be built again before a warm job
-        # is handed to its spare.
-        user_fd = -1 if template.user_fd < 0 else os.dup(template.user_fd)
-        where = HOME if cwd is None else _seen(os.path.abspath(cwd))
-        return View(user_fd, os.dup(template.mnt_fd), steps.all(), where, own_rights)
+        return _view(template, wanted, private, cwd, own_rights)
+
+    def plan_own(self, template: Template, private: str, python: str, own_rights: int) -> Optional[View]:
+        """The view of a job with nothing but its own paths (``private``,
+        and ``python``'s directories), in ``template`` as it is -- what
+        execpool/worker/ahead.py makes ahead; None where it needs the
+        template built again."""
+        wanted = self._wanted(template, None, (), (), python)
+        return _view(template, wanted, private, None, own_rights) if _lists_tops(template, wanted) else None
 
     def _wanted(self, template: Template, cwd: Optional[str], read: Iterable[str], write: Iterable[str],
                 python: str) -> Dict[str, Tuple[int, str]]:
@@ -311,6 +319,23 @@ class Views:
         if self.template is not None:
             self.template.close()
             self.template = None
+
+
+def _lists_tops(template: Template, wanted: Dict[str, Tuple[int, str]]) -> bool:
+    """Whether the template lists the top-level directory of each path
+    that goes in a job's view."""
+    return all(_top(target) in template.tops for target in wanted if os.path.lexists(_top(target)))
+
+
+def _view(template: Template, wanted: Dict[str, Tuple[int, str]], private: Optional[str], cwd: Optional[str],
+          own_rights: int) -> View:
+    steps = _Steps(template, wanted)
+    steps.own_paths(private)
+    # Its own copies: the template may be built again before a warm job
+    # is handed to its spare.
+    user_fd = -1 if template.user_fd < 0 else os.dup(template.user_fd)
+    where = HOME if cwd is None else _seen(os.path.abspath(cwd))
+    return View(user_fd, os.dup(template.mnt_fd), steps.all(), where, own_rights)
 
 
 def _ancestors(path: str) -> List[str]:

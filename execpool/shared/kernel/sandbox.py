@@ -422,7 +422,12 @@ def _clone_tree(fd: int, path: bytes, read_only: bool) -> int:
 def _make_view(view: tuple, ruleset: int) -> None:
     """execpool/worker/_spawn.c's make_view, through ctypes: ``ruleset`` is
     the job's own, which learns its tmpfs directories."""
-    user_fd, mnt_fd, steps, cwd, own_rights = view
+    user_fd, mnt_fd, steps, cwd, own_rights, own_namespace = view
+    if own_namespace:  # made ahead for the job (execpool/worker/ahead.py): entered as it is
+        if user_fd >= 0 and _libc.setns(user_fd, _CLONE_NEWUSER) != 0 or _libc.setns(mnt_fd, _CLONE_NEWNS) != 0:
+            raise errno_error("entering the sandbox's view (setns)")
+        os.chdir(cwd)
+        return
     clones: list = []
     try:
         in_user = False

@@ -67,7 +67,8 @@ def encode_job(script: str, env: dict, setup: Setup) -> bytes:
     The setup's descriptors go beside it, in the hand-over's message: here
     is only how many rulesets there are, and of the view (the sandbox's
     ``View.arguments``) whether it has a user namespace, its steps, its
-    working directory and its rights on its own tmpfs directories."""
+    working directory, its rights on its own tmpfs directories, and whether
+    its namespace is the job's own, made ahead."""
     view = None if setup.view is None else (setup.view[0] >= 0, *setup.view[2:])
     return marshal.dumps((script, env, setup.cwd, setup.rlimits, setup.no_network, len(setup.rulesets), view))
 
@@ -94,8 +95,8 @@ def decode_job(data: bytes) -> tuple[str, dict, str, tuple, bool, int, Optional[
 
 
 def _is_view(view: object) -> bool:
-    return (type(view) is tuple and len(view) == 4 and type(view[0]) is bool and type(view[2]) is bytes
-            and type(view[3]) is int
+    return (type(view) is tuple and len(view) == 5 and type(view[0]) is bool and type(view[2]) is bytes
+            and type(view[3]) is int and type(view[4]) is bool
             and type(view[1]) is tuple and all(type(step) is tuple and len(step) == 3 and type(step[0]) is int
                                                and type(step[1]) is bytes and type(step[2]) is bytes
                                                for step in view[1]))

@@ -1,0 +1,254 @@
+"""A sandboxed job's own namespace, made before the job comes, by a helper
+of the worker.
+
+Who runs this module: the worker (``Ahead``, on its loop) and its
+**preparer** (``_prepare``), a fork of the worker made once per template,
+which lives until the template changes or the worker stops. A job's view
+(execpool/worker/view.py) is the worker's template copied, with what is the
+job's own mounted in the copy: its home (its private directory), its
+``/tmp`` and its ``/dev/shm``. Made in the tool's new process, that copy,
+those mounts, the job's private directory and its Landlock ruleset were
+most of what the sandbox added to a job's start. The preparer makes them
+ahead -- the directory, the ruleset, and a mount namespace a short-lived
+child leaves behind (execpool.worker._spawn.prepare_view) -- on whichever
+core is free, and sends the worker their descriptors; the job's tool only
+enters the namespace. The worker keeps it until the job's Result is out
+and closes it then, so that its teardown is not on the job's way out.
+
+Only for jobs that have nothing but what is their own: the strict sandbox as
+it is (``Sandbox()``: no paths, no ports), no ``cwd``, the interpreter it
+was made for, the template it was made in. Any other job, and one that finds
+nothing ready, has its view made in its tool's process as before. What is
+made for one job is given to that job alone: a namespace is entered by one
+job's processes only, and a private directory is one job's.
+
+The socket between them carries a request (an interpreter's path) one way
+and, the other way, a made job's private directory with its ruleset's and
+namespace's descriptors, or the reason it could not be made.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import json
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass
+from typing import Deque, List, Optional
+
+from ..shared.kernel import linux, sandbox
+from ..shared.kernel.sandbox import Sandbox
+from .jobdirs import JobDirs, remove
+from .rulesets import Confiner
+from .spawn import _spawn
+from .view import HOME, Template, View, Views
+
+logger = logging.getLogger("execpool")
+
+#: The only sandbox a namespace is made ahead for.
+_STRICT = Sandbox()
+#: How many are made ahead at most: one for the next job, one for the job
+#: that comes before the preparer is done with the next.
+STOCK = 2
+
+
+@dataclass
+class Made:
+    """One job's own part of its view, ready: its private directory, its
+    ruleset (the only layer a job with a view enters) and its view, whose
+    namespace is made."""
+
+    python: str
+    template: Template
+    private: str
+    ruleset: int
+    view: View
+
+    def discard(self) -> None:
+        os.close(self.ruleset)
+        self.view.close()
+        remove(self.private)
+
+
+class Ahead:
+    """The worker's side: its preparer, and what it has made that no job
+    has taken yet."""
+
+    def __init__(self, dirs: JobDirs) -> None:
+        self.dirs = dirs
+        self.stock: Deque[Made] = collections.deque()
+        #: The interpreter of the last job that could have used one.
+        self.wanted: Optional[str] = None
+        self._asked = 0
+        self._sock: Optional[socket.socket] = None
+        self._pid = 0
+        self._template: Optional[Template] = None
+        #: The preparer failed: said once, never tried again.
+        self.failed = False
+
+    @staticmethod
+    def fits(cwd: Optional[str], box: Optional[Sandbox]) -> bool:
+        return _spawn is not None and cwd is None and box == _STRICT
+
+    def take(self, python: str, template: Template) -> Optional[Made]:
+        """What was made for a job that fits, if made for its interpreter in
+        the current ``template``; the caller's from here."""
+        self.wanted = python
+        if template is not self._template:
+            self._stop()
+            return None
+        self._receive()
+        while self.stock:
+            made = self.stock.popleft()
+            if made.python == python:
+                return made
+            made.discard()
+        return None
+
+    def ask(self, confiner: Confiner, views: Views) -> None:
+        """Ask for as many as the stock lacks, once a Result is out (the
+        preparer is made at the first ask, in the current template)."""
+        if self.wanted is None or self.failed or views.template is None:
+            return
+        if self._sock is None or views.template is not self._template:
+            self._stop()
+            self._start(confiner, views, views.template)
+        self._receive()
+        while self._sock is not None and len(self.stock) + self._asked < STOCK:
+            try:
+                self._sock.send(os.fsencode(self.wanted))
+            except OSError as exc:
+                self._fail(f"the preparer is gone ({exc.strerror})")
+                return
+            self._asked += 1
+
+    def _start(self, confiner: Confiner, views: Views, template: Template) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        keep = sorted({theirs.fileno(), *template.descriptors(), *confiner.descriptors()})
+        worker = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ours.close()
+                _prepare(worker, theirs, keep, self.dirs, confiner, views, template)
+            finally:
+                os._exit(0)
+        theirs.close()
+        ours.setblocking(False)
+        self._sock, self._pid, self._template = ours, pid, template
+
+    def _receive(self) -> None:
+        """What the preparer has sent since: made jobs, or why not."""
+        while self._sock is not None and self._asked:
+            try:
+                message, fds, _flags, _addr = socket.recv_fds(self._sock, 1 << 12, 2)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._fail(f"the preparer is gone ({exc.strerror})")
+                return
+            self._asked -= 1
+            if not message:
+                self._fail("the preparer is gone")
+                return
+            reply = json.loads(message)
+            if "error" in reply or len(fds) != 2:
+                for fd in fds:
+                    os.close(fd)
+                self._fail(reply.get("error", "no descriptors"))
+                return
+            assert self._template is not None
+            ruleset, mnt_fd = fds
+            template = self._template
+            user_fd = -1 if template.user_fd < 0 else os.dup(template.user_fd)
+            self.stock.append(Made(reply["python"], template, reply["private"], ruleset,
+                                   View(user_fd, mnt_fd, (), HOME, reply["rights"], own_namespace=True)))
+
+    def _fail(self, why: str) -> None:
+        logger.warning("execpool: sandboxed jobs' namespaces cannot be made ahead here (%s); "
+                       "each job's is made as it starts", why)
+        self.failed = True
+        self._stop()
+
+    def _stop(self) -> None:
+        """The preparer killed and what it made discarded: it was made for
+        a template that is not the current one, or the worker stops."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._pid:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(self._pid, signal.SIGKILL)
+                os.waitpid(self._pid, 0)
+            self._pid = 0
+        self._template = None
+        self._asked = 0
+        while self.stock:
+            self.stock.popleft().discard()
+
+    def close(self) -> None:
+        self._stop()
+
+    @property
+    def pid(self) -> int:
+        """The preparer's pid (0: none), which the worker's sweeps leave alone."""
+        return self._pid
+
+
+def _prepare(worker: int, sock: socket.socket, keep: List[int], dirs: JobDirs, confiner: Confiner, views: Views,
+             template: Template) -> None:
+    """The preparer's life: nothing of the worker's but the template, the
+    ruleset maker's descriptors and its socket (a job's namespace or tmpfs
+    the worker held would live on here otherwise); dead with the worker;
+    a job's own part made for each request, until the socket closes."""
+    linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+    linux.set_name("execpool-prep")
+    if os.getppid() != worker:
+        return  # the worker died before the death signal was armed
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    low = 3
+    for fd in keep:
+        if fd > low:
+            linux.close_range(low, fd - 1)
+        low = fd + 1
+    linux.close_range(low)
+    while True:
+        try:
+            request = sock.recv(1 << 12)
+        except InterruptedError:
+            continue
+        if not request:
+            return
+        python = os.fsdecode(request)
+        private = None
+        try:
+            private = dirs.private()
+            plan = views.plan_own(template, private, python, confiner.handled)
+            if plan is None:
+                raise OSError(errno.ESTALE, "the template lacks a directory the job's view needs")
+            try:
+                ruleset, = confiner.rulesets(python, _STRICT, (private,), template)
+                try:
+                    mnt_fd = _spawn.prepare_view(sandbox.child_arguments((ruleset,), plan.arguments()))
+                except BaseException:
+                    os.close(ruleset)
+                    raise
+            finally:
+                plan.close()
+        except OSError as exc:
+            if private is not None:
+                remove(private)
+            sock.send(json.dumps({"error": str(exc)}).encode())
+            continue
+        try:
+            reply = {"python": python, "private": private, "rights": confiner.handled}
+            socket.send_fds(sock, [json.dumps(reply).encode()], [ruleset, mnt_fd])
+        finally:
+            os.close(ruleset)
+            os.close(mnt_fd)
