@@ -37,11 +37,39 @@ def worker_records(pool) -> list:
 
 
 def alive(pid: int) -> bool:
-    """Running or sleeping, not a zombie waiting to be reaped."""
+    """Some thread of it runs or sleeps: not a zombie waiting to be reaped.
+    Every thread is asked -- a process whose first thread ended with
+    ``SYS_exit`` reads as ``Z`` while its others run."""
+    return bool(_live_threads(pid))
+
+
+def _live_threads(pid: int) -> list[int]:
+    live = []
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return live
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                if f.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X"):
+                    live.append(int(tid))
+        except (OSError, IndexError):
+            continue
+    return live
+
+
+def _environ(pid: int) -> dict:
+    """A live process's environment, read through a live thread of it."""
+    for tid in _live_threads(pid):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/environ", "rb") as f:
+                block = f.read()
+        except OSError:
+            continue
+        pairs = (entry.partition(b"=") for entry in block.split(b"\0") if entry)
+        return {key.decode(errors="replace"): value.decode(errors="replace") for key, _, value in pairs}
+    return {}
 
 
 def state(pid: int) -> str:
@@ -79,13 +107,8 @@ def processes_with_env(matches: Callable[[dict], bool]) -> list[psutil.Process]:
     for proc in psutil.process_iter():
         if proc.pid == os.getpid():
             continue
-        try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                continue
-            if matches(proc.environ()):
-                found.append(proc)
-        except psutil.Error:
-            continue
+        if matches(_environ(proc.pid)):
+            found.append(proc)
     return found
 
 

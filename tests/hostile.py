@@ -650,3 +650,94 @@ SANDBOX_ATTACKS = [
             "    os.sched_setaffinity(parent, os.sched_getaffinity(parent))\n"
             "    print('ESCAPED')\nexcept OSError as exc:\n    " + _refused("exc")),
 ]
+
+# The system call that ends one thread (not the whole process), by machine.
+_SYS_EXIT = 'import platform\nSYS_EXIT = {"x86_64": 60, "aarch64": 93}[platform.machine()]\n'
+
+# A daemon (setsid, double fork) that ends its first thread with SYS_exit
+# while a second one runs on: /proc/PID/stat says Z, /proc/PID/environ is
+# empty, and the process lives.
+ZOMBIE_LEADER_DAEMON = _SYS_EXIT + r"""
+import ctypes, os, threading, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        threading.Thread(target=time.sleep, args=(100,)).start()
+        os.write(w, str(os.getpid()).encode())
+        os.close(w)
+        ctypes.CDLL(None).syscall(SYS_EXIT, 0)
+    os._exit(0)
+os.close(w)
+print("PIDS", os.read(r, 64).decode(), flush=True)
+"""
+
+# Forty processes that each end their first thread the same way, then the
+# job waits: a process cap counted by the first threads' states sees one.
+ZOMBIE_LEADER_STORM = _SYS_EXIT + r"""
+import ctypes, os, threading, time
+for _ in range(40):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        threading.Thread(target=time.sleep, args=(100,)).start()
+        os.close(r)
+        os.close(w)
+        ctypes.CDLL(None).syscall(SYS_EXIT, 0)
+    os.close(w)
+    os.read(r, 1)  # EOF once the child's first thread is gone
+    os.close(r)
+    print("PIDS", pid, flush=True)
+time.sleep(10)
+print("all forty lived", flush=True)
+"""
+
+# Leaves a daemon (first thread ended, as above) that swaps a directory and
+# a symlink to TARGET inside its own job directory as fast as it can, while
+# the worker removes that directory.
+def symlink_racer(target: str) -> str:
+    return _SYS_EXIT + f"TARGET = {target!r}\n" + r"""
+import ctypes, os, threading, time
+os.makedirs("race/x/inner")
+for i in range(200):
+    os.mkdir(f"race/x/inner/{i}")
+os.symlink(TARGET, "race/y")
+libc = ctypes.CDLL(None, use_errno=True)
+def swap():
+    while True:
+        libc.renameat2(-100, b"race/x", -100, b"race/y", 2)  # RENAME_EXCHANGE
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        threading.Thread(target=swap).start()
+        os.write(w, str(os.getpid()).encode())
+        os.close(w)
+        ctypes.CDLL(None).syscall(SYS_EXIT, 0)
+    os._exit(0)
+os.close(w)
+print("PIDS", os.read(r, 64).decode(), flush=True)
+"""
+
+# Starts ten sleepers that carry the marker of the job submitted just
+# before it: its own marker with the job id one lower, the rest its own.
+MARKER_FORGER = r"""
+import os, subprocess
+token, job, *rest = os.environ["EXECPOOL_JOB"].strip().split("/")
+forged = "/".join([token, str(int(job) - 1), *rest])
+env = dict(os.environ, EXECPOOL_JOB=forged)
+for _ in range(10):
+    proc = subprocess.Popen(["sleep", "30"], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print("PIDS", proc.pid, flush=True)
+"""
+
+# Five seconds of mkdir in the job's own directory, bounded in count.
+def directory_flood(count: int) -> str:
+    return f"import os\nfor i in range({count}):\n    os.mkdir(str(i))\nprint('made', {count})\n"

@@ -321,7 +321,8 @@ def test_remove_tree_removes_any_depth_and_follows_no_symlink(tmp_path):
 @pytest.mark.nobody
 def test_remove_tree_removes_a_directory_its_job_made_unreadable_as_nobody(tmp_path):
     """Red team: a sandboxed job of a ``nobody`` pool ran ``chmod 0 .`` on
-    its own directory, which the worker then could not open to empty."""
+    its own directory, which the worker then could not open to empty; and
+    ``chmod 500`` on one inside, which it could open but not empty."""
     python = unprivileged_python()
     if os.getuid() != 0 or python is None:
         pytest.skip("needs root, to run as nobody")
@@ -330,6 +331,9 @@ def test_remove_tree_removes_a_directory_its_job_made_unreadable_as_nobody(tmp_p
     script = ("import os, sys\nfrom execpool.shared.kernel.dirs import remove_tree\n"
               "top = os.path.join(sys.argv[1], 'job')\nos.makedirs(os.path.join(top, 'sub'))\n"
               "open(os.path.join(top, 'sub', 'f'), 'w').close()\n"
+              "os.makedirs(os.path.join(top, 'ro', 'deeper'))\n"
+              "open(os.path.join(top, 'ro', 'deeper', 'f'), 'w').close()\n"
+              "os.chmod(os.path.join(top, 'ro', 'deeper'), 0o500)\nos.chmod(os.path.join(top, 'ro'), 0o500)\n"
               "os.chmod(os.path.join(top, 'sub'), 0)\nos.chmod(top, 0)\n"
               "print(remove_tree(top), os.path.exists(top))\n")
     try:

@@ -38,10 +38,11 @@ import os
 import signal
 import socket
 from dataclasses import dataclass
-from typing import Deque, List, Optional
+from typing import Deque, Optional
 
-from ..shared.kernel import linux, sandbox
+from ..shared.kernel import sandbox
 from ..shared.kernel.sandbox import Sandbox
+from .helper import fork_helper
 from .jobdirs import JobDirs, remove
 from .rulesets import Confiner
 from .spawn import _spawn
@@ -128,15 +129,8 @@ class Ahead:
 
     def _start(self, confiner: Confiner, views: Views, template: Template) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        keep = sorted({theirs.fileno(), *template.descriptors(), *confiner.descriptors()})
-        worker = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                ours.close()
-                _prepare(worker, theirs, keep, self.dirs, confiner, views, template)
-            finally:
-                os._exit(0)
+        keep = {theirs.fileno(), *template.descriptors(), *confiner.descriptors()}
+        pid = fork_helper("execpool-prep", keep, lambda: _prepare(theirs, self.dirs, confiner, views, template))
         theirs.close()
         ours.setblocking(False)
         self._sock, self._pid, self._template = ours, pid, template
@@ -199,25 +193,10 @@ class Ahead:
         return self._pid
 
 
-def _prepare(worker: int, sock: socket.socket, keep: List[int], dirs: JobDirs, confiner: Confiner, views: Views,
-             template: Template) -> None:
-    """The preparer's life: nothing of the worker's but the template, the
-    ruleset maker's descriptors and its socket (a job's namespace or tmpfs
-    the worker held would live on here otherwise); dead with the worker;
-    a job's own part made for each request, until the socket closes."""
-    linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-    linux.set_name("execpool-prep")
-    if os.getppid() != worker:
-        return  # the worker died before the death signal was armed
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.set_wakeup_fd(-1)
-    low = 3
-    for fd in keep:
-        if fd > low:
-            linux.close_range(low, fd - 1)
-        low = fd + 1
-    linux.close_range(low)
+def _prepare(sock: socket.socket, dirs: JobDirs, confiner: Confiner, views: Views, template: Template) -> None:
+    """The preparer's life (execpool/worker/helper.py: what it keeps of the
+    worker's, the template and the ruleset maker's descriptors besides its
+    socket): a job's own part made for each request, until the socket closes."""
     while True:
         try:
             request = sock.recv(1 << 12)

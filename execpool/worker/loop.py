@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import secrets
 import selectors
 import signal
 import time
@@ -52,7 +53,7 @@ from ..shared import channel
 from ..shared.kernel import linux
 from .capture import Stream
 from .job import Ending, Phase, RunningJob
-from .jobdirs import JobDirs, remove, unlink
+from .jobdirs import JobDirs, unlink
 from .launch import Launcher
 from .spawn import give_back_memory, keep_own_peak_resettable
 from .timers import Kind, Timers
@@ -129,10 +130,10 @@ class Worker:
 
     def _helpers(self) -> Set[int]:
         """The worker's children that belong to no job: the warm template,
-        its spares, the preparer of sandboxed jobs' namespaces."""
+        its spares, the preparer of sandboxed jobs' namespaces, the remover
+        of jobs' directories."""
         helpers = set(self.warm.spares.pids())
-        if self.launcher.ahead.pid:
-            helpers.add(self.launcher.ahead.pid)
+        helpers.update(pid for pid in (self.launcher.ahead.pid, self.dirs.remover) if pid)
         return helpers
 
     def _preload(self) -> Tuple[str, ...]:
@@ -285,7 +286,11 @@ class Worker:
     # -- a job's life ----------------------------------------------------
 
     def _start(self, start: channel.Start) -> None:
-        job = RunningJob(start, f"{self.token}/{start.job_id}")
+        # The job sees its marker, and ids count up: without a part no job
+        # can guess, one could mark its processes as a neighbour's -- to
+        # get the neighbour killed over its process cap, or its own
+        # processes kept alive and billed to the neighbour.
+        job = RunningJob(start, f"{self.token}/{start.job_id}/{secrets.token_hex(8)}")
         self.jobs[start.job_id] = job
         self.idle_since = None
         try:
@@ -400,11 +405,9 @@ class Worker:
         # its way out; or the tool never started.
         job.release()
         if trashed is not None:
-            if job.script is not None:  # most often all it holds: one rmdir then does
-                unlink(os.path.join(trashed, os.path.basename(job.script)))
-            remove(trashed)
+            self.dirs.collect(trashed, job.script)
         if tmp_trashed is not None:
-            remove(tmp_trashed)
+            self.dirs.collect(tmp_trashed)
         if not self.jobs:
             self.tree.sweep_strays()  # after the Result: the tree it belongs to is dead already
         self.launcher.make_ahead()
@@ -430,6 +433,7 @@ class Worker:
         self.warm.close()
         self._reap()
         self.launcher.close()
+        self.dirs.close()
 
 
 def main(argv: List[str]) -> None:

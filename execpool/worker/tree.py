@@ -27,9 +27,9 @@ class Tree:
 
     def __init__(self, worker_pid: int, helpers: Callable[[], Set[int]], spare_made: Callable[[int], bool]) -> None:
         self.worker_pid = worker_pid
-        # The warm template, its parked spares and the preparer
-        # (execpool/worker/ahead.py): children of the worker that belong to
-        # no job; and whether a pid is a spare on its way.
+        # The warm template, its parked spares and the worker's helpers
+        # (execpool/worker/helper.py): children of the worker that belong
+        # to no job; and whether a pid is a spare on its way.
         self._helpers = helpers
         self._spare_made = spare_made
         self.by_leader: Dict[int, RunningJob] = {}
@@ -132,15 +132,14 @@ class Tree:
 
     def not_strays(self) -> Set[int]:
         """The worker's children that belong to no finished job: the leaders
-        of running jobs, the warm template, the parked spares and the preparer."""
+        of running jobs, the warm template, the parked spares and the helpers."""
         return {*self.by_leader, *self._helpers()}
 
     def sweep_strays(self) -> None:
         """Kill the worker's children no running job can own (call it only
         when none runs). Spared: the template and its spares (also one on
         its way, a child of the worker before the worker knows its pid), the
-        preparer, and
-        what ``keep_background`` jobs left, by group or marker."""
+        helpers, and what ``keep_background`` jobs left, by group or marker."""
         keep = self.not_strays()
         for pid in child_pids(self.worker_pid):
             if pid in keep or is_zombie(pid) or self._spare_made(pid) or self._kept(pid):

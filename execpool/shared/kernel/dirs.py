@@ -16,8 +16,11 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+from typing import Optional
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: A handle on a directory that says what it is without reading it.
+_HANDLE_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def remove_tree(path: str) -> bool:
@@ -26,13 +29,9 @@ def remove_tree(path: str) -> bool:
     may have left its own directory unreadable (mode 0); its owner, the
     same user, undoes that first."""
     try:
-        top = os.open(path, _DIR_FLAGS)
+        top = _open_own(path, None)
     except FileNotFoundError:
         return True
-    except PermissionError:
-        if not (_quietly(os.chmod, path, 0o700, follow_symlinks=False) and os.path.isdir(path)):
-            return False
-        return remove_tree(path)
     except OSError:
         return _quietly(os.unlink, path)
     try:
@@ -59,9 +58,8 @@ def remove_tree(path: str) -> bool:
 def _hoist(top: int, name: str) -> bool:
     """Move what ``name`` holds up into ``top`` and remove ``name``; a job
     may have left it unreadable (mode 0), which its owner can undo."""
-    _quietly(os.chmod, name, 0o700, dir_fd=top, follow_symlinks=False)
     try:
-        inner = os.open(name, _DIR_FLAGS, dir_fd=top)
+        inner = _open_own(name, top)
     except OSError:
         return False
     try:
@@ -76,6 +74,35 @@ def _hoist(top: int, name: str) -> bool:
     return _quietly(os.rmdir, name, dir_fd=top)
 
 
+def _open_own(name: str, top: Optional[int]) -> int:
+    """Open the directory ``name`` (in ``top``, or a path), making it
+    readable and writable if its owner -- the job, the same user -- took
+    that away."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=top)
+    except PermissionError:
+        _make_own(name, top)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=top)
+    # Readable but not writable (``chmod 500``): nothing in it could be
+    # unlinked or moved up.
+    if os.fstat(fd).st_mode & 0o700 != 0o700:
+        _quietly(os.fchmod, fd, 0o700)
+    return fd
+
+
+def _make_own(name: str, top: Optional[int]) -> None:
+    """Give the directory ``name`` back its owner's rights. Its mode is
+    changed through a descriptor that cannot be a symlink's: ``chmod`` with
+    ``follow_symlinks=False`` raises ValueError or NotImplementedError here,
+    not OSError, and a job that swapped the directory for a symlink at the
+    right moment made that crash the worker."""
+    handle = os.open(name, _HANDLE_FLAGS, dir_fd=top)
+    try:
+        os.chmod(f"/proc/self/fd/{handle}", 0o700)
+    finally:
+        os.close(handle)
+
+
 def _rename_up(inner: int, child: str, top: int) -> None:
     """``child`` into ``top`` under a fresh name. The job chose the tree's
     names, so the fresh ones are random: names counted from 0 it took in
@@ -85,6 +112,9 @@ def _rename_up(inner: int, child: str, top: int) -> None:
             os.rename(child, f".execpool-hoisted-{secrets.token_hex(8)}", src_dir_fd=inner, dst_dir_fd=top)
             return
         except (FileExistsError, IsADirectoryError, NotADirectoryError):
+            continue
+        except PermissionError:
+            _make_own(child, inner)  # a directory moves only with the right to rewrite its ".."
             continue
         except OSError as exc:
             if exc.errno != errno.ENOTEMPTY:

@@ -37,7 +37,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import psutil
 
@@ -62,11 +62,21 @@ def marker_matches(value: Optional[str], marker: str) -> bool:
 
 def marker_of(pid: int) -> Optional[str]:
     """The job marker in a process's environment; None when it has none or
-    is gone (a zombie's environment cannot be read)."""
-    try:
-        return psutil.Process(pid).environ().get(JOB_MARKER_ENV)
-    except psutil.Error:
+    is dead. Read through a live thread: a process whose first thread
+    ended (``SYS_exit``, not ``exit_group``) shows an empty
+    ``/proc/PID/environ`` while its other threads run on."""
+    for task in _live_tasks(pid):
+        try:
+            with open(f"/proc/{pid}/task/{task}/environ", "rb", buffering=0) as f:
+                block = f.read()
+        except OSError:
+            continue
+        key = f"{JOB_MARKER_ENV}=".encode()
+        for entry in block.split(b"\0"):
+            if entry.startswith(key):
+                return entry[len(key):].decode("utf-8", "replace")
         return None
+    return None
 
 
 def _group_killable(pgid: Optional[int]) -> bool:
@@ -168,9 +178,40 @@ def stat_fields(pid: int) -> list:
 
 
 def is_zombie(pid: int) -> bool:
-    """Dead and waiting to be reaped (or gone): nothing to kill."""
+    """Dead and waiting to be reaped (or gone): nothing to kill. ``Z`` in
+    ``/proc/PID/stat`` is the first thread's state only: a daemon that
+    ended its first thread with ``SYS_exit`` reads as a zombie while its
+    other threads run, and every sweep that trusted it let it live until
+    the pool closed. It is dead only when no thread of it lives."""
     fields = stat_fields(pid)
-    return not fields or fields[0] == b"Z"
+    if not fields:
+        return True
+    return fields[0] == b"Z" and not any(True for _ in _live_tasks(pid))
+
+
+def _live_tasks(pid: int) -> Iterator[int]:
+    """The threads of ``pid`` that are not dead, its first one first: for
+    nearly every process, that one and no ``/proc`` listing."""
+    fields = stat_fields(pid)
+    if not fields:
+        return
+    if fields[0] not in (b"Z", b"X"):
+        yield pid
+        return
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for task in map(int, tasks):
+        if task == pid:
+            continue
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat", "rb", buffering=0) as f:
+                state = f.read().rpartition(b")")[2].split()[:1]
+        except OSError:
+            continue
+        if state and state[0] not in (b"Z", b"X"):
+            yield task
 
 
 def is_stopped(pid: int) -> bool:
@@ -214,13 +255,8 @@ def _marked(marker: str, scope: Optional[int], skip: set, pgids: frozenset) -> l
     for proc in candidates:
         if proc.pid == me or proc.pid in skip:
             continue
-        try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                continue
-            if marker_matches(proc.environ().get(JOB_MARKER_ENV), marker):
-                found.append(proc)
-        except psutil.Error:
-            continue
+        if marker_matches(marker_of(proc.pid), marker):
+            found.append(proc)
     return found
 
 

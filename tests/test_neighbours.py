@@ -1,0 +1,141 @@
+"""No job can cost another job anything: a job's end never stalls or kills
+its worker, nothing of a job outlives it, its marker cannot be forged.
+
+Each test is an attack a red team made with hostile tools (as root, the
+user these tests run as), written so that it failed on the code before its
+fix. What a job leaves is removed by the worker's remover
+(execpool/worker/jobdirs.py); what it runs is found by every thread's
+state (execpool/shared/kernel/proctree.py).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+import pytest
+from helpers import all_dead, pids_in, remember, wait_for, worker_records
+from hostile import MARKER_FORGER, ZOMBIE_LEADER_DAEMON, ZOMBIE_LEADER_STORM, directory_flood, symlink_racer
+
+from execpool import ExecPool, Limits, PythonJob, ShellJob, Status
+
+pytestmark = pytest.mark.hostile
+
+DEADLINE_S = 60
+
+
+def _trash(pool) -> str:
+    return os.path.join(worker_records(pool)[0].jobs_dir, ".trash")
+
+
+def _jobs_dir_empty(pool) -> bool:
+    jobs_dir = worker_records(pool)[0].jobs_dir
+    return os.listdir(jobs_dir) in ([], [".trash"]) and not os.listdir(os.path.join(jobs_dir, ".trash"))
+
+
+def test_a_job_that_filled_its_directory_does_not_hold_up_the_next_job():
+    """Red team: five seconds of mkdir left 30-70 thousand directories, which
+    the worker removed on its one loop at 1,500 a second: no other job's
+    timeout was enforced meanwhile. Now the next job is served -- its timeout
+    enforced -- while the flood is still being removed, and then nothing is
+    left."""
+    with ExecPool(workers=1) as pool:
+        worker = pool.worker_pids[0]
+        flood = pool.run(PythonJob(directory_flood(60_000), timeout=120))
+        assert flood.output == "made 60000\n", flood.text
+        started = time.monotonic()
+        neighbour = pool.run(ShellJob("echo before; sleep 30", timeout=0.5))
+        served_in = time.monotonic() - started
+        still_removing = os.listdir(_trash(pool))
+        assert neighbour.status is Status.TIMEOUT and neighbour.output == "before\n"
+        assert still_removing, f"the flood was removed before the next job was answered ({served_in:.2f} s)"
+        assert pool.worker_pids == [worker]
+        assert wait_for(lambda: _jobs_dir_empty(pool), DEADLINE_S)
+
+
+def test_a_daemon_whose_first_thread_ended_dies_with_its_job(doomed):
+    """Red team: a daemon that ends its first thread with SYS_exit reads as
+    Z in /proc/PID/stat; every sweep skipped it, and it ran until the pool
+    closed."""
+    with ExecPool(workers=1, cgroups=False) as pool:
+        result = pool.run(PythonJob(ZOMBIE_LEADER_DAEMON, timeout=30))
+        pids = pids_in(result.output)
+        remember(doomed, pids)
+        assert len(pids) == 1, result.text
+        assert all_dead(pids), "the daemon outlived its job"
+        assert pool.run(ShellJob("echo next")).output == "next\n"
+
+
+def test_threads_do_not_hide_processes_from_the_process_cap(doomed):
+    """Red team: with ``processes=8`` and the worker counting (no cgroup),
+    forty processes whose first threads had ended ran, and the job ended
+    ``ok``."""
+    with ExecPool(workers=1, cgroups=False) as pool:
+        result = pool.run(PythonJob(ZOMBIE_LEADER_STORM, limits=Limits(processes=8), timeout=60))
+        pids = pids_in(result.output)
+        remember(doomed, pids)
+        assert "all forty lived" not in result.output
+        assert result.text.startswith("Execution error: the job went over its process limit (8)"), result.text
+        assert all_dead(pids)
+
+
+def test_a_job_that_races_its_own_removal_neither_crashes_the_worker_nor_reaches_outside(tmp_path, doomed):
+    """Red team: a daemon left swapping a directory and a symlink
+    (``renameat2(RENAME_EXCHANGE)``) in its job's directory made the
+    removal change the mode of what had just become a symlink, which raised
+    ValueError in the worker: it died, and every job on it ended ``infra``.
+    The daemon could survive because its first thread had ended (above)."""
+    target = tmp_path / "target"
+    target.mkdir(mode=0o755)
+    (target / "kept").write_text("not the job's")
+    mode = stat.S_IMODE(target.stat().st_mode)
+    with ExecPool(workers=1, cgroups=False) as pool:
+        worker = pool.worker_pids[0]
+        bystander = pool.submit(ShellJob("sleep 1; echo still here", timeout=30))
+        racer = pool.run(PythonJob(symlink_racer(str(target)), timeout=30))
+        pids = pids_in(racer.output)
+        remember(doomed, pids)
+        assert len(pids) == 1, racer.text
+        assert bystander.result(DEADLINE_S).output == "still here\n"
+        assert all_dead(pids), "the racer outlived its job"
+        assert pool.run(ShellJob("echo after")).output == "after\n"
+        assert pool.worker_pids == [worker], "the worker died"
+        assert wait_for(lambda: _jobs_dir_empty(pool), DEADLINE_S)
+    assert (target / "kept").read_text() == "not the job's"
+    assert stat.S_IMODE(target.stat().st_mode) == mode
+
+
+def test_removing_a_directory_that_became_a_symlink_raises_nothing(tmp_path):
+    """The race above, made still: the removal is handed a name that is a
+    symlink where it found a directory. It neither raises nor follows it."""
+    from execpool.shared.kernel import dirs
+
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o755)
+    top = tmp_path / "top"
+    top.mkdir()
+    (top / "was_a_directory").symlink_to(outside)
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert dirs._hoist(fd, "was_a_directory") is False
+    finally:
+        os.close(fd)
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o755
+    assert dirs.remove_tree(str(top)) and not top.exists() and outside.is_dir()
+
+
+def test_a_job_cannot_pass_its_processes_off_as_its_neighbours(doomed):
+    """Red team: a job sees its own ``EXECPOOL_JOB`` and ids count up, so it
+    started processes carrying its neighbour's marker: the neighbour was
+    killed "over its process limit". Markers now hold a part no job can
+    guess; the forged ones match nobody, and go as strays."""
+    with ExecPool(workers=1, cgroups=False) as pool:
+        victim = pool.submit(ShellJob("sleep 1.5; echo fine", limits=Limits(processes=4), timeout=30))
+        forger = pool.run(PythonJob(MARKER_FORGER, timeout=30))
+        pids = pids_in(forger.output)
+        remember(doomed, pids)
+        assert len(pids) == 10, forger.text
+        result = victim.result(DEADLINE_S)
+        assert result.status is Status.OK and result.output == "fine\n", result.text
+        assert all_dead(pids, timeout=10), "the forged processes outlived both jobs"
