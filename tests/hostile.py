@@ -4,29 +4,38 @@ Each is a shell or Python source string; tools that leave processes behind
 print their pids (``PIDS a b c``) so a test can check that none survives.
 """
 
+import textwrap
+
 # A background grandchild that keeps the output pipe open after the shell exits.
 GRANDCHILD_HOLDS_STDOUT = "(sleep 100; echo never) & echo \"PIDS $!\""
 
 # A background process that does not hold the pipe: the job ends, it must not outlive it.
 QUIET_BACKGROUND = "sleep 100 >/dev/null 2>&1 & echo \"PIDS $!\""
 
+def _escaped_daemon(body: str) -> str:
+    """A daemon that escapes its process group with setsid and a double
+    fork, puts its stdio on /dev/null, announces its pid, then runs
+    ``body``."""
+    return (
+        "import os, sys, time\n"
+        "r, w = os.pipe()\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        devnull = os.open(os.devnull, os.O_RDWR)\n"
+        "        for fd in (0, 1, 2):\n"
+        "            os.dup2(devnull, fd)\n"
+        "        os.write(w, str(os.getpid()).encode())\n"
+        "        os.close(w)\n"
+        + textwrap.indent(textwrap.dedent(body).strip() + "\n", " " * 8)
+        + "    os._exit(0)\n"
+        "os.close(w)\n"
+        "print(\"PIDS\", os.read(r, 64).decode(), flush=True)\n"
+    )
+
+
 # A daemon that escapes the process group with setsid and a double fork.
-SETSID_DAEMON = r"""
-import os, sys, time
-r, w = os.pipe()
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        os.write(w, str(os.getpid()).encode())
-        os.close(w)
-        time.sleep(100)
-    os._exit(0)
-os.close(w)
-print("PIDS", os.read(r, 64).decode(), flush=True)
-"""
+SETSID_DAEMON = _escaped_daemon("time.sleep(100)")
 
 # Moves itself into a new process group (not a new session) and lingers.
 NEW_PGID = r"""
@@ -657,23 +666,10 @@ _SYS_EXIT = 'import platform\nSYS_EXIT = {"x86_64": 60, "aarch64": 93}[platform.
 # A daemon (setsid, double fork) that ends its first thread with SYS_exit
 # while a second one runs on: /proc/PID/stat says Z, /proc/PID/environ is
 # empty, and the process lives.
-ZOMBIE_LEADER_DAEMON = _SYS_EXIT + r"""
-import ctypes, os, threading, time
-r, w = os.pipe()
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        threading.Thread(target=time.sleep, args=(100,)).start()
-        os.write(w, str(os.getpid()).encode())
-        os.close(w)
-        ctypes.CDLL(None).syscall(SYS_EXIT, 0)
-    os._exit(0)
-os.close(w)
-print("PIDS", os.read(r, 64).decode(), flush=True)
-"""
+ZOMBIE_LEADER_DAEMON = _SYS_EXIT + "import ctypes, threading\n" + _escaped_daemon("""
+    threading.Thread(target=time.sleep, args=(100,)).start()
+    ctypes.CDLL(None).syscall(SYS_EXIT, 0)
+""")
 
 # Forty processes that each end their first thread the same way, then the
 # job waits: a process cap counted by the first threads' states sees one.
@@ -709,21 +705,10 @@ libc = ctypes.CDLL(None, use_errno=True)
 def swap():
     while True:
         libc.renameat2(-100, b"race/x", -100, b"race/y", 2)  # RENAME_EXCHANGE
-r, w = os.pipe()
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        threading.Thread(target=swap).start()
-        os.write(w, str(os.getpid()).encode())
-        os.close(w)
-        ctypes.CDLL(None).syscall(SYS_EXIT, 0)
-    os._exit(0)
-os.close(w)
-print("PIDS", os.read(r, 64).decode(), flush=True)
-"""
+""" + _escaped_daemon("""
+    threading.Thread(target=swap).start()
+    ctypes.CDLL(None).syscall(SYS_EXIT, 0)
+""")
 
 # Starts ten sleepers that carry the marker of the job submitted just
 # before it: its own marker with the job id one lower, the rest its own.
