@@ -171,6 +171,12 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--read-timeout", type=_seconds("--read-timeout"), default=settings.DEFAULT_READ_TIMEOUT_S,
                         help=f"seconds a request's headers, then its body, may take to arrive "
                              f"(default {settings.DEFAULT_READ_TIMEOUT_S:g})")
+    parser.add_argument("--write-timeout", type=_seconds("--write-timeout"),
+                        default=settings.DEFAULT_WRITE_TIMEOUT_S,
+                        help="seconds an answer may wait for its client to take any of it; then the connection is "
+                             "reset and the answer's slot freed, so clients that do not read cannot hold the "
+                             f"service (default {settings.DEFAULT_WRITE_TIMEOUT_S:g}, the default job timeout: a "
+                             "client that stops reading holds a slot no longer than a job may run)")
     parser.add_argument("--grace", type=_seconds("--grace"), default=settings.DEFAULT_GRACE_S,
                         help=f"seconds running jobs get at shutdown (default {settings.DEFAULT_GRACE_S:g})")
     parser.add_argument("--timeout", type=_seconds("--timeout"), default=settings.DEFAULT_TIMEOUT_S,

@@ -23,8 +23,8 @@ from typing import Awaitable, Callable, Deque, Optional
 
 
 class Reason(str, enum.Enum):
-    """Why the service refused a request: the label of
-    ``execpool_rejected_total``."""
+    """Why the service refused a request, or dropped its answer: the label
+    of ``execpool_rejected_total``."""
 
     QUEUE_FULL = "queue_full"
     QUEUE_TIMEOUT = "queue_timeout"
@@ -32,6 +32,7 @@ class Reason(str, enum.Enum):
     NO_DIRECTORY = "no_directory"  # no directory could be made for the request's files
     TOO_LARGE = "too_large"
     READ_TIMEOUT = "read_timeout"
+    WRITE_TIMEOUT = "write_timeout"  # the client took none of its answer in time: dropped, slot freed
     AUTH = "auth"
     HOST = "host"
     CROSS_ORIGIN = "cross_origin"

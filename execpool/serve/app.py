@@ -91,8 +91,11 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
     the app's directories). ``defaults`` is what a request does not say
     (``execpool.formats.request.Defaults``: its timeout, the largest it may
     ask, warm Python, the network, limits). ``read_timeout`` bounds the
-    time a request's body may take to arrive (headers are the server's
-    business: ``execpool serve`` gives them the same limit).
+    time a request's body may take to arrive. Headers, and how long an
+    answer may wait for a client that does not read it, are the server's
+    business, as only the server holds the connection: ``execpool serve``
+    gives headers the same limit, and resets a connection whose answer
+    makes no progress for ``--write-timeout`` seconds.
     ``allowed_hosts``: the names (no port) a request's ``Host`` may say;
     ``LOOPBACK_NAMES`` for a server on loopback, None for any."""
     max_body_bytes = max_body_mb << 20

@@ -15,9 +15,11 @@ process that owns the listening sockets can do:
 - take as many descriptors as the machine allows, and close connections
   past ``--max-connections`` at once: a job that opens thousands of
   connections to the server must not leave it without descriptors;
-- give up on connections that do not send their request headers in time
-  (uvicorn has no such limit: a client that trickles a header byte every
-  few seconds would hold its connection for ever);
+- give up on connections that do not send their request headers in time,
+  and on those that take none of their answer in time (uvicorn has neither
+  limit: a client that trickles a header byte every few seconds, or that
+  asks for a big answer and never reads it, would hold its connection --
+  and the answer's slot -- for ever);
 - SIGTERM / SIGINT: stop listening, give running jobs ``--grace`` seconds,
   then cancel what still runs (each request is answered with its
   ``cancelled`` record), close the pool, exit 0.
@@ -30,21 +32,28 @@ import asyncio
 import contextlib
 import errno
 import ipaddress
+import logging
 import os
 import resource
 import signal
 import socket
+import struct
 import sys
 from typing import List, Optional
 
 import uvicorn
+from prometheus_client import Counter
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..formats.request import Defaults
 from ..pool.supervisor import ExecPool
 from ..shared.kernel.sandbox import sandbox_support
+from .admission import Reason
 from .app import LOOPBACK_NAMES, create_app
 from .jobs import ServiceJobs
+from .settings import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S
+
+logger = logging.getLogger("execpool")
 
 #: After the grace, cancelled jobs still answer their requests: this long.
 ANSWER_CANCELLED_S = 5.0
@@ -96,9 +105,11 @@ def main(args: argparse.Namespace) -> int:
                              queue_timeout=args.queue_timeout, token=token, max_body_mb=args.max_body_mb,
                              defaults=defaults, heartbeat_s=args.heartbeat, read_timeout=args.read_timeout,
                              allowed_hosts=LOOPBACK_NAMES if _loopback(args.host) else None)
-            _HeadersInTime.timeout = args.read_timeout
-            _HeadersInTime.max_connections = max_connections
-            config = uvicorn.Config(app, http=_HeadersInTime, log_level="warning", lifespan="off",
+            _InTime.timeout = args.read_timeout
+            _InTime.write_timeout = args.write_timeout
+            _InTime.dropped = app.state.jobs.metrics.rejected.labels(Reason.WRITE_TIMEOUT)
+            _InTime.max_connections = max_connections
+            config = uvicorn.Config(app, http=_InTime, log_level="warning", lifespan="off",
                                     timeout_graceful_shutdown=args.grace + ANSWER_CANCELLED_S)
             asyncio.run(_serve(_Server(config), sockets, app.state.jobs, args.grace))
     finally:
@@ -175,16 +186,29 @@ def _bound(host: str, port: int) -> socket.socket:
     return sock
 
 
-class _HeadersInTime(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, with a deadline for each request's
-    headers: ``timeout`` seconds from the connection, or from the end of
-    the answer before. (The body has its own, in the app.) The idle test
-    is the protocol's own, the one its ``shutdown`` uses."""
+class _InTime(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, with deadlines for both halves of a
+    request. Its headers: ``timeout`` seconds from the connection, or from
+    the end of the answer before (the body has its own, in the app). Its
+    answer: once the connection's buffer is past its high-water mark --
+    the kernel's buffers are full, and uvicorn's ``send`` waits for it to
+    drain before writing more -- the client must take some of it every
+    ``write_timeout`` seconds, or the connection is reset. Progress is what
+    counts, not how long the buffer takes to drain: one write of a big
+    record may take a slow client many timeouts to read, and it keeps its
+    answer as long as it reads. A reset connection is a client gone to the
+    app: its answer's slot is freed and a stream's job cancelled. The idle
+    test is the protocol's own, the one its ``shutdown`` uses."""
 
-    timeout: float = 30.0
-    max_connections: int = 4096
+    timeout: float = DEFAULT_READ_TIMEOUT_S
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    #: The app's count of answers dropped (``execpool_rejected_total``).
+    dropped: Counter
 
     def connection_made(self, transport) -> None:
+        self._headers_due: Optional[asyncio.TimerHandle] = None
+        self._answer_due: Optional[asyncio.TimerHandle] = None
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
             transport.abort()  # past the cap: its descriptor back at once, no answer
@@ -196,21 +220,55 @@ class _HeadersInTime(H11Protocol):
         self._arm()
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
-        self._disarm()
+        _cancel(self._headers_due)
+        _cancel(self._answer_due)
         super().connection_lost(exc)
 
-    def _arm(self) -> None:
-        self._disarm()
-        self._headers_due = self.loop.call_later(self.timeout, self._headers_late)
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._watch_answer(self.transport.get_write_buffer_size())
 
-    def _disarm(self) -> None:
-        due = getattr(self, "_headers_due", None)
-        if due is not None:
-            due.cancel()
+    def resume_writing(self) -> None:
+        _cancel(self._answer_due)
+        super().resume_writing()
+
+    def _arm(self) -> None:
+        _cancel(self._headers_due)
+        self._headers_due = self.loop.call_later(self.timeout, self._headers_late)
 
     def _headers_late(self) -> None:
         if self.cycle is None or self.cycle.response_complete:
             self.timeout_keep_alive_handler()  # closes the connection, as an idle one's end
+
+    def _watch_answer(self, unsent: int) -> None:
+        _cancel(self._answer_due)
+        self._answer_due = self.loop.call_later(self.write_timeout, self._answer_late, unsent)
+
+    def _answer_late(self, unsent: int) -> None:
+        """``unsent`` bytes were waiting ``write_timeout`` seconds ago (and
+        next to nothing can have joined them: ``send`` waits while writing
+        is paused)."""
+        left = self.transport.get_write_buffer_size()
+        if left < unsent:
+            self._watch_answer(left)  # the client took some: it reads, however slowly
+            return
+        peer = "%s:%s" % self.client if self.client else "a client"
+        asked = f"{self.scope['method']} {self.scope['path']!r}" if self.scope else "a request"
+        logger.warning("execpool serve: %s took none of its answer to %s for %g s (--write-timeout): "
+                       "connection reset", peer, asked, self.write_timeout)
+        self.dropped.inc()
+        # A reset, not a close: closed, the socket would stay in the kernel
+        # with its unsent megabytes for as long as the client keeps quiet.
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
+
+
+def _cancel(timer: Optional[asyncio.TimerHandle]) -> None:
+    if timer is not None:
+        timer.cancel()
 
 
 class _Server(uvicorn.Server):

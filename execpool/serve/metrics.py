@@ -33,7 +33,8 @@ class ServiceMetrics:
         Gauge("execpool_jobs_in_flight", "Jobs running now", registry=r).set_function(lambda: admission.in_flight)
         Gauge("execpool_queue_depth", "Requests waiting for a slot", registry=r).set_function(
             lambda: admission.queue_depth)
-        self.rejected = Counter("execpool_rejected", "Requests refused, by reason", ["reason"], registry=r)
+        self.rejected = Counter("execpool_rejected", "Requests refused, and answers dropped, by reason", ["reason"],
+                                registry=r)
         r.register(_PoolCollector(pool))
 
     def job(self, route: str, kind: str, result: Result) -> None:

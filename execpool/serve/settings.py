@@ -23,6 +23,14 @@ DEFAULT_GRACE_S = 10.0
 #: client that trickles them would hold a connection for ever.
 DEFAULT_READ_TIMEOUT_S = 30.0
 
+#: Seconds an answer may wait for its client to take any of it (once the
+#: connection's buffers are full): a client that asks for a big answer and
+#: reads nothing would hold the answer's slot for ever. As long as a job
+#: may run by default, so a client that stops reading holds a slot no
+#: longer than one that asks for a slow job; any client that reads at all
+#: takes something of a blocked answer far sooner.
+DEFAULT_WRITE_TIMEOUT_S = 30.0
+
 #: Connections the service keeps open at most: each is a descriptor, and a
 #: job can open thousands of connections to the server it runs under.
 DEFAULT_MAX_CONNECTIONS = 4096

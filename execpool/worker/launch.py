@@ -145,7 +145,7 @@ class Launcher:
     def _made_for(self, job: RunningJob) -> Optional[Made]:
         """What was made ahead for a job like this one (execpool/worker/ahead.py), if anything."""
         start = job.start
-        if not Ahead.fits(start.cwd, start.sandbox):
+        if start.sandbox is None or not Ahead.fits(start.cwd, start.sandbox):
             return None
         confiner = self.confiner()
         if confiner.support.missing_for(start.sandbox) is not None:
