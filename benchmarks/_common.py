@@ -27,6 +27,8 @@ from typing import Iterable, Optional, Sequence
 
 import psutil
 
+from execpool.shared.kernel import proctree
+from execpool.worker.helper import PREPARER_NAME, REMOVER_NAME
 from execpool.worker.warm.wire import SPARE_NAME, TEMPLATE_NAME
 
 MiB = 1 << 20
@@ -324,11 +326,79 @@ print("ok")
 """
 
 
+#: Hostile jobs from the red team (tests/hostile.py holds the tests' own),
+#: each printing "ok" when it is done. The system call that ends one thread,
+#: not the process:
+_SYS_EXIT = 'import platform\nSYS_EXIT = {"x86_64": 60, "aarch64": 93}[platform.machine()]\n'
+
+#: Leaves a daemon that ends its first thread with SYS_exit: /proc says Z.
+ZOMBIE_LEADER_DAEMON = _SYS_EXIT + """\
+import ctypes, os, threading, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        fd = os.open(os.devnull, os.O_RDWR)
+        for n in (0, 1, 2):
+            os.dup2(fd, n)
+        threading.Thread(target=time.sleep, args=(1000,)).start()
+        ctypes.CDLL(None).syscall(SYS_EXIT, 0)
+    os._exit(0)
+os.wait()
+print("ok")
+"""
+
+#: Fills its own directory with directories for the worker to remove.
+DIRECTORY_FLOOD = "import os\nfor i in range(20000):\n    os.mkdir(str(i))\nprint('ok')\n"
+
+#: Leaves a daemon (first thread ended) swapping a directory and a symlink
+#: to / in its own directory, under the removal.
+SYMLINK_RACER = _SYS_EXIT + """\
+import ctypes, os, threading, time
+os.makedirs("race/x/inner")
+for i in range(100):
+    os.mkdir(f"race/x/inner/{i}")
+os.symlink("/", "race/y")
+def swap():
+    libc = ctypes.CDLL(None)
+    while True:
+        libc.renameat2(-100, b"race/x", -100, b"race/y", 2)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        fd = os.open(os.devnull, os.O_RDWR)
+        for n in (0, 1, 2):
+            os.dup2(fd, n)
+        threading.Thread(target=swap).start()
+        ctypes.CDLL(None).syscall(SYS_EXIT, 0)
+    os._exit(0)
+os.wait()
+print("ok")
+"""
+
+#: Starts sleepers marked as the job submitted before it, as far as it can
+#: tell: its own marker with the job id one lower.
+MARKER_FORGER = """\
+import os, subprocess
+token, job, *rest = os.environ["EXECPOOL_JOB"].strip().split("/")
+env = dict(os.environ, EXECPOOL_JOB="/".join([token, str(int(job) - 1), *rest]))
+for _ in range(5):
+    subprocess.Popen(["sleep", "1000"], env=env, start_new_session=True,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print("ok")
+"""
+
+#: Each of the above, by the kind name chaos.py and soak.py give it.
+HOSTILE = {"zombie_leader": ZOMBIE_LEADER_DAEMON, "dir_flood": DIRECTORY_FLOOD, "symlink_racer": SYMLINK_RACER,
+           "marker_forger": MARKER_FORGER}
+
+
 def is_pool_helper(proc: psutil.Process) -> bool:
-    """A worker's warm template or parked spare (execpool/worker/warm/template.py), or the
-    pool's lifeline (execpool/lifeline/process.py): the pool's own, not a tool."""
+    """A worker's warm template or parked spare (execpool/worker/warm/template.py), its
+    helpers (execpool/worker/helper.py), or the pool's lifeline
+    (execpool/lifeline/process.py): the pool's own, not a tool."""
     try:
-        return proc.name() in (TEMPLATE_NAME, SPARE_NAME) or "execpool.lifeline" in proc.cmdline()
+        return (proc.name() in (TEMPLATE_NAME, SPARE_NAME, PREPARER_NAME, REMOVER_NAME)
+                or "execpool.lifeline" in proc.cmdline())
     except psutil.Error:
         return False
 
@@ -341,11 +411,16 @@ def descendants(pid: int | None = None) -> list[psutil.Process]:
 
 
 def environ_of(proc: psutil.Process) -> dict | None:
-    """A process's environment, or None when it is gone or unreadable."""
-    try:
-        return proc.environ()
-    except (psutil.Error, OSError):
-        return None
+    """A process's environment, or None when it is dead or unreadable --
+    read through any live thread of it (execpool/shared/kernel/proctree.py
+    says why)."""
+    return proctree.environ(proc.pid)
+
+
+def is_dead(proc: psutil.Process) -> bool:
+    """Gone, or a zombie in every thread: a process whose first thread
+    ended reads as ``Z`` while its others run."""
+    return proctree.is_zombie(proc.pid)
 
 
 def proc_stat(pid: int) -> tuple[str, int] | None:
@@ -452,7 +527,7 @@ def still_running(procs: list[tuple[int, float]], seconds: float) -> list[int]:
         for pid, created in procs:
             try:
                 proc = psutil.Process(pid)
-                if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
+                if proc.create_time() == created and not is_dead(proc):
                     alive.append(pid)
             except psutil.Error:
                 pass

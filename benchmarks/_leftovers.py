@@ -45,13 +45,6 @@ def native_thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def is_zombie(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 def _has_job(env: Optional[dict]) -> bool:
     """Carries a job's marker: workers and their warm template and spares
     carry the variable too, blank (room a warm job stamps its marker into)."""
@@ -70,8 +63,6 @@ def marked_processes(run_id: str) -> dict:
         if not _has_job(env):
             continue
         try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                continue
             name = proc.name()
         except psutil.Error:
             continue
@@ -88,7 +79,7 @@ def snapshot(pool: ExecPool, run_id: str) -> dict:
     for proc in C.descendants():
         if proc.pid in workers:
             continue
-        if is_zombie(proc):
+        if C.is_dead(proc):
             zombies += 1
             continue
         env = C.environ_of(proc)

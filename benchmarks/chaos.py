@@ -29,6 +29,11 @@ warm_daemon        the same as a warm job
 daemon_shell       ``setsid sleep`` from a subshell, then "ok"
 daemon_holds_pipe  a setsid daemon keeps stdout open: times out at 0.3 s
 background         20 background sleepers, then "bg"
+zombie_leader      a daemon that ended its first thread (SYS_exit), then "ok"
+dir_flood          20 000 directories in its own directory, then "ok"
+symlink_racer      a daemon swapping a directory and a symlink to / under the
+                   removal of its directory, then "ok"
+marker_forger      5 sleepers marked as the job before it, then "ok"
 =================  ===============================================================
 
 Any kind may instead end with ``Execution error: worker process ...`` when
@@ -256,6 +261,22 @@ class Chaos:
         problem = _expect(r, f"Execution timed out after {SHORT_TIMEOUT_S} seconds.")
         return r, problem or (None if r.output == "ok\n" else f"output {r.output!r}")
 
+    def hostile(self, kind: str):
+        r = self.pool.run(PythonJob(C.HOSTILE[kind], timeout=JOB_TIMEOUT_S, env=self.env(kind)))
+        return r, _expect(r, "ok\n")
+
+    def zombie_leader(self, i: int):
+        return self.hostile("zombie_leader")
+
+    def dir_flood(self, i: int):
+        return self.hostile("dir_flood")
+
+    def symlink_racer(self, i: int):
+        return self.hostile("symlink_racer")
+
+    def marker_forger(self, i: int):
+        return self.hostile("marker_forger")
+
     def background(self, i: int):
         r = self.pool.run(ShellJob("for n in $(seq 20); do sleep 1000 >/dev/null 2>&1 & done; echo bg",
                                    timeout=JOB_TIMEOUT_S, env=self.env("background")))
@@ -266,6 +287,7 @@ class Chaos:
 KINDS: dict[str, int] = {
     "shell": 12, "python": 10, "warm": 6, "fail": 8, "timeout": 8, "cancel": 10, "close": 10, "flood": 4,
     "daemon_python": 6, "warm_daemon": 4, "daemon_shell": 8, "daemon_holds_pipe": 6, "background": 8,
+    "zombie_leader": 2, "dir_flood": 1, "symlink_racer": 1, "marker_forger": 2,
 }
 
 
@@ -306,13 +328,8 @@ def marked(run_id: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter():
         env = C.environ_of(proc)
-        if not env or env.get(RUN_VAR) != run_id:
-            continue
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except psutil.Error:
-            pass
+        if env and env.get(RUN_VAR) == run_id:
+            found.append(proc)
     return found
 
 
@@ -322,15 +339,12 @@ def counts(pool: ExecPool, run_id: str) -> dict:
     for proc in C.descendants():
         if proc.pid in workers:
             continue
-        try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                zombies += 1
-            elif C.is_pool_helper(proc):
-                helpers += 1  # a worker's warm template and parked spares, the lifeline
-            else:
-                others += 1
-        except psutil.Error:
-            pass
+        if C.is_dead(proc):
+            zombies += 1
+        elif C.is_pool_helper(proc):
+            helpers += 1  # a worker's warm template, parked spares and helpers, the lifeline
+        else:
+            others += 1
     return {
         "threads": threading.active_count(),
         "native_threads": C.thread_count(),

@@ -39,6 +39,11 @@ daemon_holds_pipe     the daemon keeps stdout open, so no EOF: must time out
                       (0.3 s) with the output kept
 background            background grandchildren (one in the group, one in a
                       subshell); "bg", exit 0
+zombie_leader,        the red team's jobs (benchmarks/_common.py HOSTILE): a
+dir_flood,            daemon that ended its first thread, 20 000 directories,
+symlink_racer,        a daemon swapping a directory and a symlink under the
+marker_forger         removal, sleepers marked as another job's; "ok", and
+                      every other job's Result stays right
 ====================  ==========================================================
 
 Before the run (after a warm-up of ~50 jobs) and after it (after
@@ -367,6 +372,14 @@ def background(s: Soak, i: int) -> Optional[str]:
     return _expect(s.pool.run(ShellJob(cmd, timeout=JOB_TIMEOUT_S, env=s.env("background"))), output="bg\n")
 
 
+def _hostile(kind: str) -> Callable[[Soak, int], Optional[str]]:
+    """A red team's job (benchmarks/_common.py): its own Result is "ok"; what
+    it does to its neighbours shows in theirs and in what is left."""
+    def run(s: Soak, i: int) -> Optional[str]:
+        return _expect(s.pool.run(PythonJob(C.HOSTILE[kind], timeout=JOB_TIMEOUT_S, env=s.env(kind))), output="ok\n")
+    return run
+
+
 #: kind -> (function, weight per 100 jobs)
 KINDS: dict[str, tuple[Callable[[Soak, int], Optional[str]], int]] = {
     "shell_output": (shell_output, 10),
@@ -386,6 +399,7 @@ KINDS: dict[str, tuple[Callable[[Soak, int], Optional[str]], int]] = {
     "warm_daemon": (warm_daemon, 3),
     "daemon_holds_pipe": (daemon_holds_pipe, 4),
     "background": (background, 7),
+    **{kind: (_hostile(kind), 1) for kind in C.HOSTILE},
 }
 
 

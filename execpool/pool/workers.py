@@ -334,10 +334,15 @@ class Workers:
             except subprocess.TimeoutExpired:
                 worker.proc.kill()
                 code = worker.proc.wait()
-            # Before the successor: what the dead worker's jobs left may
-            # hold the very descriptors or memory a new worker needs.
-            self._release(worker, bool(lost))
+            # Before the successor: what the dead worker's jobs left running
+            # may hold the very descriptors or memory a new worker needs.
+            # What they left on disk holds neither, and may be a job's
+            # hundred thousand directories: removed after.
+            destroyed = self._release(worker, bool(lost))
             successor_due = replace and self._may_replace(worker) and not self._start_successor(None)
+            remove_tree(worker.jobs_dir)
+            if destroyed:
+                self.lifeline.gone(worker.token)
         except Exception as exc:
             logger.error("execpool: cleaning up after worker %d failed", worker.pid, exc_info=exc)
         finally:
@@ -394,13 +399,14 @@ class Workers:
                 return
             backoff = min(2 * backoff, RESPAWN_BACKOFF_MAX_S)
 
-    def _release(self, worker: WorkerProcess, had_jobs: bool) -> None:
-        """Whatever an exited worker's jobs left, gone before their directory
-        is: its cgroup killed whole (daemons that left their session and
-        cleared their environment too), the process groups it reported and
-        its marker swept, its per-job groups removed. The lifeline is told
-        the worker is gone only once its group is: until then it is the
-        lifeline's to kill, should this process die."""
+    def _release(self, worker: WorkerProcess, had_jobs: bool) -> bool:
+        """Whatever an exited worker's jobs left running, gone before their
+        directory is: its cgroup killed whole (daemons that left their
+        session and cleared their environment too), the process groups it
+        reported and its marker swept, its per-job groups removed. Whether
+        its group is gone: only then, and once its directory is, the
+        lifeline is told the worker is gone -- until then it is the
+        lifeline's to kill and remove, should this process die."""
         group = worker.group
         destroyed = group is None or group.destroy(GROUP_EMPTY_TIMEOUT_S)
         if group is not None and not destroyed:
@@ -409,6 +415,4 @@ class Workers:
         if had_jobs or worker.pgids:
             kill_tree(worker.pgids.values(), marker=worker.token)
         cgroups.remove_tree(cgroups.worker_bases(worker.token))
-        remove_tree(worker.jobs_dir)
-        if destroyed:
-            self.lifeline.gone(worker.token)
+        return destroyed

@@ -42,7 +42,7 @@ from typing import Deque, Optional
 
 from ..shared.kernel import sandbox
 from ..shared.kernel.sandbox import Sandbox
-from .helper import fork_helper
+from .helper import PREPARER_NAME, fork_helper
 from .jobdirs import JobDirs, remove
 from .rulesets import Confiner
 from .spawn import _spawn
@@ -130,7 +130,7 @@ class Ahead:
     def _start(self, confiner: Confiner, views: Views, template: Template) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         keep = {theirs.fileno(), *template.descriptors(), *confiner.descriptors()}
-        pid = fork_helper("execpool-prep", keep, lambda: _prepare(theirs, self.dirs, confiner, views, template))
+        pid = fork_helper(PREPARER_NAME, keep, lambda: _prepare(theirs, self.dirs, confiner, views, template))
         theirs.close()
         ours.setblocking(False)
         self._sock, self._pid, self._template = ours, pid, template

@@ -18,6 +18,10 @@ from typing import Callable, Iterable
 
 from ..shared.kernel import linux
 
+#: The helpers' process names, as ``ps`` shows them.
+PREPARER_NAME = "execpool-prep"
+REMOVER_NAME = "execpool-rm"
+
 
 def fork_helper(name: str, keep: Iterable[int], body: Callable[[], None]) -> int:
     """Fork a helper named ``name`` that runs ``body`` with only ``keep``

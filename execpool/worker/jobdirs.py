@@ -10,8 +10,10 @@ removes when the worker is gone. What a job leaves in it is the job's
 choice: five seconds of ``mkdir`` left 70 000 directories, a minute of the
 worker's loop to remove, during which no other job's timeout was enforced
 and the watchdog killed the worker. The loop's part is now a rename and,
-for the common empty directory, an rmdir; the rest is the remover's, at a
-lower priority, on whichever core is free.
+for the common empty directory, an rmdir; the rest is the remover's, on
+whichever core is free. It runs at the jobs' priority, not below: on a
+saturated machine a lower one starved it, and the leftovers piled up for
+the pool to remove when the worker died.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import tempfile
 from typing import Optional
 
 from ..shared.kernel.dirs import remove_tree
-from .helper import fork_helper
+from .helper import REMOVER_NAME, fork_helper
 
 
 class JobDirs:
@@ -91,7 +93,7 @@ class JobDirs:
     def _start_remover(self) -> int:
         read_end, self._wake = os.pipe()
         os.set_blocking(self._wake, False)
-        self.remover = fork_helper("execpool-rm", (read_end,), lambda: _remove_trash(read_end, self.trash))
+        self.remover = fork_helper(REMOVER_NAME, (read_end,), lambda: _remove_trash(read_end, self.trash))
         os.close(read_end)
         return self._wake
 
@@ -108,7 +110,6 @@ def _remove_trash(wake: int, trash: str) -> None:
     """The remover's life: empty the trash each time the worker wakes it.
     Whatever one pass cannot remove (a job made it unremovable) stays until
     the next, and with ``jobs_dir`` until the pool removes that."""
-    os.nice(10)  # a job's leftovers wait for everyone's running tools
     while os.read(wake, 1 << 12):
         try:
             names = os.listdir(trash)

@@ -60,23 +60,26 @@ def marker_matches(value: Optional[str], marker: str) -> bool:
     return value == marker or value.startswith(marker + "/")
 
 
-def marker_of(pid: int) -> Optional[str]:
-    """The job marker in a process's environment; None when it has none or
-    is dead. Read through a live thread: a process whose first thread
-    ended (``SYS_exit``, not ``exit_group``) shows an empty
-    ``/proc/PID/environ`` while its other threads run on."""
+def environ(pid: int) -> Optional[dict]:
+    """A process's environment; None when it is dead or unreadable. Read
+    through a live thread: a process whose first thread ended
+    (``SYS_exit``, not ``exit_group``) shows an empty ``/proc/PID/environ``
+    while its other threads run on."""
     for task in _live_tasks(pid):
         try:
             with open(f"/proc/{pid}/task/{task}/environ", "rb", buffering=0) as f:
                 block = f.read()
         except OSError:
             continue
-        key = f"{JOB_MARKER_ENV}=".encode()
-        for entry in block.split(b"\0"):
-            if entry.startswith(key):
-                return entry[len(key):].decode("utf-8", "replace")
-        return None
+        pairs = (entry.partition(b"=") for entry in block.split(b"\0") if entry)
+        return {os.fsdecode(key): os.fsdecode(value) for key, _, value in pairs}
     return None
+
+
+def marker_of(pid: int) -> Optional[str]:
+    """The job marker in a process's environment; None when it has none or
+    is dead."""
+    return (environ(pid) or {}).get(JOB_MARKER_ENV)
 
 
 def _group_killable(pgid: Optional[int]) -> bool:
