@@ -311,48 +311,33 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 #: A setsid + double-fork daemon that lets go of stdout, then "ok".
-DAEMON_PYTHON = """\
-import os, time
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        fd = os.open(os.devnull, os.O_RDWR)
-        for n in (0, 1, 2):
-            os.dup2(fd, n)
-        time.sleep(1000)
-    os._exit(0)
-os.wait()
-print("ok")
-"""
+def _daemon(body: str, prelude: str = "import os, time\n") -> str:
+    """A job that leaves a daemon (setsid and a double fork, stdio on
+    /dev/null) running ``body``, then prints "ok"."""
+    indented = "".join("        " + line + "\n" for line in body.strip().splitlines())
+    return (prelude + "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            "        fd = os.open(os.devnull, os.O_RDWR)\n        for n in (0, 1, 2):\n            os.dup2(fd, n)\n"
+            + indented + "    os._exit(0)\nos.wait()\nprint(\"ok\")\n")
 
+
+DAEMON_PYTHON = _daemon("time.sleep(1000)")
 
 #: Hostile jobs from the red team (tests/hostile.py holds the tests' own),
 #: each printing "ok" when it is done. The system call that ends one thread,
 #: not the process:
 _SYS_EXIT = 'import platform\nSYS_EXIT = {"x86_64": 60, "aarch64": 93}[platform.machine()]\n'
+_LAST_THREAD_LIVES = "ctypes.CDLL(None).syscall(SYS_EXIT, 0)"
 
 #: Leaves a daemon that ends its first thread with SYS_exit: /proc says Z.
-ZOMBIE_LEADER_DAEMON = _SYS_EXIT + """\
-import ctypes, os, threading, time
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        fd = os.open(os.devnull, os.O_RDWR)
-        for n in (0, 1, 2):
-            os.dup2(fd, n)
-        threading.Thread(target=time.sleep, args=(1000,)).start()
-        ctypes.CDLL(None).syscall(SYS_EXIT, 0)
-    os._exit(0)
-os.wait()
-print("ok")
-"""
+ZOMBIE_LEADER_DAEMON = _daemon("threading.Thread(target=time.sleep, args=(1000,)).start()\n" + _LAST_THREAD_LIVES,
+                               _SYS_EXIT + "import ctypes, os, threading, time\n")
 
 #: Fills its own directory with directories for the worker to remove.
 DIRECTORY_FLOOD = "import os\nfor i in range(20000):\n    os.mkdir(str(i))\nprint('ok')\n"
 
 #: Leaves a daemon (first thread ended) swapping a directory and a symlink
 #: to / in its own directory, under the removal.
-SYMLINK_RACER = _SYS_EXIT + """\
+SYMLINK_RACER = _daemon("threading.Thread(target=swap).start()\n" + _LAST_THREAD_LIVES, _SYS_EXIT + """\
 import ctypes, os, threading, time
 os.makedirs("race/x/inner")
 for i in range(100):
@@ -362,18 +347,7 @@ def swap():
     libc = ctypes.CDLL(None)
     while True:
         libc.renameat2(-100, b"race/x", -100, b"race/y", 2)
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        fd = os.open(os.devnull, os.O_RDWR)
-        for n in (0, 1, 2):
-            os.dup2(fd, n)
-        threading.Thread(target=swap).start()
-        ctypes.CDLL(None).syscall(SYS_EXIT, 0)
-    os._exit(0)
-os.wait()
-print("ok")
-"""
+""")
 
 #: Starts sleepers marked as the job submitted before it, as far as it can
 #: tell: its own marker with the job id one lower.
