@@ -12,10 +12,21 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import tempfile
 import time
 
 import pytest
-from helpers import all_dead, pids_in, remember, wait_for, worker_records
+from helpers import (
+    UNPRIVILEGED,
+    all_dead,
+    pids_in,
+    remember,
+    unprivileged_python,
+    unprivileged_pythonpath,
+    wait_for,
+    worker_records,
+)
 from hostile import MARKER_FORGER, ZOMBIE_LEADER_DAEMON, ZOMBIE_LEADER_STORM, directory_flood, symlink_racer
 
 from execpool import ExecPool, Limits, PythonJob, ShellJob, Status
@@ -139,3 +150,48 @@ def test_a_job_cannot_pass_its_processes_off_as_its_neighbours(doomed):
         result = victim.result(DEADLINE_S)
         assert result.status is Status.OK and result.output == "fine\n", result.text
         assert all_dead(pids, timeout=10), "the forged processes outlived both jobs"
+
+
+@pytest.mark.nobody
+def test_a_directory_its_job_made_immovable_is_moved_not_removed_as_nobody():
+    """Red team: as ``nobody``, a job ran ``chmod 555 .``: its directory could
+    no longer be moved to the trash (a directory moves only with the right
+    to rewrite its ``..``), and the worker removed its eighty thousand
+    directories on its loop instead -- the neighbour's timeout went
+    unenforced until the watchdog killed the worker."""
+    python = unprivileged_python()
+    if os.getuid() != 0 or python is None:
+        pytest.skip("needs root, to run as nobody")
+    base = tempfile.mkdtemp(prefix="execpool-test-")
+    os.chmod(base, 0o777)
+    script = ("import os, sys\nfrom execpool.worker.jobdirs import JobDirs\n"
+              "jobs_dir = os.path.join(sys.argv[1], 'jobs')\nos.mkdir(jobs_dir, 0o700)\n"
+              "dirs = JobDirs(jobs_dir)\nprivate = dirs.private()\n"
+              "for i in range(100):\n    os.mkdir(os.path.join(private, str(i)))\n"
+              "os.chmod(private, 0o555)\n"
+              "trashed = dirs.discard(private)\n"
+              "print(trashed is not None and os.path.dirname(trashed) == dirs.trash, len(os.listdir(trashed)))\n")
+    try:
+        done = subprocess.run([python, "-c", script, base], capture_output=True, text=True, timeout=60,
+                              user=UNPRIVILEGED, group=UNPRIVILEGED, extra_groups=[], cwd="/",
+                              env={"PYTHONPATH": unprivileged_pythonpath(base)})
+    finally:
+        subprocess.run(["rm", "-rf", base], check=True)
+    assert done.stdout == "True 100\n", done.stderr[-2000:]
+
+
+def test_a_job_that_breaks_the_trash_still_does_not_hold_up_the_next_job():
+    """Red team (no sandbox): a job put a file where the worker's trash was,
+    so its directory could not be moved there, and the worker removed its
+    sixty thousand directories on its loop. Now the trash is made again."""
+    with ExecPool(workers=1) as pool:
+        worker = pool.worker_pids[0]
+        breaker = ('import os\nos.rename("../.trash", "../.trash-moved")\nopen("../.trash", "w").close()\n'
+                   + directory_flood(60_000))
+        flood = pool.run(PythonJob(breaker, timeout=120))
+        assert flood.output == "made 60000\n", flood.text
+        neighbour = pool.run(ShellJob("echo before; sleep 30", timeout=0.5))
+        assert neighbour.status is Status.TIMEOUT and neighbour.output == "before\n"
+        assert os.path.isdir(_trash(pool)) and os.listdir(_trash(pool)), "the flood was removed on the loop"
+        assert pool.worker_pids == [worker]
+        assert wait_for(lambda: not os.listdir(_trash(pool)), DEADLINE_S)

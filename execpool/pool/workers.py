@@ -325,9 +325,12 @@ class Workers:
         Results: a future left pending would hang its caller for good. The
         successor is started before they get them (a caller that submits
         again at once finds it), unless the machine cannot start one yet:
-        then after, trying again until it can."""
+        then after, trying again until it can. Its directory is removed
+        after them: a job that filled it must not make its neighbours wait
+        for their Results."""
         code = None
         successor_due = replace
+        released: Optional[bool] = None  # whether its group is gone, once what it left running is
         try:
             try:
                 code = worker.proc.wait(EXIT_WAIT_S)
@@ -337,12 +340,9 @@ class Workers:
             # Before the successor: what the dead worker's jobs left running
             # may hold the very descriptors or memory a new worker needs.
             # What they left on disk holds neither, and may be a job's
-            # hundred thousand directories: removed after.
-            destroyed = self._release(worker, bool(lost))
+            # hundred thousand directories: removed once the Results are out.
+            released = self._release(worker, bool(lost))
             successor_due = replace and self._may_replace(worker) and not self._start_successor(None)
-            remove_tree(worker.jobs_dir)
-            if destroyed:
-                self.lifeline.gone(worker.token)
         except Exception as exc:
             logger.error("execpool: cleaning up after worker %d failed", worker.pid, exc_info=exc)
         finally:
@@ -355,6 +355,10 @@ class Workers:
             for handle in lost.values():
                 handle.finish(Result(status=Status.INFRA, error=error, worker_pid=worker.pid,
                                      worker_exit_code=code))
+            if released is not None:
+                remove_tree(worker.jobs_dir)
+                if released:
+                    self.lifeline.gone(worker.token)
             worker.close()
             if successor_due:
                 self._keep_trying_successor()

@@ -19,12 +19,16 @@ the pool to remove when the worker died.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import secrets
 import tempfile
 from typing import Optional
 
-from ..shared.kernel.dirs import remove_tree
+from ..shared.kernel.dirs import make_own, remove_tree
 from .helper import REMOVER_NAME, fork_helper
+
+logger = logging.getLogger("execpool")
 
 
 class JobDirs:
@@ -56,15 +60,40 @@ class JobDirs:
 
     def discard(self, path: str) -> Optional[str]:
         """Take a private directory off its path now; return where it went,
-        for the caller to ``remove`` once the Result is out (None: gone
-        already)."""
+        for the caller to :meth:`collect` once the Result is out (None: gone
+        already, or left where it is). Never a removal here: a job can make
+        the rename fail -- ``chmod 555`` on its own directory (a directory
+        moves only with the right to rewrite its ``..``; root needs no
+        right), or a file where the trash was (without the sandbox) -- and
+        the removal of its sixty thousand directories would then hold up
+        the worker's loop. Its rights are given back, the trash made again;
+        what still cannot move stays for the pool to remove with
+        ``jobs_dir``."""
         trashed = os.path.join(self.trash, os.path.basename(path))
-        try:
-            os.rename(path, trashed)
-        except OSError:
-            remove(path)
-            return None
-        return trashed
+        for attempt in range(3):
+            try:
+                os.rename(path, trashed)
+                return trashed
+            except FileNotFoundError:
+                if not os.path.lexists(path):
+                    return None
+            except OSError:
+                pass
+            if attempt == 0:
+                with contextlib.suppress(OSError):
+                    make_own(path, None)
+            else:
+                self._renew_trash()
+        logger.warning("execpool: cannot move %s to the trash; it stays until its worker is gone", path)
+        return None
+
+    def _renew_trash(self) -> None:
+        """A trash that is no longer a directory of the worker's: moved
+        aside (the pool removes it with ``jobs_dir``) and made again."""
+        with contextlib.suppress(OSError):
+            os.rename(self.trash, f"{self.trash}-{secrets.token_hex(8)}")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.trash, 0o700)
 
     def collect(self, trashed: str, script: Optional[str] = None) -> None:
         """Delete a directory :meth:`discard` moved to the trash, with the

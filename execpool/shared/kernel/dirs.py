@@ -81,7 +81,7 @@ def _open_own(name: str, top: Optional[int]) -> int:
     try:
         fd = os.open(name, _DIR_FLAGS, dir_fd=top)
     except PermissionError:
-        _make_own(name, top)
+        make_own(name, top)
         fd = os.open(name, _DIR_FLAGS, dir_fd=top)
     # Readable but not writable (``chmod 500``): nothing in it could be
     # unlinked or moved up.
@@ -90,7 +90,7 @@ def _open_own(name: str, top: Optional[int]) -> int:
     return fd
 
 
-def _make_own(name: str, top: Optional[int]) -> None:
+def make_own(name: str, top: Optional[int]) -> None:
     """Give the directory ``name`` back its owner's rights. Its mode is
     changed through a descriptor that cannot be a symlink's: ``chmod`` with
     ``follow_symlinks=False`` raises ValueError or NotImplementedError here,
@@ -114,7 +114,7 @@ def _rename_up(inner: int, child: str, top: int) -> None:
         except (FileExistsError, IsADirectoryError, NotADirectoryError):
             continue
         except PermissionError:
-            _make_own(child, inner)  # a directory moves only with the right to rewrite its ".."
+            make_own(child, inner)  # a directory moves only with the right to rewrite its ".."
             continue
         except OSError as exc:
             if exc.errno != errno.ENOTEMPTY:
