@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable, Iterable
 
@@ -168,6 +169,25 @@ def unprivileged_pythonpath(base: str) -> str:
             target = os.path.join(root, name)
             os.chmod(target, os.stat(target).st_mode | 0o444 | (0o111 if name in dirs else 0))
     return path
+
+
+def run_as_nobody(script: str) -> subprocess.CompletedProcess:
+    """Run the Python ``script`` as ``nobody`` with execpool importable and
+    ``sys.argv[1]`` a fresh directory it may write in (removed after);
+    skip the test where that cannot be done."""
+    import pytest
+
+    python = unprivileged_python()
+    if os.getuid() != 0 or python is None:
+        pytest.skip("needs root, to run as nobody")
+    base = tempfile.mkdtemp(prefix="execpool-test-")  # tmp_path's parents are root's alone
+    os.chmod(base, 0o777)
+    try:
+        return subprocess.run([python, "-c", script, base], capture_output=True, text=True, timeout=60,
+                              user=UNPRIVILEGED, group=UNPRIVILEGED, extra_groups=[], cwd="/",
+                              env={"PYTHONPATH": unprivileged_pythonpath(base)})
+    finally:
+        subprocess.run(["rm", "-rf", base], check=True)  # what nobody left, whatever its modes
 
 
 class Gates:

@@ -5,22 +5,27 @@ from __future__ import annotations
 import json
 import os
 import signal
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
 
+import hostile
 import psutil
 import pytest
+from helpers import (
+    all_dead,
+    marked_processes,
+    open_fds,
+    pids_in,
+    run_as_nobody,
+    wait_for,
+    worker_records,
+)
 
-import hostile
 from execpool import ExecPool, Limits, PythonJob, ShellJob
 from execpool.pool import dispatch
-from helpers import (UNPRIVILEGED, all_dead, marked_processes, open_fds, pids_in, unprivileged_python,
-                     unprivileged_pythonpath, wait_for, worker_records)
 
 
 @pytest.mark.slow
@@ -323,11 +328,6 @@ def test_remove_tree_removes_a_directory_its_job_made_unreadable_as_nobody(tmp_p
     """Red team: a sandboxed job of a ``nobody`` pool ran ``chmod 0 .`` on
     its own directory, which the worker then could not open to empty; and
     ``chmod 500`` on one inside, which it could open but not empty."""
-    python = unprivileged_python()
-    if os.getuid() != 0 or python is None:
-        pytest.skip("needs root, to run as nobody")
-    base = tempfile.mkdtemp(prefix="execpool-test-")  # tmp_path's parents are root's alone
-    os.chmod(base, 0o777)
     script = ("import os, sys\nfrom execpool.shared.kernel.dirs import remove_tree\n"
               "top = os.path.join(sys.argv[1], 'job')\nos.makedirs(os.path.join(top, 'sub'))\n"
               "open(os.path.join(top, 'sub', 'f'), 'w').close()\n"
@@ -336,12 +336,7 @@ def test_remove_tree_removes_a_directory_its_job_made_unreadable_as_nobody(tmp_p
               "os.chmod(os.path.join(top, 'ro', 'deeper'), 0o500)\nos.chmod(os.path.join(top, 'ro'), 0o500)\n"
               "os.chmod(os.path.join(top, 'sub'), 0)\nos.chmod(top, 0)\n"
               "print(remove_tree(top), os.path.exists(top))\n")
-    try:
-        done = subprocess.run([python, "-c", script, base], capture_output=True, text=True, timeout=60,
-                              user=UNPRIVILEGED, group=UNPRIVILEGED, extra_groups=[], cwd="/",
-                              env={"PYTHONPATH": unprivileged_pythonpath(base)})
-    finally:
-        shutil.rmtree(base)
+    done = run_as_nobody(script)
     assert done.stdout == "True False\n", done.stderr[-2000:]
 
 

@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import tempfile
 import time
 
 import pytest
 from helpers import (
-    UNPRIVILEGED,
     all_dead,
     pids_in,
     remember,
-    unprivileged_python,
-    unprivileged_pythonpath,
+    run_as_nobody,
     wait_for,
     worker_records,
 )
@@ -159,11 +155,6 @@ def test_a_directory_its_job_made_immovable_is_moved_not_removed_as_nobody():
     to rewrite its ``..``), and the worker removed its eighty thousand
     directories on its loop instead -- the neighbour's timeout went
     unenforced until the watchdog killed the worker."""
-    python = unprivileged_python()
-    if os.getuid() != 0 or python is None:
-        pytest.skip("needs root, to run as nobody")
-    base = tempfile.mkdtemp(prefix="execpool-test-")
-    os.chmod(base, 0o777)
     script = ("import os, sys\nfrom execpool.worker.jobdirs import JobDirs\n"
               "jobs_dir = os.path.join(sys.argv[1], 'jobs')\nos.mkdir(jobs_dir, 0o700)\n"
               "dirs = JobDirs(jobs_dir)\nprivate = dirs.private()\n"
@@ -171,12 +162,7 @@ def test_a_directory_its_job_made_immovable_is_moved_not_removed_as_nobody():
               "os.chmod(private, 0o555)\n"
               "trashed = dirs.discard(private)\n"
               "print(trashed is not None and os.path.dirname(trashed) == dirs.trash, len(os.listdir(trashed)))\n")
-    try:
-        done = subprocess.run([python, "-c", script, base], capture_output=True, text=True, timeout=60,
-                              user=UNPRIVILEGED, group=UNPRIVILEGED, extra_groups=[], cwd="/",
-                              env={"PYTHONPATH": unprivileged_pythonpath(base)})
-    finally:
-        subprocess.run(["rm", "-rf", base], check=True)
+    done = run_as_nobody(script)
     assert done.stdout == "True 100\n", done.stderr[-2000:]
 
 
