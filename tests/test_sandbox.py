@@ -21,15 +21,15 @@ import sys
 import tempfile
 import textwrap
 
-import pytest
-
 import hostile
+import pytest
+from helpers import UNPRIVILEGED, all_dead, collect, pids_in, unprivileged_python, unprivileged_pythonpath
+
 from execpool import ExecPool, PythonJob, Sandbox, ShellJob, Status, sandbox_support
 from execpool import tools as tool_layer
 from execpool.shared.kernel.cgroups import _mounts
 from execpool.shared.kernel.sandbox import MIN_LANDLOCK_ABI
 from execpool.worker.spawn import SPAWN_METHODS
-from helpers import UNPRIVILEGED, all_dead, pids_in, unprivileged_python, unprivileged_pythonpath
 
 pytestmark = [pytest.mark.hostile, pytest.mark.skipif(not sandbox_support().available,
                                                      reason=f"no sandbox here: {sandbox_support().missing}")]
@@ -325,6 +325,39 @@ def test_what_only_root_may_read_in_etc_stays_hidden_as_etc_changes(pool, etc_di
     os.chmod(later, 0o600)
     assert pool.run(job("strict", made, later)).output == f"{made} Permission denied\n{later} Permission denied\n"
     assert pool.run(job(False, made, later)).output == "made\nplain/later 1\n"  # the control
+
+
+@pytest.mark.parametrize("kind", ["shell", "cold", "warm"])
+def test_what_etc_hides_stays_hidden_from_a_job_running_while_etc_changes(pool, etc_dir, kind):
+    """Red team: the view covered each root-only file beneath /etc with a
+    mount on its name, and replacing the file by a rename -- as passwd and
+    useradd replace /etc/shadow -- takes such a mount away in every
+    namespace: a root job running meanwhile read the new file. A root-only
+    file made meanwhile was readable too."""
+    private, made, go = (os.path.join(etc_dir, name) for name in ("private", "made", "go"))
+    show = "2>&1 | sed 's/^cat: //'"
+    script = (f"cat {private} {show}; echo ready; "
+              f"for i in $(seq 600); do [ -e {go} ] && break; sleep 0.05; done; cat {private} {made} {show}")
+    if kind == "shell":
+        job = ShellJob(script, sandbox="strict", timeout=60)
+    else:
+        job = PythonJob(f"import subprocess\nsubprocess.run({script!r}, shell=True)\n", sandbox="strict",
+                        warm=kind == "warm", timeout=60)
+    stream = pool.stream(job)
+    seen = ""
+    for event in stream:
+        seen += event.get("text", "")
+        if "ready" in seen:
+            break
+    for path, text in ((private + ".new", "private 2\n"), (made, "made\n")):
+        with open(path, "w") as f:
+            f.write(text)
+        os.chmod(path, 0o600)
+    os.rename(private + ".new", private)
+    open(go, "w").close()
+    events, result = collect(stream)
+    assert result.output == (f"{private}: Permission denied\nready\n"
+                             f"{private}: Permission denied\n{made}: Permission denied\n"), result.text
 
 
 def test_naming_a_file_in_a_hidden_directory_gives_that_file_alone(pool, etc_dir):

@@ -422,12 +422,17 @@ class Confiner:
             self._grant(grants, os.path.realpath(path), FS_READ_FILE)
         self.granted = _pruned(grants)
         self._base: List[Tuple[int, int]] = []
+        #: The same but what lies beneath /etc, for a job with a view: its
+        #: template grants that, less what it hides (``Template.readable``).
+        self._base_beside_view: List[Tuple[int, int]] = []
         for path, rights in self.granted.items():
             try:
                 fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             except OSError:
                 continue  # gone since: nothing to grant
             self._base.append((fd, self._rights(fd, rights)))
+            if not any(path == tree or _beneath(path, tree) for tree in GUARDED_TREES):
+                self._base_beside_view.append(self._base[-1])
         self._interpreters: Dict[str, List[Tuple[int, int]]] = {}
         self._guard = _WorldReadable(self.build)
         prepare()
@@ -457,7 +462,7 @@ class Confiner:
         that layer could not grant the view's own directories anyway)."""
         guard = None if template is not None else self._guard.layer((*own, *sandbox.read, *sandbox.write))
         try:
-            view_root = () if template is None else ((template.root_fd, READ),)
+            view_root = () if template is None else self._view_rules(template)
             return (*(() if guard is None else (guard,)), self._job_ruleset(python, sandbox, own, view_root))
         except BaseException:
             if guard is not None:
@@ -476,7 +481,7 @@ class Confiner:
                     ports[port] = ports.get(port, 0) | right
         opened: List[int] = []
         try:
-            rules = [*self._base, *self._interpreter(python), *view_root]
+            rules = [*(self._base_beside_view if view_root else self._base), *self._interpreter(python), *view_root]
             wanted = dict.fromkeys(write, self.handled)
             for path in read:
                 wanted[path] = wanted.get(path, 0) | READ
@@ -494,6 +499,16 @@ class Confiner:
         finally:
             for fd in opened:
                 os.close(fd)
+
+    def _view_rules(self, template: Template) -> Tuple[Tuple[int, int], ...]:
+        """Listing every directory of the view, reading what the template
+        lets a job read (``Template.readable``): the view shows nothing
+        else, and these grants hide what the template's covers hide, by
+        inode, so that nothing that changes beneath /etc while the job runs
+        becomes readable."""
+        rights = self.handled & READ
+        return ((template.root_fd, rights & FS_READ_DIR),
+                *((fd, rights if is_dir else rights & _FILE_RIGHTS) for fd, is_dir in template.readable))
 
     def _interpreter(self, python: str) -> List[Tuple[int, int]]:
         """The rules granting a job's interpreter (a pool may name one the
@@ -521,6 +536,7 @@ class Confiner:
     def close(self) -> None:
         for fd, _ in self._base:
             os.close(fd)
+        self._base_beside_view.clear()
         for known in self._interpreters.values():
             for fd, _ in known:
                 os.close(fd)

@@ -37,6 +37,7 @@ import ctypes
 import json
 import os
 import socket
+import stat
 import sys
 from dataclasses import dataclass, replace
 from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
@@ -135,6 +136,9 @@ class Template:
         self.dirs = {"/", *tops, *_ancestors(HOME), HOME}
         for path in bound:
             self.dirs.update(parent for parent in _ancestors(path) if not self.shows(parent))
+        #: What a job may read in it (``_readable``), as descriptors and
+        #: whether each is a directory.
+        self.readable = _readable(root_fd, tops, covered)
 
     def shows(self, path: str) -> bool:
         """Whether ``path`` (a real host path) is in the view as the host has it."""
@@ -165,13 +169,47 @@ class Template:
         return _identity(self.jobs_dir) != self.jobs_dir_id
 
     def descriptors(self) -> List[int]:
-        return [fd for fd in (self.user_fd, self.mnt_fd, self.root_fd) if fd >= 0]
+        return [fd for fd in (self.user_fd, self.mnt_fd, self.root_fd) if fd >= 0] + [fd for fd, _ in self.readable]
 
     def close(self) -> None:
         for fd in (self.user_fd, self.mnt_fd, self.root_fd):
             if fd >= 0:
                 os.close(fd)
         self.user_fd = self.mnt_fd = self.root_fd = -1
+        for fd, _ in self.readable:
+            os.close(fd)
+        self.readable = []
+
+
+def _readable(root_fd: int, tops: Iterable[str], covered: FrozenSet[str]) -> List[Tuple[int, bool]]:
+    """What a job's Landlock layer lets it read in the view: every top-level
+    directory but ``/etc``, and in ``/etc`` every sibling of what the view
+    covers and of the covered paths' ancestors -- by inode, never an
+    ancestor of a covered path. The covers alone do not hold: replacing a
+    covered file by a rename (``passwd`` replacing ``/etc/shadow``) takes
+    the mount on its name away in every namespace, and a root job running
+    then read the new file; a root-only file made under ``/etc`` while a
+    job runs was readable too. Neither inode is granted here."""
+    etc_ancestors = {parent for path in covered for parent in _ancestors(path) if _beneath(parent, "/etc")}
+    wanted = [top for top in tops if top != "/etc" or not covered]
+    for directory in sorted(etc_ancestors):
+        for name in os.listdir(f"/proc/self/fd/{root_fd}{directory}"):
+            path = f"{directory}/{name}"
+            if path not in etc_ancestors and path not in covered:
+                wanted.append(path)
+    readable = []
+    try:
+        for path in wanted:
+            try:
+                fd = os.open(path.lstrip("/"), os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+            except OSError:
+                continue  # gone since it was listed: nothing to grant
+            readable.append((fd, stat.S_ISDIR(os.fstat(fd).st_mode)))
+    except BaseException:
+        for fd, _ in readable:
+            os.close(fd)
+        raise
+    return readable
 
 
 def _identity(path: str) -> Optional[Tuple[int, int]]:
