@@ -158,7 +158,7 @@ def test_an_escaped_daemon_dies_with_the_worker_it_killed(doomed):
         assert "SIGKILL" in stop.value.value.text, stop.value.value
         assert all_dead([daemon], timeout=2.0), "the daemon outlived the worker it killed"
         assert wait_for(lambda: not groups_of(worker.token), 3.0), groups_of(worker.token)
-        assert not os.path.exists(worker.jobs_dir)
+        assert wait_for(lambda: not os.path.exists(worker.jobs_dir), 10.0)
         assert pool.run(ShellJob("echo healthy")).text == "healthy\n"
 
 
