@@ -333,7 +333,7 @@ ZOMBIE_LEADER_DAEMON = _daemon("threading.Thread(target=time.sleep, args=(1000,)
                                _SYS_EXIT + "import ctypes, os, threading, time\n")
 
 #: Fills its own directory with directories for the worker to remove.
-DIRECTORY_FLOOD = "import os\nfor i in range(20000):\n    os.mkdir(str(i))\nprint('ok')\n"
+DIRECTORY_FLOOD = "import os\nfor i in range(5000):\n    os.mkdir(str(i))\nprint('ok')\n"
 
 #: Leaves a daemon (first thread ended) swapping a directory and a symlink
 #: to / in its own directory, under the removal.

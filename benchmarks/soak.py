@@ -40,7 +40,7 @@ daemon_holds_pipe     the daemon keeps stdout open, so no EOF: must time out
 background            background grandchildren (one in the group, one in a
                       subshell); "bg", exit 0
 zombie_leader,        the red team's jobs (benchmarks/_common.py HOSTILE): a
-dir_flood,            daemon that ended its first thread, 20 000 directories,
+dir_flood,            daemon that ended its first thread, 5 000 directories,
 symlink_racer,        a daemon swapping a directory and a symlink under the
 marker_forger         removal, sleepers marked as another job's; "ok", and
                       every other job's Result stays right

@@ -42,7 +42,7 @@ from typing import Optional
 from ..shared import channel
 from ..shared.errors import PoolBrokenError, PoolClosedError
 from ..shared.kernel import cgroups
-from ..shared.kernel.dirs import remove_tree
+from ..shared.kernel.dirs import TRASH, remove_tree
 from ..shared.kernel.proctree import kill_tree
 from ..shared.package import PACKAGE_PARENT
 from ..shared.result import Result, Status, describe_exit
@@ -356,7 +356,8 @@ class Workers:
                 handle.finish(Result(status=Status.INFRA, error=error, worker_pid=worker.pid,
                                      worker_exit_code=code))
             if released is not None:
-                remove_tree(worker.jobs_dir)
+                if not self._hand_over(worker.jobs_dir):
+                    remove_tree(worker.jobs_dir)
                 if released:
                     self.lifeline.gone(worker.token)
             worker.close()
@@ -365,6 +366,22 @@ class Workers:
             with self._cleaned:
                 self._cleanups.discard(threading.current_thread())
                 self._cleaned.notify_all()
+
+    def _hand_over(self, jobs_dir: str) -> bool:
+        """Move a dead worker's directory into a live worker's trash, for
+        that worker's remover to delete: one rename here. What a job left
+        there -- a flood of directories -- would otherwise be removed by a
+        thread of this process, the caller's server. False where no live
+        worker takes it (the pool is closing): the caller removes it."""
+        with self.lock:
+            heirs = [] if self.closed else list(self.all)  # a worker not yet started has no trash: skipped
+        for heir in heirs:
+            try:
+                os.rename(jobs_dir, os.path.join(heir.jobs_dir, TRASH, os.path.basename(jobs_dir)))
+                return True
+            except OSError:
+                continue
+        return False
 
     def _may_replace(self, worker: WorkerProcess) -> bool:
         """Only a worker that dies before it is ready, again and again,

@@ -25,7 +25,7 @@ import secrets
 import tempfile
 from typing import Optional
 
-from ..shared.kernel.dirs import make_own, remove_tree
+from ..shared.kernel.dirs import TRASH, make_own, remove_tree
 from .helper import REMOVER_NAME, fork_helper
 
 logger = logging.getLogger("execpool")
@@ -39,7 +39,7 @@ class JobDirs:
 
     def __init__(self, jobs_dir: str) -> None:
         self.jobs_dir = jobs_dir
-        self.trash = os.path.join(jobs_dir, ".trash")
+        self.trash = os.path.join(jobs_dir, TRASH)
         os.mkdir(self.trash, 0o700)
         #: The remover's pid (0: none yet), and the pipe that wakes it.
         self.remover = 0
@@ -104,11 +104,17 @@ class JobDirs:
             unlink(os.path.join(trashed, os.path.basename(script)))
         try:
             os.rmdir(trashed)
-            return
+            if os.stat(self.trash).st_nlink <= 2:
+                return
+            # Directories in the trash that no job of this worker put there:
+            # a dead worker's, which the pool hands over (execpool/pool/workers.py).
         except FileNotFoundError:
             return
         except OSError:
             pass
+        self._wake_remover()
+
+    def _wake_remover(self) -> None:
         for _ in range(2):  # once more with a new remover if the last one died
             wake = self._wake if self._wake is not None else self._start_remover()
             try:
@@ -116,8 +122,9 @@ class JobDirs:
                 return
             except BlockingIOError:
                 return  # woken already, and not yet awake: it will look at the trash
-            except OSError:
-                self.close()
+            except OSError:  # it died: reaped by the worker's loop
+                os.close(wake)
+                self._wake, self.remover = None, 0
 
     def _start_remover(self) -> int:
         read_end, self._wake = os.pipe()
@@ -127,25 +134,34 @@ class JobDirs:
         return self._wake
 
     def close(self) -> None:
-        """Let the remover go (it exits at EOF); the pool removes whatever
-        is left with ``jobs_dir``."""
+        """Let the remover finish the trash and exit, and wait for it: the
+        worker stops (retired, or its pool closes -- which bounds the wait
+        by killing the worker, and the remover with it). Left to the pool,
+        a flood's directories would be removed by the pool's own process."""
         if self._wake is not None:
             os.close(self._wake)
             self._wake = None
-        self.remover = 0
+        if self.remover:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.remover, 0)
+            self.remover = 0
 
 
 def _remove_trash(wake: int, trash: str) -> None:
-    """The remover's life: empty the trash each time the worker wakes it.
-    Whatever one pass cannot remove (a job made it unremovable) stays until
-    the next, and with ``jobs_dir`` until the pool removes that."""
-    while os.read(wake, 1 << 12):
+    """The remover's life: empty the trash each time the worker wakes it,
+    and once more when the worker lets it go. Whatever one pass cannot
+    remove (a job made it unremovable) stays until the next, and with
+    ``jobs_dir`` until the pool removes that."""
+    while True:
+        woken = os.read(wake, 1 << 12)
         try:
             names = os.listdir(trash)
         except OSError:
-            continue
+            names = []
         for name in names:
             remove(os.path.join(trash, name))
+        if not woken:
+            return
 
 
 def remove(path: str) -> None:

@@ -421,7 +421,8 @@ class Worker:
         running gets its Result (INFRA: the pool was closed under it). A job
         that had ended and was only waiting for its leftovers to be reaped
         keeps its own outcome."""
-        self.tree.kill_all({job.pid for job in self.jobs.values() if job.pid is not None}, self.token)
+        self.tree.kill_all({job.pid for job in self.jobs.values() if job.pid is not None}, self.token,
+                           spare=[self.dirs.remover] if self.dirs.remover else [])
         for job in list(self.jobs.values()):
             if job.ending is None and not job.swept:
                 # execpool's doing, not the program's: INFRA, worth running again.

@@ -146,10 +146,12 @@ class Tree:
                 continue
             kill_tree(leader=pid)
 
-    def kill_all(self, running: Iterable[int], token: str) -> None:
+    def kill_all(self, running: Iterable[int], token: str, spare: Iterable[int] = ()) -> None:
         """At shutdown: every job's group, what keep_background jobs left,
-        and everything below the worker carrying its token."""
-        kill_tree(self.kept_pgids | set(running), leader=self.worker_pid, marker=token, scope=self.worker_pid)
+        and everything below the worker -- but ``spare``: the remover, which
+        finishes the trash before the worker exits."""
+        kill_tree(self.kept_pgids | set(running), leader=self.worker_pid, marker=token, scope=self.worker_pid,
+                  exclude=spare)
 
     def _kept(self, pid: int) -> bool:
         if not self.kept_pgids:

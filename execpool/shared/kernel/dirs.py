@@ -18,6 +18,12 @@ import os
 import secrets
 from typing import Optional
 
+#: In a worker's ``jobs_dir``: where its jobs' directories go when they end,
+#: for its remover to delete (execpool/worker/jobdirs.py) -- and a dead
+#: worker's whole ``jobs_dir``, handed over by the pool to a live one
+#: (execpool/pool/workers.py).
+TRASH = ".trash"
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: A handle on a directory that says what it is without reading it.
 _HANDLE_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

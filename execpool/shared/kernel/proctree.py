@@ -294,7 +294,8 @@ def kill_tree(
     below which marked processes are searched (the subreaper worker; None
     searches the whole system, for when that worker is already dead).
     ``exclude`` names pids known not to be this job's (the leaders of the
-    worker's other jobs), which spares reading their environments.
+    worker's other jobs, its helpers): never killed by this call, and
+    their environments never read.
     ``group`` is the job's cgroup (execpool/shared/kernel/cgroups.py) where it has one.
     """
     pgids = frozenset(pgid for pgid in pgids if _group_killable(pgid))
@@ -302,9 +303,10 @@ def kill_tree(
     # and one that left the group could then be found only by its marker.
     # The Process objects are made now too, so a pid recycled meanwhile is
     # recognised as someone else's.
+    skip = set(exclude)
     outside = []
     if leader is not None:
-        outside = _as_processes(p for p in _subtree_pids(leader) if not _in_groups(p, pgids))
+        outside = _as_processes(p for p in _subtree_pids(leader) if p not in skip and not _in_groups(p, pgids))
     for pgid in pgids:
         _killpg(pgid)
     hit = _kill_all(outside, victims)
@@ -312,7 +314,6 @@ def kill_tree(
         group.kill()
     if marker is None:
         return hit
-    skip = set(exclude)
     for _ in range(_MAX_SWEEPS):
         found = _marked(marker, scope, skip, pgids)
         if not found:
