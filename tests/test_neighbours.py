@@ -181,3 +181,22 @@ def test_a_job_that_breaks_the_trash_still_does_not_hold_up_the_next_job():
         assert os.path.isdir(_trash(pool)) and os.listdir(_trash(pool)), "the flood was removed on the loop"
         assert pool.worker_pids == [worker]
         assert wait_for(lambda: not os.listdir(_trash(pool)), DEADLINE_S)
+
+
+def test_a_dead_workers_directory_is_removed_by_its_successor_not_by_the_caller():
+    """What a job left when its worker died -- here a flood, then the job
+    killed its worker -- was removed by a thread of the caller's process,
+    the server. Now the pool hands the directory to a live worker's remover
+    with one rename."""
+    with ExecPool(workers=1) as pool:
+        dead = worker_records(pool)[0]
+        killer = directory_flood(20_000) + "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+        result = pool.run(PythonJob(killer, timeout=60))
+        assert result.status is Status.INFRA, result.text
+        heir = worker_records(pool)[0]
+        assert heir.token != dead.token
+        handed = os.path.join(heir.jobs_dir, ".trash", os.path.basename(dead.jobs_dir))
+        assert wait_for(lambda: not os.path.exists(dead.jobs_dir), DEADLINE_S)
+        assert os.path.isdir(handed), "the caller removed the dead worker's directory itself"
+        assert pool.run(ShellJob("echo next")).output == "next\n"  # its end wakes the heir's remover
+        assert wait_for(lambda: not os.path.exists(handed), DEADLINE_S)

@@ -70,6 +70,9 @@ GROUP_EMPTY_TIMEOUT_S = 2.0
 #: How long a worker that closed its channel may take to exit before it is
 #: SIGKILLed.
 EXIT_WAIT_S = 1.0
+#: How long a dead worker's cleanup waits for a successor that is starting
+#: to take its directory (``_hand_over``).
+HAND_OVER_WAIT_S = 5.0
 
 #: No honest worker message comes near this (live output is capped, a
 #: Result keeps max_output_chars); a longer one means the pipe was tampered
@@ -374,8 +377,14 @@ class Workers:
         thread of this process, the caller's server. False where no live
         worker takes it (the pool is closing): the caller removes it."""
         with self.lock:
-            heirs = [] if self.closed else list(self.all)  # a worker not yet started has no trash: skipped
+            heirs = [] if self.closed else list(self.all)
+        deadline = time.monotonic() + HAND_OVER_WAIT_S
         for heir in heirs:
+            # A worker makes its trash as it starts: wait for a successor
+            # that is starting, unless the pool closes meanwhile.
+            while not heir.ready.wait(0.05):
+                if self._closing.is_set() or time.monotonic() > deadline:
+                    return False
             try:
                 os.rename(jobs_dir, os.path.join(heir.jobs_dir, TRASH, os.path.basename(jobs_dir)))
                 return True
