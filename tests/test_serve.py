@@ -18,9 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import psutil
 import pytest
+from helpers import Gates, all_dead, pids_in, wait_for
 
 from execpool.formats.request import HTTP_JOB, RUN_CODE
-from helpers import Gates, all_dead, pids_in, wait_for
+from execpool.worker.warm.wire import TEMPLATE_NAME
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEADLINE_S = 20.0
@@ -301,7 +302,8 @@ def test_run_code_files_languages_and_bad_requests(server):
 
 
 def test_the_sandbox_fusion_client_runs_against_the_server(server):
-    from sandbox_fusion import RunCodeRequest, RunStatus, run_code as sf_run_code
+    from sandbox_fusion import RunCodeRequest, RunStatus
+    from sandbox_fusion import run_code as sf_run_code
 
     def call(**kwargs):
         return sf_run_code(RunCodeRequest(**kwargs), endpoint=server.url, max_attempts=1, client_timeout=30)
@@ -513,3 +515,21 @@ def test_files_that_cannot_be_written_or_fetched_are_answered_not_500(server):
         fetched = c.post("/v1/run", json={"shell": "mkdir d", "fetch_files": ["d"]}).json()
         assert fetched["files"] == {}
     assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) <= fds + 2, "a fetched directory leaked descriptors"
+
+
+def test_jobs_run_warm_by_default_with_the_interpreter_given(tmp_path):
+    """``--python``: the service's jobs run with a runtime of their own,
+    warm by default and with ``--cold``; the server keeps its own."""
+    runtime = tmp_path / "runtime"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(runtime)], check=True, timeout=120)
+    probe = "import sys\nprint(sys.prefix, 'psutil' in sys.modules)"
+    for start in ((), ("--cold",)):
+        s = Server("--workers", "1", "--python", str(runtime / "bin" / "python"), *start)
+        try:
+            answer = s.client.post("/run_code", json={"code": probe, "language": "python"}).json()
+            assert answer["run_result"]["stdout"] == f"{runtime} False\n", (start, answer)
+            # Warm by default: the worker started a template; --cold never does.
+            templates = [p for p in s.descendants() if p.name() == TEMPLATE_NAME]
+            assert bool(templates) == (not start), start
+        finally:
+            assert s.stop() == 0

@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 import re
 
+import hostile
 import psutil
 import pytest
-
-import hostile
-from execpool import ExecPool, Limits, PythonJob, ShellJob
-from execpool.worker.warm.wire import SPARE_NAME, TEMPLATE_NAME
-from execpool.pool.config import DEFAULT_WARM_SPARES as WARM_SPARES
 from helpers import all_dead, pids_in, wait_for
+
+from execpool import ExecPool, Limits, PythonJob, ShellJob, sandbox_support
+from execpool.pool.config import DEFAULT_WARM_SPARES as WARM_SPARES
+from execpool.worker.warm.wire import SPARE_NAME, TEMPLATE_NAME
 
 CORPUS = {
     "print": "print('hello')\nprint(1, 2, sep='-', end='!\\n')",
@@ -39,6 +39,36 @@ CORPUS = {
                     "print(type(pickle.loads(pickle.dumps(p))).__qualname__)"),
     "segfault": hostile.SEGFAULT,
     "unbuffered_before_crash": "import sys, os\nsys.stdout.write('partial')\nos.kill(os.getpid(), 9)",
+    "main_guard": "def main():\n    print('main ran')\n\nif __name__ == '__main__':\n    main()",
+    "multiprocessing_fork": ("import multiprocessing as mp\nif __name__ == '__main__':\n"
+                             "    with mp.get_context('fork').Pool(2) as pool:\n"
+                             "        print(pool.map(abs, [-1, -2]))"),
+    "multiprocessing_spawn": ("import multiprocessing as mp\ndef square(x):\n    return x * x\n"
+                              "if __name__ == '__main__':\n"
+                              "    with mp.get_context('spawn').Pool(2) as pool:\n"
+                              "        print(pool.map(square, [2, 3]))"),
+    "signal_handlers": ("import os, signal\nsignal.signal(signal.SIGUSR1, lambda *_: print('got USR1'))\n"
+                        "os.kill(os.getpid(), signal.SIGUSR1)\nprint('after')"),
+    "signal_dispositions": ("import signal\n"
+                            "for name in ('SIGINT', 'SIGTERM', 'SIGPIPE', 'SIGCHLD', 'SIGHUP', 'SIGUSR1'):\n"
+                            "    print(name, signal.getsignal(getattr(signal, name)))\n"
+                            "print(sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))"),
+    "killed_by_sigterm": "import os, signal\nprint('before', flush=True)\nos.kill(os.getpid(), signal.SIGTERM)",
+    "recursion_limit": ("import sys\nprint(sys.getrecursionlimit())\ndef down(n):\n    return down(n + 1)\n"
+                        "try:\n    down(0)\nexcept RecursionError as exc:\n    print(type(exc).__name__)"),
+    "huge_output": "import sys\nfor i in range(200_000):\n    print(i, 'x' * 20)\nprint('end', file=sys.stderr)",
+    "files": ("import os\nopen('made.txt', 'w').write('data')\nprint(open('made.txt').read())\n"
+              "print(sorted(n for n in os.listdir('.') if not n.startswith('.execpool-')))"),
+    "builtin_exit": "print('x', end='')\nexit(4)",
+    "warnings": "import warnings\nwarnings.warn('careful')\nprint('went on')",
+    "input_eof": "print(input())\nprint(input())\nprint(input())",
+    "stdio_modes": ("import sys\nprint(sys.stdout.encoding, sys.stdout.errors, sys.stdout.line_buffering,\n"
+                    "      sys.stdout.write_through, sys.stdin.encoding, sys.flags.unbuffered, sys.flags.optimize)"),
+    "argv_and_file": ("import os, sys\n"
+                      "print(len(sys.argv), os.path.basename(sys.argv[0]) == os.path.basename(__file__),\n"
+                      "      os.path.isabs(__file__), __file__.endswith('.py'), __builtins__.__name__)"),
+    "site_and_umask": ("import os, sys\nold = os.umask(0)\nos.umask(old)\n"
+                       "print(oct(old), 'site' in sys.modules, callable(exit), sys.dont_write_bytecode)"),
 }
 
 
@@ -61,6 +91,33 @@ def test_warm_output_is_byte_identical_to_cold(warm_pool, name, tmp_path):
     warm = warm_pool.run(PythonJob(code, cwd=str(tmp_path), stdin="line one\nline two\n", warm=True))
     assert normalized(warm) == normalized(cold)
     assert warm.text.startswith("Exit code") == cold.text.startswith("Exit code")
+
+
+def test_warm_differs_from_cold_in_stack_depth_alone_as_documented(warm_pool):
+    """What the README says a warm job cannot have as a cold one does: its
+    module runs a few frames deep in the spare (the recursion limit is the
+    same; the depth left to the program, and what ``traceback.extract_stack``
+    shows below its module, are not)."""
+    probe = ("import sys, traceback\ndef depth(n=1):\n    try:\n        return depth(n + 1)\n"
+             "    except RecursionError:\n        return n\n"
+             "print(sys.getrecursionlimit(), depth(), len(traceback.extract_stack()))")
+    cold = [int(x) for x in warm_pool.run(PythonJob(probe)).output.split()]
+    warm = [int(x) for x in warm_pool.run(PythonJob(probe, warm=True)).output.split()]
+    assert cold[0] == warm[0]
+    assert 0 < cold[1] - warm[1] <= 16 and 0 < warm[2] - cold[2] <= 16, (cold, warm)
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_warm_output_is_byte_identical_to_cold_in_the_sandbox(warm_pool, name):
+    """The service's default: strict, each job in a private directory of
+    its own (no ``cwd``)."""
+    if not sandbox_support().available:
+        pytest.skip(f"no sandbox here: {sandbox_support().missing}")
+    code = CORPUS[name]
+    cold = warm_pool.run(PythonJob(code, stdin="line one\nline two\n", sandbox="strict"))
+    warm = warm_pool.run(PythonJob(code, stdin="line one\nline two\n", sandbox="strict", warm=True))
+    assert normalized(warm) == normalized(cold)
+    assert (warm.output_chars, warm.output_bytes) == (cold.output_chars, cold.output_bytes)
 
 
 @pytest.mark.parametrize("name", sorted(CORPUS))
@@ -293,3 +350,53 @@ def test_a_busy_worker_hands_warm_jobs_to_spares_too():
         assert pool.run(PythonJob(probe, warm=True)).output == f"{worker} True\n"
         assert len(_templates(pool)) == 1 and _parked_spares(pool) == []
         stream.close()
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory) -> str:
+    """A bare venv of this CPython: the interpreter a service's jobs may run
+    with, apart from the server's own."""
+    import subprocess
+    import sys
+
+    where = tmp_path_factory.mktemp("runtime")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=120)
+    return str(where / "bin" / "python")
+
+
+def test_warm_jobs_run_with_the_pools_interpreter_as_cold_ones_do(runtime):
+    """``ExecPool(python=...)`` chose the interpreter of cold jobs only: the
+    warm template ran the worker's own, so a warm job saw the server's
+    packages, not the runtime's."""
+    probe = "import sys\nprint(sys.prefix, sys.executable == sys.argv[0] or sys.executable)"
+    with ExecPool(workers=1, python=runtime) as pool:
+        cold = pool.run(PythonJob("import sys\nprint(sys.prefix)"))
+        warm = pool.run(PythonJob("import sys\nprint(sys.prefix)", warm=True))
+    prefix = os.path.dirname(os.path.dirname(runtime))
+    assert cold.output == warm.output == f"{prefix}\n", (cold.text, warm.text, probe)
+
+
+def test_preload_is_looked_for_in_the_pools_interpreter(runtime):
+    """``tqdm`` is in the server's venv, not in the bare runtime: the pool
+    says so rather than a template that died."""
+    with pytest.raises(ValueError, match="tqdm: ModuleNotFoundError"):
+        with ExecPool(workers=1, python=runtime, preload=["tqdm"]):
+            pass
+    with ExecPool(workers=1, python=runtime, preload=["json"]) as pool:
+        assert pool.run(PythonJob("import sys\nprint('json' in sys.modules)", warm=True)).output == "True\n"
+
+
+def test_batch_runs_its_jobs_with_the_interpreter_given(runtime, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    lines = tmp_path / "in.jsonl"
+    lines.write_text("".join(json.dumps({"id": i, "python": "import sys\nprint(sys.prefix)"}) + "\n" for i in (1, 2)))
+    out = tmp_path / "out.jsonl"
+    done = subprocess.run([sys.executable, "-m", "execpool", "batch", str(lines), "-o", str(out), "--warm",
+                           "--python", runtime, "--no-progress", "--workers", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    prefix = os.path.dirname(os.path.dirname(runtime))
+    assert [json.loads(line)["output"] for line in out.read_text().splitlines()] == [f"{prefix}\n"] * 2

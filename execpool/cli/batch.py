@@ -168,7 +168,8 @@ class _Batch:
         they were parsed (execpool/cli/main.py)."""
         args = self.args
         return {"workers": args.workers or os.cpu_count() or 2, "max_output_chars": args.max_output_chars,
-                "non_dumpable": NON_DUMPABLE, "sandbox": "strict" if args.sandbox else None, "preload": args.preload}
+                "non_dumpable": NON_DUMPABLE, "sandbox": "strict" if args.sandbox else None, "preload": args.preload,
+                "python": args.python}
 
     def _start_pool(self, options: dict) -> tuple:
         """The pool (an ExecPool, or a RayPool with --ray: the driver keeps

@@ -22,6 +22,7 @@ killed an earlier run -- are in ``execpool/formats/records.py`` and ``_Batch``.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from typing import Any, Callable, NoReturn, Optional, Sequence, Tuple
@@ -75,6 +76,19 @@ def _modules(flag: str) -> Callable[[str], Tuple[str, ...]]:
                  module=True)
 
 
+def _interpreter(text: str) -> str:
+    """An interpreter for the jobs, checked as the pool checks it, so a
+    typo is a usage error before anything starts."""
+    path = os.path.abspath(text)
+    if not os.access(path, os.X_OK) or os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an executable file")
+    return path
+
+
+_PYTHON_HELP = ("the interpreter Python jobs run with, warm ones too (default: this one); a venv of the jobs' "
+                "own keeps the server's packages out of them and starts faster (see the README)")
+
+
 def _timeout(text: str) -> Optional[float]:
     try:
         return timeout_flag(text)
@@ -119,6 +133,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="seconds per job for lines without a \"timeout\", or 'none' (default 300)")
     batch.add_argument("--warm", action="store_true",
                        help="run Python jobs in a fork of a worker instead of a new interpreter")
+    batch.add_argument("--python", type=_interpreter, metavar="PATH", default=None, help=_PYTHON_HELP)
     batch.add_argument("--preload", type=_modules("--preload"), metavar="MODULES", default=(),
                        help="comma-separated modules every worker's warm template imports (speeds up --warm jobs)")
     batch.add_argument("--max-output-chars", type=_count("--max-output-chars"), default=BATCH_RECORD_CHARS,
@@ -186,7 +201,13 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat", type=_seconds("--heartbeat"), default=settings.DEFAULT_HEARTBEAT_S,
                         help="seconds between keep-alives of a quiet /v1/stream "
                              f"(default {settings.DEFAULT_HEARTBEAT_S:g})")
-    parser.add_argument("--warm", action="store_true", help="run Python jobs warm (see the README)")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--warm", dest="warm", action="store_true", default=True,
+                       help="run Python jobs warm, in a ready interpreter: the default (see the README for the "
+                            "little that differs from a cold start)")
+    start.add_argument("--cold", dest="warm", action="store_false",
+                       help="start an interpreter for every Python job, as `python -u FILE` would")
+    parser.add_argument("--python", type=_interpreter, metavar="PATH", default=None, help=_PYTHON_HELP)
     parser.add_argument("--preload", type=_modules("--preload"), metavar="MODULES", default=(),
                         help="comma-separated modules the warm templates import")
     parser.add_argument("--no-network", dest="network", action="store_false",

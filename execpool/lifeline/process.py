@@ -66,7 +66,8 @@ import psutil
 
 from ..shared.kernel import cgroups, linux
 from ..shared.kernel.dirs import remove_tree
-from ..shared.kernel.proctree import JOB_MARKER_ENV, kill_tree
+from ..shared.kernel.markers import JOB_MARKER_ENV
+from ..shared.kernel.proctree import kill_tree
 from ..shared.lifeline_wire import PACKET_SIZE, TOKEN, pidfd_exited, pidfd_signal, ready, starttime, unhex_path
 
 logger = logging.getLogger("execpool")

@@ -318,7 +318,7 @@ class Workers:
                                Connection(from_worker_r, writable=False), token, jobs_dir, group)
         worker.send(channel.WorkerConfig(
             token=token, spawn_method=config.spawn_method, preload=config.preload, cgroups=config.cgroups,
-            jobs_dir=jobs_dir, warm_spares=config.warm_spares,
+            jobs_dir=jobs_dir, warm_spares=config.warm_spares, python=config.python or sys.executable,
         ))
         self._on_change()
         return worker

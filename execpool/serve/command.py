@@ -100,7 +100,8 @@ def main(args: argparse.Namespace) -> int:
         # tools running as the same user must not read them through /proc.
         # Every job in the sandbox (execpool/shared/kernel/sandbox.py): its request's
         # directory is its working directory, so files in and out still work.
-        with ExecPool(workers=args.workers, preload=args.preload, non_dumpable=True, sandbox=sandbox) as pool:
+        with ExecPool(workers=args.workers, python=args.python, preload=args.preload, non_dumpable=True,
+                      sandbox=sandbox) as pool:
             app = create_app(pool, max_in_flight=args.max_in_flight, max_queue=args.max_queue,
                              queue_timeout=args.queue_timeout, token=token, max_body_mb=args.max_body_mb,
                              defaults=defaults, heartbeat_s=args.heartbeat, read_timeout=args.read_timeout,

@@ -52,6 +52,7 @@ class WorkerConfig:
     cgroups: bool  # whether the worker may create cgroups for its jobs
     jobs_dir: str  # where jobs without a cwd get their private directory
     warm_spares: int  # spares kept parked once warm jobs came
+    python: str  # the interpreter Python jobs run with, the warm template's too
 
 
 @dataclass(frozen=True)

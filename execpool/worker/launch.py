@@ -17,7 +17,7 @@ import time
 from typing import Callable, List, Optional, Tuple
 
 from ..shared.kernel.cgroups import Cgroups
-from ..shared.kernel.proctree import JOB_MARKER_ENV
+from ..shared.kernel.markers import JOB_MARKER_ENV
 from .ahead import Ahead, Made
 from .job import RunningJob
 from .jobdirs import JobDirs

@@ -40,11 +40,12 @@ beyond it).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
 import selectors
 import signal
+import subprocess
+import sys
 import time
 from multiprocessing.connection import Connection
 from typing import Dict, List, Optional, Set, Tuple
@@ -59,10 +60,15 @@ from .spawn import give_back_memory, keep_own_peak_resettable
 from .timers import Kind, Timers
 from .tree import Tree
 from .warm.handover import Hooks, WarmJobs
+from .warm.template import unfindable
 from .warm.wire import REHEARSE_WHEN_IDLE_S
 
 #: What the supervisor may send once the worker is configured.
 _JOB_MESSAGES = (channel.Start, channel.Cancel, channel.Shutdown)
+
+#: How long the jobs' interpreter may take to say which ``preload`` modules
+#: it lacks, when it is not the worker's.
+PRELOAD_CHECK_S = 30.0
 
 #: One read per wake-up; 64 KiB is a full default pipe buffer.
 READ_SIZE = 1 << 16
@@ -101,7 +107,8 @@ class Worker:
         self.timers = Timers()
         self.dirs = JobDirs(config.jobs_dir)
         self.launcher = Launcher(config.token, config.spawn_method, config.cgroups, self.dirs, self._reap)
-        self.warm = WarmJobs(self.sel, config.spawn_method, config.preload, config.warm_spares,
+        self.python = config.python
+        self.warm = WarmJobs(self.sel, config.spawn_method, config.python, config.preload, config.warm_spares,
                              Hooks(started=self._running, failed=self._fail_start,
                                    stopping=lambda: self.stopping, idle_since=lambda: self.idle_since))
         self.tree = Tree(self.pid, self._helpers, self.warm.spares.made)
@@ -141,14 +148,22 @@ class Worker:
         imports it (execpool/worker/warm/template.py), the worker imports
         none of the caller's code -- and report what cannot be found, so the
         pool can say which module is at fault."""
-        errors = []
-        for name in self.preload:
-            try:
-                if importlib.util.find_spec(name) is None:
-                    errors.append(f"{name}: ModuleNotFoundError: No module named {name!r}")
-            except BaseException as exc:  # noqa: BLE001 - any failure is the caller's to see
-                errors.append(f"{name}: {type(exc).__name__}: {exc}")
-        return tuple(errors)
+        if not self.preload:
+            return ()
+        if self.python == sys.executable:  # a venv's python is a link to its base: the path tells them apart
+            return tuple(unfindable(self.preload))
+        # Another interpreter (a runtime of the jobs' own): asked, as its
+        # template will import them there.
+        ask = ("import sys\nfrom execpool.worker.warm.template import unfindable\n"
+               "print(*unfindable(sys.argv[1:]), sep='\\n')")
+        try:
+            done = subprocess.run([self.python, "-c", ask, *self.preload], capture_output=True, text=True,
+                                  timeout=PRELOAD_CHECK_S, cwd="/")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return (f"{self.python} could not be asked for them: {exc}",)
+        if done.returncode:
+            return (f"{self.python} could not be asked for them: {done.stderr.strip()[-500:]}",)
+        return tuple(line for line in done.stdout.splitlines() if line)
 
     def _fire_timers(self) -> None:
         """Every deadline that came due (execpool/worker/timers.py says what

@@ -41,23 +41,12 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import psutil
 
-#: Environment variable naming the job a process belongs to (inherited by the
-#: whole tree unless a process clears its environment).
-JOB_MARKER_ENV = "EXECPOOL_JOB"
+from .markers import JOB_MARKER_ENV, marker_matches
 
 _MAX_SWEEPS = 8
 
 #: How long a sweep waits for its victims to die before looking again.
 _SWEEP_SETTLE_S = 0.2
-
-
-def marker_matches(value: Optional[str], marker: str) -> bool:
-    """A job marker is ``TOKEN/JOB``; matching ``TOKEN`` finds a whole worker's
-    jobs. Blanks are padding (see execpool/worker/warm/spare.py)."""
-    if value is None:
-        return False
-    value = value.strip()
-    return value == marker or value.startswith(marker + "/")
 
 
 def environ(pid: int) -> Optional[dict]:

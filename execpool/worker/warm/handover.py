@@ -46,10 +46,10 @@ class Hooks:
 class WarmJobs:
     """The warm jobs waiting for a spare, and the spares they get."""
 
-    def __init__(self, sel: selectors.BaseSelector, spawn_method: str, preload: tuple, spares_parked: int,
-                 hooks: Hooks) -> None:
+    def __init__(self, sel: selectors.BaseSelector, spawn_method: str, python: str, preload: tuple,
+                 spares_parked: int, hooks: Hooks) -> None:
         self.hooks = hooks
-        self.spares = SpareSupply(sel, spawn_method, preload, spares_parked, self.serve)
+        self.spares = SpareSupply(sel, spawn_method, python, preload, spares_parked, self.serve)
         # Oldest first.
         self.waiting: deque[RunningJob] = deque()
 

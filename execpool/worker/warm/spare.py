@@ -44,7 +44,7 @@ from importlib.machinery import SourceFileLoader
 from typing import Callable, NoReturn, TextIO
 
 from ...shared.kernel import linux
-from ...shared.kernel.proctree import JOB_MARKER_ENV
+from ...shared.kernel.markers import JOB_MARKER_ENV
 from ..spawn import Setup, become_tool
 from .wire import (
     FIXED_FDS,

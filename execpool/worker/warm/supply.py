@@ -20,7 +20,6 @@ import os
 import selectors
 import signal
 import socket
-import sys
 from typing import Callable, Optional
 
 from ..spawn import Setup, Tool, start_tool
@@ -42,10 +41,13 @@ class WarmTemplate:
     start-up (tens of milliseconds), once per worker, or again after the
     template died."""
 
-    def __init__(self, spawn_method: str, preload: tuple) -> None:
+    def __init__(self, spawn_method: str, python: str, preload: tuple) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            argv = [sys.executable, "-m", "execpool.worker.warm.template", str(os.getpid()), ",".join(preload)]
+            # The pool's interpreter, not necessarily the worker's: a warm
+            # job runs with what a cold one would (execpool comes from the
+            # worker's PYTHONPATH, which the spare takes off the job's path).
+            argv = [python, "-m", "execpool.worker.warm.template", str(os.getpid()), ",".join(preload)]
             template = Tool(argv, dict(os.environ), Setup("/", UNLIMITED), stdin_fd=theirs.fileno())
             self.pid, readers = start_tool(template, spawn_method)
             for fd in readers:
@@ -137,10 +139,11 @@ class SpareSupply:
     ``on_change`` is called whenever a spare arrives or one is lost, so the
     worker can hand out waiting jobs and ask for more."""
 
-    def __init__(self, sel: selectors.BaseSelector, spawn_method: str, preload: tuple, parked: int,
+    def __init__(self, sel: selectors.BaseSelector, spawn_method: str, python: str, preload: tuple, parked: int,
                  on_change: Callable[[], None]) -> None:
         self.sel = sel
         self.spawn_method = spawn_method
+        self.python = python
         self.preload = preload
         self.target = parked
         self.on_change = on_change
@@ -158,7 +161,7 @@ class SpareSupply:
                 self.failures = 0
                 return f"the warm template exited {MAX_TEMPLATE_FAILURES} times before it made a spare"
             try:
-                self.template = WarmTemplate(self.spawn_method, self.preload)
+                self.template = WarmTemplate(self.spawn_method, self.python, self.preload)
             except OSError as exc:
                 return f"cannot start the warm template: {exc}"
             self.sel.register(self.template.sock, selectors.EVENT_READ, self._on_template)

@@ -20,15 +20,30 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
+import importlib.util
 import os
 import socket
 import sys
-from typing import NoReturn
+from typing import Iterable, List, NoReturn
 
 from ...shared.kernel import linux, sandbox
 from ..spawn import DEVNULL, Setup
 from . import spare
 from .wire import TEMPLATE_NAME, UNLIMITED, decode_job, encode_job
+
+
+def unfindable(names: Iterable[str]) -> List[str]:
+    """Which of ``names`` this interpreter cannot import, each with why --
+    asked before a template imports them, so the pool can name the module
+    at fault rather than a template that died."""
+    errors = []
+    for name in names:
+        try:
+            if importlib.util.find_spec(name) is None:
+                errors.append(f"{name}: ModuleNotFoundError: No module named {name!r}")
+        except BaseException as exc:  # noqa: BLE001 - any failure is the caller's to see
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+    return errors
 
 
 def main(argv: list) -> NoReturn:
