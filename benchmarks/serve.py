@@ -3,12 +3,13 @@
 Run from the repository root::
 
     python benchmarks/serve.py              # or: python -m benchmarks.serve
-    python benchmarks/serve.py --requests 256 --concurrency 1,16,64,256 --warm
+    python benchmarks/serve.py --requests 256 --concurrency 1,16,64,256 --cold
     python benchmarks/serve.py --sandbox-fusion http://127.0.0.1:8080   # a third column
 
 The service runs as a real subprocess, ``sys.executable -m execpool serve
 --port 0 --workers W --max-in-flight M --max-queue Q --queue-timeout T``
-(``--warm`` passed on), is asked through SandboxFusion's ``POST /run_code``
+(``--cold`` passed on: the service runs Python warm by default, and so does
+the library side here unless ``--cold``), is asked through SandboxFusion's ``POST /run_code``
 with ``httpx.AsyncClient`` (one per concurrent client, so that httpx's own
 pool does not become what is measured; see HttpSide), and is stopped with
 SIGTERM at the end. The baseline, in the same run, is the library in this
@@ -76,7 +77,7 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 
 from benchmarks import _common as C
 from execpool import ExecPool, PythonJob
-from execpool.serve.admission import DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT_S
+from execpool.serve.settings import DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT_S
 
 #: SandboxFusion's default ``run_timeout``, and the library job's timeout.
 RUN_TIMEOUT_S = 10
@@ -468,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queue-timeout", type=float, default=DEFAULT_QUEUE_TIMEOUT_S,
                         help=f"seconds a request may wait for a slot (default {DEFAULT_QUEUE_TIMEOUT_S:g})")
     parser.add_argument("--cpu-ms", type=float, default=50.0, help="the CPU-bound loop's run time (default 50)")
-    parser.add_argument("--warm", action="store_true", help="warm Python on both sides (serve --warm)")
+    parser.add_argument("--cold", dest="warm", action="store_false",
+                        help="cold Python on both sides (serve --cold; warm is the service's default)")
     parser.add_argument("--sandbox-fusion", metavar="URL", help="also send the requests to this SandboxFusion")
     args = parser.parse_args(argv)
     for name in ("requests", "workers", "max_in_flight", "max_queue"):
@@ -490,8 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     client_timeout = args.queue_timeout + RUN_TIMEOUT_S + CLIENT_MARGIN_S
     options = ["--workers", str(args.workers), "--max-in-flight", str(args.max_in_flight),
                "--max-queue", str(args.max_queue), "--queue-timeout", f"{args.queue_timeout:g}"]
-    if args.warm:
-        options.append("--warm")
+    if not args.warm:
+        options.append("--cold")
     # The service runs its jobs in the sandbox where the machine has one (its
     # default); the library side does the same, so the two differ by HTTP only.
     has_sandbox, sandbox = _sandbox()

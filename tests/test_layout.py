@@ -128,6 +128,15 @@ def test_every_documented_import_path_still_works():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+def test_every_benchmark_imports_what_it_uses():
+    """benchmarks/serve.py imported a constant from where it no longer
+    lived, and nothing ran it: each benchmark is at least imported here."""
+    benchmarks = os.path.join(os.path.dirname(PACKAGE), "benchmarks")
+    names = sorted(name[:-3] for name in os.listdir(benchmarks) if name.endswith(".py") and name != "__main__.py")
+    code = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module('benchmarks.' + name)\n"
+    subprocess.run([sys.executable, "-c", code, *names], check=True, timeout=120, cwd=os.path.dirname(PACKAGE))
+
+
 def test_a_worker_loads_only_its_folder_and_the_shared_one():
     """What a worker process, its template and its spares import."""
     loaded = _loaded_by("execpool.worker.loop", "execpool.worker.warm.template", "execpool.worker.warm.spare")
