@@ -98,10 +98,11 @@ def _open_own(name: str, top: Optional[int]) -> int:
 
 def make_own(name: str, top: Optional[int]) -> None:
     """Give the directory ``name`` back its owner's rights. Its mode is
-    changed through a descriptor that cannot be a symlink's: ``chmod`` with
-    ``follow_symlinks=False`` raises ValueError or NotImplementedError here,
-    not OSError, and a job that swapped the directory for a symlink at the
-    right moment made that crash the worker."""
+    changed through a descriptor that cannot be a symlink's: on Linux,
+    ``chmod`` with ``follow_symlinks=False`` on a symlink raises an error
+    that is not an OSError (ValueError with ``dir_fd``), and a job that
+    swapped the directory for a symlink at the right moment made that crash
+    the worker."""
     handle = os.open(name, _HANDLE_FLAGS, dir_fd=top)
     try:
         os.chmod(f"/proc/self/fd/{handle}", 0o700)
