@@ -146,6 +146,26 @@ def test_kill_spares_callers_own_group(tagged, monkeypatch):
     proc.stdout.close()
 
 
+def test_marker_sweep_neither_reads_nor_kills_what_it_is_told_to_spare(tagged, monkeypatch):
+    """A worker's warm spares on their way are its children and carry no
+    job's marker; the sweep at each job's end skips them unread (reading
+    them was half of a busy worker's CPU). Run as the test's user."""
+    marker = f"tok{uuid.uuid4().hex[:8]}/1/secret"
+    env = {**tagged, proctree.JOB_MARKER_ENV: marker}
+    spared, swept = (subprocess.Popen(["sleep", "100"], env=env, start_new_session=True) for _ in range(2))
+    read = []
+    real_marker_of = proctree.marker_of
+    monkeypatch.setattr(proctree, "marker_of", lambda pid: read.append(pid) or real_marker_of(pid))
+    try:
+        proctree.kill_tree(marker=marker, scope=os.getpid(), spared=lambda pid: pid == spared.pid)
+        assert swept.wait(timeout=5) == -9
+        assert spared.poll() is None
+        assert swept.pid in read and spared.pid not in read
+    finally:
+        spared.kill()
+        spared.wait()
+
+
 def test_kill_after_exit_does_not_raise():
     reaped = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
     pgid = capture_process_group(reaped)

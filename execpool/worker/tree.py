@@ -77,7 +77,8 @@ class Tree:
         assert job.pid is not None
         victims: set = set()
         kill_tree([job.pid], leader=job.pid if job.leader_alive else None, marker=job.marker,
-                  scope=self.worker_pid, exclude=self.not_strays(), group=job.group, victims=victims)
+                  scope=self.worker_pid, exclude=self.not_strays(), group=job.group, victims=victims,
+                  spared=self._spare_made)
         victims.discard(job.pid)
         job.victims |= victims
         for pid in victims:
@@ -100,7 +101,8 @@ class Tree:
     def over_cap(self, job: RunningJob) -> bool:
         """Whether the job has more processes than its cap (where the worker
         counts them itself)."""
-        count = count_tree(job.pid if job.leader_alive else None, job.marker, self.worker_pid, self.not_strays())
+        count = count_tree(job.pid if job.leader_alive else None, job.marker, self.worker_pid, self.not_strays(),
+                           self._spare_made)
         cap = job.start.limits.processes
         return cap is not None and count > cap
 

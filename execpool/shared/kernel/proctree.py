@@ -233,15 +233,21 @@ def _in_groups(pid: int, pgids: frozenset) -> bool:
         return False
 
 
-def _marked(marker: str, scope: Optional[int], skip: set, pgids: frozenset) -> list:
+def _marked(marker: str, scope: Optional[int], skip: set, pgids: frozenset,
+            spared: Optional[Callable[[int], bool]] = None) -> list:
     """Live processes carrying ``marker`` that no earlier step reached: direct
     children of ``scope`` (where a subreaper collects escaped daemons), or
-    anywhere when ``scope`` is None."""
+    anywhere when ``scope`` is None. ``spared`` says cheaply of a child of
+    ``scope`` that it cannot be any job's, so its environment is not read:
+    with many jobs queued, a worker has as many warm spares on their way,
+    and reading each one's ``/proc`` at every job's end was half of what
+    the worker spent."""
     if scope is None:
         candidates = psutil.process_iter()
     else:
         candidates = _as_processes(
-            pid for pid in child_pids(scope) if pid not in skip and not _in_groups(pid, pgids))
+            pid for pid in child_pids(scope)
+            if pid not in skip and not _in_groups(pid, pgids) and not (spared is not None and spared(pid)))
     me = os.getpid()
     found = []
     for proc in candidates:
@@ -252,11 +258,12 @@ def _marked(marker: str, scope: Optional[int], skip: set, pgids: frozenset) -> l
     return found
 
 
-def count_tree(leader: Optional[int], marker: str, scope: int, exclude: Iterable[int] = ()) -> int:
+def count_tree(leader: Optional[int], marker: str, scope: int, exclude: Iterable[int] = (),
+               spared: Optional[Callable[[int], bool]] = None) -> int:
     """How many live processes a job has: the leader's subtree plus its
     marked processes re-parented to ``scope``, and their subtrees."""
     pids = set(_subtree_pids(leader)) if leader is not None else set()
-    for proc in _marked(marker, scope, set(exclude), frozenset()):
+    for proc in _marked(marker, scope, set(exclude), frozenset(), spared):
         pids.add(proc.pid)
         pids.update(_descendant_pids(proc.pid))
     return sum(1 for pid in pids if not is_zombie(pid))
@@ -271,6 +278,7 @@ def kill_tree(
     exclude: Iterable[int] = (),
     group: Optional[Any] = None,
     victims: Optional[set] = None,
+    spared: Optional[Callable[[int], bool]] = None,
 ) -> int:
     """SIGKILL a job's whole tree; return how many processes were signalled
     one by one (the group kill is not counted), and add their pids to
@@ -284,7 +292,8 @@ def kill_tree(
     searches the whole system, for when that worker is already dead).
     ``exclude`` names pids known not to be this job's (the leaders of the
     worker's other jobs, its helpers): never killed by this call, and
-    their environments never read.
+    their environments never read; nor are those of the children of
+    ``scope`` for which ``spared`` is true.
     ``group`` is the job's cgroup (execpool/shared/kernel/cgroups.py) where it has one.
     """
     pgids = frozenset(pgid for pgid in pgids if _group_killable(pgid))
@@ -304,7 +313,7 @@ def kill_tree(
     if marker is None:
         return hit
     for _ in range(_MAX_SWEEPS):
-        found = _marked(marker, scope, skip, pgids)
+        found = _marked(marker, scope, skip, pgids, spared)
         if not found:
             break
         swept = list(found)
