@@ -246,3 +246,26 @@ def test_a_stopped_worker_does_not_stall_a_later_timed_job(doomed):
             assert took < 6.0, f"a 2 s timeout took {took:.1f} s"
         finally:
             os.kill(worker, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("idle_watch_s", [0.0, 60.0], ids=["asleep", "still-watching"])
+def test_a_job_sent_to_a_stopped_idle_worker_still_times_out(monkeypatch, idle_watch_s):
+    """After its last job the dispatcher keeps watching for a while and
+    then sleeps until a message comes; a stopped worker sends none, so the
+    first job either finds it watching or wakes it. Run as the test's user
+    (root here), who stops the worker while no job runs."""
+    from execpool.pool import dispatch
+
+    monkeypatch.setattr(dispatch, "IDLE_WATCH_S", idle_watch_s)
+    with ExecPool(workers=1) as pool:
+        assert pool.run(ShellJob("true")).ok
+        worker = pool.worker_pids[0]
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            assert wait_for(lambda: state(worker) == "T", DEADLINE_S)
+            started = time.monotonic()
+            timed = Running(pool, ShellJob("sleep 30", timeout=1)).wait_result(timeout=8.0)
+            assert timed.timed_out, timed
+            assert time.monotonic() - started < 6.0
+        finally:
+            os.kill(worker, signal.SIGCONT)

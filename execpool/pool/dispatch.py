@@ -4,7 +4,7 @@
 
     dispatcher thread (one per pool)
     --------------------------------
-    connection.wait(worker channels + wake pipe)
+    epoll over worker channels + wake pipe
       Output   -> the job's handle -> on_event (JobOutput / OutputCapped)
       Finished -> the job's handle -> its future's result
       Spawned  -> the process groups to kill should the worker die
@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import logging
 import os
+import selectors
 import signal
 import threading
 import time
-from multiprocessing.connection import wait
-from typing import Any, List, Optional
+from typing import Optional
 
 from ..shared import channel
 from ..shared.kernel.proctree import is_stopped, stat_fields
@@ -43,6 +43,13 @@ from .workers import WorkerProcess, Workers
 #: before its worker is killed.
 WATCHDOG_PERIOD_S = 0.25
 WATCHDOG_KILL_S = 10.0
+
+#: How long after its last job ended the dispatcher still looks every
+#: WATCHDOG_PERIOD_S, rather than sleeping until a message comes: a job
+#: submitted meanwhile need not wake it. Jobs that come one at a time (a
+#: service's client, a sequential eval) would otherwise each cost a pipe
+#: write and a switch to this thread, before the job is even sent.
+IDLE_WATCH_S = 2.0
 
 #: Bytes the dispatcher reads from one worker before it looks at the others.
 _DISPATCH_BUDGET = 256 * 1024
@@ -57,6 +64,14 @@ class Dispatcher:
         self._wake_r, self._wake_w = channel.pipe()
         os.set_blocking(self._wake_w, False)  # a full wake pipe is awake enough
         self._next_watchdog = 0.0
+        # Watch on a timeout until then; asleep: in a wait without one.
+        self._watch_until = 0.0
+        self._asleep = False
+        # One selector for the pool's life, not one per wait (as
+        # multiprocessing.connection.wait makes): two waits per job.
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._heard: set = set()
         self._thread: Optional[threading.Thread] = None
         self.workers: Optional[Workers] = None
 
@@ -72,12 +87,20 @@ class Dispatcher:
         except OSError:
             pass
 
+    def job_started(self) -> None:
+        """A job was assigned (under the workers' lock, as the dispatcher
+        decides whether to sleep): its timeout must be watched."""
+        if self._asleep:
+            self._asleep = False
+            self.wake()
+
     def stop(self, timeout: float) -> None:
         """After ``Workers.close``: the thread ends once every worker's
         channel has ended."""
         self.wake()
         if self._thread is not None:
             self._thread.join(timeout)
+        self._selector.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
 
@@ -86,19 +109,39 @@ class Dispatcher:
         assert workers is not None
         while True:
             with workers.lock:
-                by_conn = {w.recv: w for w in workers.all}
-                if workers.closed and not by_conn:
+                listening = set(workers.all)
+                if workers.closed and not listening:
                     return
                 watching = workers.running_jobs > 0
-            ready_list: List[Any] = wait([self._wake_r, *by_conn], WATCHDOG_PERIOD_S if watching else None)
+                now = time.monotonic()
+                if watching:
+                    self._watch_until = now + IDLE_WATCH_S
+                self._asleep = not watching and now >= self._watch_until
+            self._listen(listening)
+            events = self._selector.select(None if self._asleep else WATCHDOG_PERIOD_S)
             if watching and time.monotonic() >= self._next_watchdog:
                 self._next_watchdog = time.monotonic() + WATCHDOG_PERIOD_S
                 self._watchdog(workers)
-            for ready in ready_list:
-                if ready == self._wake_r:
+            for key, _mask in events:
+                if key.data is None:
                     os.read(self._wake_r, 4096)
-                else:
-                    self._serve(workers, by_conn[ready])
+                elif key.data in self._heard:  # not lost earlier in this batch
+                    self._serve(workers, key.data)
+
+    def _listen(self, listening: set) -> None:
+        """Listen to exactly the pool's workers."""
+        for worker in self._heard - listening:
+            self._forget(worker)
+        for worker in listening - self._heard:
+            self._selector.register(worker.frames.fd, selectors.EVENT_READ, worker)
+            self._heard.add(worker)
+
+    def _forget(self, worker: WorkerProcess) -> None:
+        """Before the worker is lost, while its channel is still open: once
+        closed, its descriptor's number may be a successor's."""
+        if worker in self._heard:
+            self._heard.discard(worker)
+            self._selector.unregister(worker.frames.fd)
 
     def _serve(self, workers: Workers, worker: WorkerProcess) -> None:
         """Route what one worker sent (a bounded amount, so one flooding
@@ -109,6 +152,7 @@ class Dispatcher:
             for frame in worker.frames.frames(_DISPATCH_BUDGET):
                 self._route(workers, worker, channel.decode_from_worker(frame))
         except EOFError:
+            self._forget(worker)
             workers.lost(worker)
         except Exception as exc:
             if isinstance(exc, channel.ChannelError):
@@ -119,6 +163,7 @@ class Dispatcher:
                 worker.fault = f"handling its message failed: {exc!r}"
                 logger.error("execpool: killing worker %d: handling its message failed", worker.pid, exc_info=exc)
             worker.proc.kill()
+            self._forget(worker)
             workers.lost(worker)
 
     def _route(self, workers: Workers, worker: WorkerProcess, msg: channel.FromWorker) -> None:

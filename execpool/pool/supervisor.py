@@ -113,7 +113,7 @@ class ExecPool(JobRunner):
         self._stats = StatsRecorder()
         self._dispatcher = Dispatcher()
         try:
-            self._workers = Workers(config, self._dispatcher.wake, self._stats)
+            self._workers = Workers(config, self._dispatcher.wake, self._dispatcher.job_started, self._stats)
         except BaseException:
             self._dispatcher.stop(0)
             raise

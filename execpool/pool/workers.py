@@ -127,11 +127,13 @@ class WorkerProcess:
 class Workers:
     """The pool's worker processes and the lock over them and their jobs."""
 
-    def __init__(self, config: PoolConfig, on_change, stats: StatsRecorder) -> None:
+    def __init__(self, config: PoolConfig, on_change, on_job, stats: StatsRecorder) -> None:
         self.config = config
         self._stats = stats
-        # Wakes the dispatcher: a worker to listen to, or the first job to watch.
+        # Wake the dispatcher: always, for a worker to listen to; for a job
+        # to watch, only if it sleeps without a timeout (called under lock).
         self._on_change = on_change
+        self._on_job = on_job
         self.lock = threading.Lock()
         self.all: list[WorkerProcess] = []
         self.running_jobs = 0
@@ -182,9 +184,8 @@ class Workers:
             handle.worker = worker
             handle.deadline = deadline
             worker.jobs[handle.job_id] = handle
-            if not self.running_jobs:
-                self._on_change()  # the dispatcher sleeps without a timeout while no job runs
             self.running_jobs += 1
+            self._on_job()
             worker.started += 1
             if worker.started >= self.config.max_jobs_per_worker:
                 worker.retiring = True
