@@ -9,41 +9,45 @@ Run from the repository root::
 The service runs as a real subprocess, ``sys.executable -m execpool serve
 --port 0 --workers W --max-in-flight M --max-queue Q --queue-timeout T``
 (``--cold`` passed on: the service runs Python warm by default, and so does
-the library side here unless ``--cold``), is asked through SandboxFusion's ``POST /run_code``
-with ``httpx.AsyncClient`` (one per concurrent client, so that httpx's own
-pool does not become what is measured; see HttpSide), and is stopped with
-SIGTERM at the end. The baseline, in the same run, is the library in this
-process: ``pool.submit(PythonJob(code, timeout=10, separate_stderr=True))``
-on an ``ExecPool`` of the same W workers, awaited through
-``asyncio.wrap_future`` -- the job the service makes of a ``/run_code``
-body, awaited as the service awaits it, so that what differs is HTTP, the
-admission queue and the client. ``--sandbox-fusion URL`` sends the same
-requests to a SandboxFusion server too (no target).
+the library side here unless ``--cold``), is asked through SandboxFusion's
+``POST /run_code``, and is stopped with SIGTERM at the end. The client is
+the standard library's ``http.client``, one keep-alive connection and one
+thread per concurrent client (``--client httpx``: an ``httpx.AsyncClient``
+per client instead; see LeanHttpSide for why the lean one is the default:
+on this machine the client shares the server's CPUs). The baseline, in the
+same run, is the library in this process: ``pool.submit`` of the job the
+service makes of the body (``PythonJob(code, timeout=10,
+separate_stderr=True)``, a ``ShellJob`` for bash) on an ``ExecPool`` of the
+same W workers, awaited through ``asyncio.wrap_future`` as the service
+awaits it, so that what differs is HTTP, the admission queue and the
+client. ``--sandbox-fusion URL`` sends the same requests, through the same
+client, to a SandboxFusion server too.
 
-Two programs: ``print('hi')``, and a CPU-bound loop calibrated at start to
-``--cpu-ms`` (50) ms in this interpreter, the same code on every side. At
-each concurrency C of ``--concurrency``, C clients send ``max(--requests,
-C)`` requests in a closed loop; reported per side: correct answers per
-second, median and p99 latency over every request, and the answers that
-were 504 (overloaded: the service's admission said so, not an error),
-wrong (anything but HTTP 200 with status "Success" and the exact stdout) or
-lost (no answer within the client timeout, queue timeout + run timeout +
-10 s, as verl's client waits). At concurrency 1 the sides alternate request
-by request (interleaved pairs); at higher ones they take turns level by
-level, in an order that rotates. Beside them, the CPU time per request of
-the service's process and of this one (the client, or the library's caller
-side), jobs excluded: where the HTTP cost goes.
+Three programs: ``print('hi')``, ``echo hi`` (``"language": "bash"``), and
+a CPU-bound loop calibrated at start to ``--cpu-ms`` (100) ms in this
+interpreter, the same code on every side. At each concurrency C of
+``--concurrency``, C clients send ``max(--requests, C)`` requests in a
+closed loop; reported per side: correct answers per second, median and p99
+latency over every request, and the answers that were 504 (overloaded: the
+service's admission said so, not an error), wrong (anything but HTTP 200
+with status "Success" and the exact stdout) or lost (no answer within the
+client timeout, queue timeout + run timeout + 10 s, as verl's client
+waits). At concurrency 1 the sides alternate request by request
+(interleaved pairs), the other client too; at higher ones they take turns
+level by level, in an order that rotates. Beside them, the CPU time per
+request of the service's process and of this one (the client, or the
+library's caller side), jobs excluded: where the HTTP cost goes.
 
 Targets (printed, not asserted; a target whose level was not run is left
-out): the HTTP cost at concurrency 1, the median of the per-pair differences
-service - library for ``print('hi')``, <= 1 ms -- judged twice, with httpx
-as the client and with the standard library's ``http.client`` (a lean
-client, at concurrency 1 only: httpx alone spends more CPU a request than
-the target allows, see LeanHttpSide); the service's answers per
-second at concurrency 64 >= 0.8x the library's; its p99 latency at
-concurrency 256 <= the queue timeout plus the job's run time (the library's
-median at concurrency 1): nobody waits longer than the queue allows; and
-no wrong or lost answer from the service at any level.
+out): the HTTP cost at concurrency 1, the median of the per-pair
+differences service - library for ``print('hi')``, <= 1 ms, with each
+client; the service's answers per second at concurrency 64 >= 0.9x the
+library's, and >= 0.9x its own at 16 (no collapse as clients pile up);
+with ``--sandbox-fusion``, at 16 and at 64, >= 5x SandboxFusion's answers
+per second for ``print('hi')`` and >= 3x for ``echo hi``; its p99 latency
+at concurrency 256 <= the queue timeout plus the job's run time (the
+library's median at concurrency 1): nobody waits longer than the queue
+allows; and no wrong or lost answer from the service at any level.
 
 The last line of stdout is one JSON object with every figure.
 """
@@ -68,6 +72,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable
 
 import httpx
@@ -76,7 +81,7 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _common as C
-from execpool import ExecPool, PythonJob
+from execpool import ExecPool, PythonJob, ShellJob
 from execpool.serve.settings import DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT_S
 
 #: SandboxFusion's default ``run_timeout``, and the library job's timeout.
@@ -88,7 +93,12 @@ READY_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 30
 
 TARGET_HTTP_COST_MS = 1.0
-TARGET_THROUGHPUT_RATIO = 0.8
+#: The service's answers per second over the library's at concurrency 64.
+TARGET_THROUGHPUT_RATIO = 0.9
+#: Its answers per second at concurrency 64 over its own at 16: no collapse.
+TARGET_NO_COLLAPSE = 0.9
+#: Its answers per second over SandboxFusion's at 16 and at 64, per workload.
+TARGET_OVER_SANDBOX_FUSION = {"hi": 5.0, "echo": 3.0}
 
 CPU_LOOP = "total = 0\nfor i in range({n}):\n    total += i\n"
 JSON_HEADERS = {"content-type": "application/json"}
@@ -104,6 +114,17 @@ class Workload:
     label: str
     code: str
     expected: str
+    language: str = "python"
+
+    def body(self) -> bytes:
+        """The ``/run_code`` request."""
+        return json.dumps({"code": self.code, "language": self.language, "run_timeout": RUN_TIMEOUT_S}).encode()
+
+    def job(self, warm: bool) -> PythonJob | ShellJob:
+        """The job the service makes of that request."""
+        if self.language == "bash":
+            return ShellJob(self.code, timeout=RUN_TIMEOUT_S, separate_stderr=True)
+        return PythonJob(self.code, timeout=RUN_TIMEOUT_S, separate_stderr=True, warm=warm)
 
 
 def calibrate_loop(target_s: float) -> tuple[int, float]:
@@ -246,7 +267,7 @@ class HttpSide:
 
     @contextlib.asynccontextmanager
     async def open(self, workload: Workload, concurrency: int):
-        body = json.dumps({"code": workload.code, "language": "python", "run_timeout": RUN_TIMEOUT_S}).encode()
+        body = workload.body()
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
         async with contextlib.AsyncExitStack() as stack:
             # trust_env=False: a proxy from the environment must not sit
@@ -267,10 +288,12 @@ class HttpSide:
 
 class LeanHttpSide:
     """The same requests through the standard library's ``http.client``:
-    one keep-alive connection per client, each request on a thread. httpx
-    spends ~1.3 ms of CPU a request here, more than the target for the
-    whole HTTP cost; this client spends a fraction of that, so the cost
-    measured through it is mostly the service's own. Used at concurrency 1."""
+    one keep-alive connection and one thread per client. httpx spends
+    2.3-3 ms of CPU a request here, more than the target for the whole
+    HTTP cost and, at 150 requests a second, a third of this machine's two
+    CPUs, taken from the server it measures; this client spends 0.8 ms, so
+    what is measured through it is mostly the server's own. The default
+    client of every level (``--client httpx`` for the other)."""
 
     def __init__(self, url: str, timeout: float) -> None:
         parsed = httpx.URL(url)
@@ -279,12 +302,17 @@ class LeanHttpSide:
 
     @contextlib.asynccontextmanager
     async def open(self, workload: Workload, concurrency: int):
-        body = json.dumps({"code": workload.code, "language": "python", "run_timeout": RUN_TIMEOUT_S}).encode()
+        body = workload.body()
         connections = [http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
                        for _ in range(concurrency)]
+        # A thread per client: asyncio's default executor has a handful,
+        # and would cap the concurrency at that.
+        threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="client")
         try:
-            yield [functools.partial(self._send, connection, body, workload.expected) for connection in connections]
+            yield [functools.partial(self._send, threads, connection, body, workload.expected)
+                   for connection in connections]
         finally:
+            threads.shutdown()
             for connection in connections:
                 connection.close()
 
@@ -294,9 +322,10 @@ class LeanHttpSide:
         response = connection.getresponse()
         return response.status, response.read()
 
-    async def _send(self, connection: http.client.HTTPConnection, body: bytes, expected: str) -> tuple[str, str]:
+    async def _send(self, threads: ThreadPoolExecutor, connection: http.client.HTTPConnection, body: bytes,
+                    expected: str) -> tuple[str, str]:
         try:
-            status, content = await asyncio.to_thread(self._post, connection, body)
+            status, content = await asyncio.get_running_loop().run_in_executor(threads, self._post, connection, body)
         except (OSError, http.client.HTTPException) as exc:
             connection.close()  # the next request opens a new connection
             return LOST, f"{type(exc).__name__}: {exc}"
@@ -328,10 +357,9 @@ class LibrarySide:
 
     @contextlib.asynccontextmanager
     async def open(self, workload: Workload, concurrency: int):
-        job = PythonJob(workload.code, timeout=RUN_TIMEOUT_S, separate_stderr=True, warm=self.warm)
-        yield [functools.partial(self._send, job, workload.expected)] * concurrency
+        yield [functools.partial(self._send, workload.job(self.warm), workload.expected)] * concurrency
 
-    async def _send(self, job: PythonJob, expected: str) -> tuple[str, str]:
+    async def _send(self, job: PythonJob | ShellJob, expected: str) -> tuple[str, str]:
         try:
             # Cancelling the asyncio wrapper cancels the job (its tree dies).
             result = await asyncio.wait_for(asyncio.wrap_future(self.pool.submit(job)), self.timeout)
@@ -427,13 +455,13 @@ async def measure(workload: Workload, sides: dict, levels: list[int], requests: 
         for index, concurrency in enumerate(levels):
             if concurrency == 1:
                 level, diffs = await run_pairs(singles, requests, meter)
-                for name in ("http", "http_lean"):
+                for name in ("http", "http_other"):
                     level[f"{name}_cost_ms_median"] = C.ms(C.median(diffs[name]))
                     level[f"{name}_minus_library_medians_ms"] = round(
                         level[name]["ms_median"] - level["library"]["ms_median"], 3)
             else:
                 level = {}
-                for name in rotated([name for name in sides if name != "http_lean"], index):
+                for name in rotated([name for name in sides if name != "http_other"], index):
                     async with sides[name].open(workload, concurrency) as sends:
                         level[name] = await run_level(sends, max(requests, concurrency), meter)
             http_rate, library_rate = level["http"]["ok_per_s"], level["library"]["ok_per_s"]
@@ -468,7 +496,10 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the service's waiting requests (default {DEFAULT_MAX_QUEUE})")
     parser.add_argument("--queue-timeout", type=float, default=DEFAULT_QUEUE_TIMEOUT_S,
                         help=f"seconds a request may wait for a slot (default {DEFAULT_QUEUE_TIMEOUT_S:g})")
-    parser.add_argument("--cpu-ms", type=float, default=50.0, help="the CPU-bound loop's run time (default 50)")
+    parser.add_argument("--cpu-ms", type=float, default=100.0, help="the CPU-bound loop's run time (default 100)")
+    parser.add_argument("--client", choices=("lean", "httpx"), default="lean",
+                        help="the client of every level: http.client on a thread per client (default), or "
+                             "httpx.AsyncClient; the other one is compared at concurrency 1 too")
     parser.add_argument("--cold", dest="warm", action="store_false",
                         help="cold Python on both sides (serve --cold; warm is the service's default)")
     parser.add_argument("--sandbox-fusion", metavar="URL", help="also send the requests to this SandboxFusion")
@@ -486,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     loop_n, loop_s = calibrate_loop(args.cpu_ms / 1000.0)
     workloads = [
         Workload("hi", "print('hi')", "print('hi')", "hi\n"),
+        Workload("echo", "echo hi", "echo hi", "hi\n", language="bash"),
         Workload("cpu", f"cpu loop {C.ms(loop_s):g} ms", CPU_LOOP.format(n=loop_n) + "print(total)\n",
                  f"{loop_n * (loop_n - 1) // 2}\n"),
     ]
@@ -507,11 +539,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with ExecPool(workers=args.workers, **({} if sandbox is None else {"sandbox": sandbox})) as pool:
-            sides = {"http": HttpSide(service.url, client_timeout),
-                     "http_lean": LeanHttpSide(service.url, client_timeout),
+            client, other = (LeanHttpSide, HttpSide) if args.client == "lean" else (HttpSide, LeanHttpSide)
+            sides = {"http": client(service.url, client_timeout),
+                     "http_other": other(service.url, client_timeout),
                      "library": LibrarySide(pool, args.warm, client_timeout)}
             if args.sandbox_fusion:
-                sides["sandbox_fusion"] = HttpSide(args.sandbox_fusion.rstrip("/"), client_timeout)
+                sides["sandbox_fusion"] = client(args.sandbox_fusion.rstrip("/"), client_timeout)
             meter = CpuMeter(service.proc.pid)
             figures = {w.name: asyncio.run(measure(w, sides, args.concurrency, args.requests, args.warmup, meter))
                        for w in workloads}
@@ -523,18 +556,28 @@ def main(argv: list[str] | None = None) -> int:
     for w in workloads:
         levels = figures[w.name]
         if "1" in levels and w.name == "hi":
-            for name in ("http", "http_lean"):
+            for name in ("http", "http_other"):
                 targets[f"hi_c1_{name}_cost_ms"] = C.target(levels["1"][f"{name}_cost_ms_median"],
                                                             TARGET_HTTP_COST_MS, "<=", "ms")
         if "64" in levels:
             targets[f"{w.name}_c64_throughput_ratio"] = C.target(levels["64"]["http_over_library_ok_per_s"],
                                                                  TARGET_THROUGHPUT_RATIO, ">=", "x")
+        if "16" in levels and "64" in levels:
+            c16, c64 = levels["16"]["http"]["ok_per_s"], levels["64"]["http"]["ok_per_s"]
+            targets[f"{w.name}_c64_over_c16"] = C.target(round(c64 / c16, 3) if c16 else None,
+                                                         TARGET_NO_COLLAPSE, ">=", "x")
+        if w.name in TARGET_OVER_SANDBOX_FUSION and args.sandbox_fusion:
+            for level_name in ("16", "64"):
+                if level_name in levels:
+                    ours, theirs = levels[level_name]["http"]["ok_per_s"], levels[level_name]["sandbox_fusion"]["ok_per_s"]
+                    targets[f"{w.name}_c{level_name}_over_sandbox_fusion"] = C.target(
+                        round(ours / theirs, 2) if theirs else None, TARGET_OVER_SANDBOX_FUSION[w.name], ">=", "x")
         if "256" in levels and "1" in levels:
             run_s = levels["1"]["library"]["ms_median"] / 1000.0
             targets[f"{w.name}_c256_p99_s"] = C.target(round(levels["256"]["http"]["ms_p99"] / 1000.0, 3),
                                                        round(args.queue_timeout + run_s, 3), "<=", "s")
     wrong_or_lost = sum(level[name]["wrong"] + level[name]["lost"] for levels in figures.values()
-                        for level in levels.values() for name in ("http", "http_lean") if name in level)
+                        for level in levels.values() for name in ("http", "http_other") if name in level)
     targets["http_wrong_or_lost"] = C.target(wrong_or_lost, 0, "<=")
 
     print(f"execpool serve vs library: {args.workers} workers, max-in-flight {args.max_in_flight}, max-queue "
@@ -567,15 +610,16 @@ def main(argv: list[str] | None = None) -> int:
                     level["http"]["caller_cpu_ms_per_request"], level["library"]["caller_cpu_ms_per_request"]]
                    for w in workloads for concurrency, level in figures[w.name].items()])
     if "1" in figures["hi"]:
+        names = {"lean": "http.client", "httpx": "httpx"}
+        this, that = names[args.client], names["httpx" if args.client == "lean" else "lean"]
         C.print_table("HTTP cost at concurrency 1 (ms over the library; median of per-pair differences, and of "
-                      "the medians; httpx client, and http.client)",
-                      ["workload", "pairs", "httpx per pair", "httpx medians", "lean per pair", "lean medians",
-                       "serve CPU lean"],
-                      [[w.label, figures[w.name]["1"]["http"]["n"], figures[w.name]["1"]["http_cost_ms_median"],
-                        figures[w.name]["1"]["http_minus_library_medians_ms"],
-                        figures[w.name]["1"]["http_lean_cost_ms_median"],
-                        figures[w.name]["1"]["http_lean_minus_library_medians_ms"],
-                        figures[w.name]["1"]["http_lean"]["service_cpu_ms_per_request"]] for w in workloads])
+                      f"the medians; {this} client, and {that})",
+                      ["workload", "pairs", f"{this} per pair", f"{this} medians", "serve CPU",
+                       f"{that} per pair", f"{that} medians"],
+                      [[w.label, level["http"]["n"], level["http_cost_ms_median"], level["http_minus_library_medians_ms"],
+                        level["http"]["service_cpu_ms_per_request"], level["http_other_cost_ms_median"],
+                        level["http_other_minus_library_medians_ms"]]
+                       for w in workloads for level in [figures[w.name]["1"]]])
     examples = [f"{w.name} C={c} {side}: {example}" for w in workloads for c, level in figures[w.name].items()
                 for side, s in level.items() if isinstance(s, dict) for example in s["examples"]]
     for example in examples[:6]:
