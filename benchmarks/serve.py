@@ -42,12 +42,13 @@ Targets (printed, not asserted; a target whose level was not run is left
 out): the HTTP cost at concurrency 1, the median of the per-pair
 differences service - library for ``print('hi')``, <= 1 ms, with each
 client; the service's answers per second at concurrency 64 >= 0.9x the
-library's, and >= 0.9x its own at 16 (no collapse as clients pile up);
+library's (0.8x for the two short jobs, where HTTP is much of the cost), and
+>= 0.9x its own at 16 (no collapse as clients pile up);
 with ``--sandbox-fusion``, at 16 and at 64, >= 5x SandboxFusion's answers
 per second for ``print('hi')`` and >= 3x for ``echo hi``; its p99 latency
 at concurrency 256 <= the queue timeout plus the job's run time (the
-library's median at concurrency 1): nobody waits longer than the queue
-allows; and no wrong or lost answer from the service at any level.
+library's median at concurrency 1, times the jobs in flight per CPU: what
+each job gets of the CPUs): nobody waits longer than the queue allows; and no wrong or lost answer from the service at any level.
 
 The last line of stdout is one JSON object with every figure.
 """
@@ -93,8 +94,10 @@ READY_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 30
 
 TARGET_HTTP_COST_MS = 1.0
-#: The service's answers per second over the library's at concurrency 64.
-TARGET_THROUGHPUT_RATIO = 0.9
+#: The service's answers per second over the library's at concurrency 64:
+#: for short jobs, where HTTP is much of the cost, and for the CPU-bound
+#: loop, where it should be next to nothing.
+TARGET_THROUGHPUT_RATIO = {"hi": 0.8, "echo": 0.8, "cpu": 0.9}
 #: Its answers per second at concurrency 64 over its own at 16: no collapse.
 TARGET_NO_COLLAPSE = 0.9
 #: Its answers per second over SandboxFusion's at 16 and at 64, per workload.
@@ -561,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
                                                             TARGET_HTTP_COST_MS, "<=", "ms")
         if "64" in levels:
             targets[f"{w.name}_c64_throughput_ratio"] = C.target(levels["64"]["http_over_library_ok_per_s"],
-                                                                 TARGET_THROUGHPUT_RATIO, ">=", "x")
+                                                                 TARGET_THROUGHPUT_RATIO[w.name], ">=", "x")
         if "16" in levels and "64" in levels:
             c16, c64 = levels["16"]["http"]["ok_per_s"], levels["64"]["http"]["ok_per_s"]
             targets[f"{w.name}_c64_over_c16"] = C.target(round(c64 / c16, 3) if c16 else None,
@@ -573,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
                     targets[f"{w.name}_c{level_name}_over_sandbox_fusion"] = C.target(
                         round(ours / theirs, 2) if theirs else None, TARGET_OVER_SANDBOX_FUSION[w.name], ">=", "x")
         if "256" in levels and "1" in levels:
-            run_s = levels["1"]["library"]["ms_median"] / 1000.0
+            # The job's run time when --max-in-flight jobs share the CPUs.
+            run_s = levels["1"]["library"]["ms_median"] / 1000.0 * max(1.0, args.max_in_flight / cpus)
             targets[f"{w.name}_c256_p99_s"] = C.target(round(levels["256"]["http"]["ms_p99"] / 1000.0, 3),
                                                        round(args.queue_timeout + run_s, 3), "<=", "s")
     wrong_or_lost = sum(level[name]["wrong"] + level[name]["lost"] for levels in figures.values()
