@@ -26,6 +26,8 @@ execpool/pool/workers.py at once.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import selectors
@@ -63,6 +65,7 @@ class Dispatcher:
     def __init__(self) -> None:
         self._wake_r, self._wake_w = channel.pipe()
         os.set_blocking(self._wake_w, False)  # a full wake pipe is awake enough
+        os.set_blocking(self._wake_r, False)  # the loop's turn also comes on a timer
         self._next_watchdog = 0.0
         # Watch on a timeout until then; asleep: in a wait without one.
         self._watch_until = 0.0
@@ -73,10 +76,17 @@ class Dispatcher:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._heard: set = set()
         self._thread: Optional[threading.Thread] = None
+        # Set while an event loop reads the messages (attach), with its timer.
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._tick: Optional[asyncio.TimerHandle] = None
+        self._leave = False  # the thread's to end, for attach
         self.workers: Optional[Workers] = None
 
     def start(self, workers: Workers) -> None:
         self.workers = workers
+        self._start_thread()
+
+    def _start_thread(self) -> None:
         self._thread = threading.Thread(target=self._run, name="execpool-dispatcher", daemon=True)
         self._thread.start()
 
@@ -94,6 +104,64 @@ class Dispatcher:
             self._asleep = False
             self.wake()
 
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the workers' messages on ``loop``, from its own thread (call
+        it there), rather than on the dispatcher's thread: a service's loop
+        then takes each job's messages as they come, where the thread would
+        wake for each, wait for the interpreter's lock the loop holds, and
+        wake the loop in turn to hand the Result over."""
+        if self._loop is not None:
+            raise RuntimeError("the pool already routes its messages on an event loop")
+        self._leave = True
+        self.wake()
+        assert self._thread is not None
+        self._thread.join()
+        self._leave = False
+        for worker in list(self._heard):
+            self._forget(worker)
+        self._loop = loop
+        loop.add_reader(self._wake_r, self._loop_turn)
+        self._loop_turn()
+
+    def detach(self) -> None:
+        """Back to the dispatcher's own thread (call it on the loop's thread,
+        while it runs, or once it has stopped)."""
+        loop = self._loop
+        if loop is None:
+            return
+        for worker in list(self._heard):
+            self._forget(worker)
+        if not loop.is_closed():
+            loop.remove_reader(self._wake_r)
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+        self._loop = None
+        self._start_thread()
+
+    def release(self, timeout: float) -> None:
+        """:meth:`detach`, from any thread: the pool is closing, and only
+        the thread reads what its workers say as they stop."""
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop or loop.is_closed() or not loop.is_running():
+            self.detach()
+            return
+        detached = threading.Event()
+
+        def detach() -> None:
+            self.detach()
+            detached.set()
+
+        loop.call_soon_threadsafe(detach)
+        if not detached.wait(timeout):
+            logger.warning("execpool: the event loop did not give the pool's messages back within %g s", timeout)
+
     def stop(self, timeout: float) -> None:
         """After ``Workers.close``: the thread ends once every worker's
         channel has ended."""
@@ -104,44 +172,84 @@ class Dispatcher:
         os.close(self._wake_r)
         os.close(self._wake_w)
 
+    def _look(self, workers: Workers) -> Optional[bool]:
+        """Listen to exactly the pool's workers; whether jobs run (the
+        watchdog's to watch), or None once the pool is closed and every
+        worker's channel has ended."""
+        with workers.lock:
+            listening = set(workers.all)
+            if workers.closed and not listening:
+                return None
+            watching = workers.running_jobs > 0
+            now = time.monotonic()
+            if watching:
+                self._watch_until = now + IDLE_WATCH_S
+            self._asleep = not watching and now >= self._watch_until
+        for worker in self._heard - listening:
+            self._forget(worker)
+        for worker in listening - self._heard:
+            self._listen(worker)
+        return watching
+
+    def _watch(self, workers: Workers, watching: bool) -> None:
+        if watching and time.monotonic() >= self._next_watchdog:
+            self._next_watchdog = time.monotonic() + WATCHDOG_PERIOD_S
+            self._watchdog(workers)
+
     def _run(self) -> None:
         workers = self.workers
         assert workers is not None
-        while True:
-            with workers.lock:
-                listening = set(workers.all)
-                if workers.closed and not listening:
-                    return
-                watching = workers.running_jobs > 0
-                now = time.monotonic()
-                if watching:
-                    self._watch_until = now + IDLE_WATCH_S
-                self._asleep = not watching and now >= self._watch_until
-            self._listen(listening)
+        while not self._leave:
+            watching = self._look(workers)
+            if watching is None:
+                return
             events = self._selector.select(None if self._asleep else WATCHDOG_PERIOD_S)
-            if watching and time.monotonic() >= self._next_watchdog:
-                self._next_watchdog = time.monotonic() + WATCHDOG_PERIOD_S
-                self._watchdog(workers)
+            self._watch(workers, watching)
             for key, _mask in events:
                 if key.data is None:
                     os.read(self._wake_r, 4096)
                 elif key.data in self._heard:  # not lost earlier in this batch
                     self._serve(workers, key.data)
 
-    def _listen(self, listening: set) -> None:
-        """Listen to exactly the pool's workers."""
-        for worker in self._heard - listening:
-            self._forget(worker)
-        for worker in listening - self._heard:
-            self._selector.register(worker.frames.fd, selectors.EVENT_READ, worker)
-            self._heard.add(worker)
+    def _loop_turn(self) -> None:
+        """The thread's turn, on the loop: woken (or due), look again, and
+        come back on a timer while there is something to watch."""
+        workers = self.workers
+        assert workers is not None and self._loop is not None
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._wake_r, 4096)
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+        watching = self._look(workers)
+        if watching is None:
+            return
+        self._watch(workers, watching)
+        if not self._asleep:
+            self._tick = self._loop.call_later(WATCHDOG_PERIOD_S, self._loop_turn)
+
+    def _listen(self, worker: WorkerProcess) -> None:
+        fd = worker.frames.fd
+        if self._loop is None:
+            self._selector.register(fd, selectors.EVENT_READ, worker)
+        else:
+            self._loop.add_reader(fd, self._serve_on_loop, worker)
+        self._heard.add(worker)
+
+    def _serve_on_loop(self, worker: WorkerProcess) -> None:
+        assert self.workers is not None
+        if worker in self._heard:
+            self._serve(self.workers, worker)
 
     def _forget(self, worker: WorkerProcess) -> None:
         """Before the worker is lost, while its channel is still open: once
         closed, its descriptor's number may be a successor's."""
         if worker in self._heard:
             self._heard.discard(worker)
-            self._selector.unregister(worker.frames.fd)
+            if self._loop is None:
+                self._selector.unregister(worker.frames.fd)
+            elif not self._loop.is_closed():
+                self._loop.remove_reader(worker.frames.fd)
 
     def _serve(self, workers: Workers, worker: WorkerProcess) -> None:
         """Route what one worker sent (a bounded amount, so one flooding

@@ -291,17 +291,19 @@ class _Server(uvicorn.Server):
 
 
 async def _serve(server: uvicorn.Server, sockets: List[socket.socket], jobs: ServiceJobs, grace: float) -> None:
-    """Serve until told to stop; then the grace, then cancel what runs."""
-    task = asyncio.ensure_future(server.serve(sockets=sockets))
-    while not server.started and not task.done():
-        await asyncio.sleep(0.01)
-    if server.started:
-        host, port = sockets[0].getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
-        print(f"execpool serve: ready at http://{shown}:{port}", flush=True)
-    while not server.should_exit and not task.done():
-        await asyncio.sleep(0.05)  # uvicorn itself looks at should_exit every 0.1 s
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(asyncio.shield(task), grace)
-    jobs.stop_jobs()
-    await task
+    """Serve until told to stop; then the grace, then cancel what runs. The
+    pool's messages are read on this loop meanwhile (``pool.on_loop``)."""
+    with jobs.pool.on_loop():
+        task = asyncio.ensure_future(server.serve(sockets=sockets))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started:
+            host, port = sockets[0].getsockname()[:2]
+            shown = f"[{host}]" if ":" in host else host
+            print(f"execpool serve: ready at http://{shown}:{port}", flush=True)
+        while not server.should_exit and not task.done():
+            await asyncio.sleep(0.05)  # uvicorn itself looks at should_exit every 0.1 s
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(task), grace)
+        jobs.stop_jobs()
+        await task
