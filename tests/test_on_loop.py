@@ -80,7 +80,6 @@ def test_a_dead_worker_is_replaced_while_the_loop_reads(monkeypatch):
         with pool.on_loop():
             victim = pool.worker_pids[0]
             future = asyncio.wrap_future(pool.submit(ShellJob("sleep 30", timeout=60)))
-            await asyncio.sleep(0)  # let the loop take the job's first messages
             assert await asyncio.to_thread(wait_for, lambda: pool.running_jobs == 1, DEADLINE_S)
             os.kill(victim, signal.SIGKILL)
             result = await asyncio.wait_for(future, DEADLINE_S)

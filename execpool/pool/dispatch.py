@@ -154,11 +154,11 @@ class Dispatcher:
             return
         detached = threading.Event()
 
-        def detach() -> None:
+        def give_back() -> None:
             self.detach()
             detached.set()
 
-        loop.call_soon_threadsafe(detach)
+        loop.call_soon_threadsafe(give_back)
         if not detached.wait(timeout):
             logger.warning("execpool: the event loop did not give the pool's messages back within %g s", timeout)
 
@@ -207,7 +207,7 @@ class Dispatcher:
             self._watch(workers, watching)
             for key, _mask in events:
                 if key.data is None:
-                    os.read(self._wake_r, 4096)
+                    self._drain_wake()
                 elif key.data in self._heard:  # not lost earlier in this batch
                     self._serve(workers, key.data)
 
@@ -216,8 +216,7 @@ class Dispatcher:
         come back on a timer while there is something to watch."""
         workers = self.workers
         assert workers is not None and self._loop is not None
-        with contextlib.suppress(BlockingIOError):
-            os.read(self._wake_r, 4096)
+        self._drain_wake()
         if self._tick is not None:
             self._tick.cancel()
             self._tick = None
@@ -227,6 +226,10 @@ class Dispatcher:
         self._watch(workers, watching)
         if not self._asleep:
             self._tick = self._loop.call_later(WATCHDOG_PERIOD_S, self._loop_turn)
+
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._wake_r, 4096)
 
     def _listen(self, worker: WorkerProcess) -> None:
         fd = worker.frames.fd
