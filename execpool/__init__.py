@@ -34,9 +34,10 @@ if TYPE_CHECKING:
     from .pool.streams import AsyncJobStream, accepts_output_callback, drain_queue, stream_tool_execution
     from .pool.supervisor import ExecPool
     from .shared.errors import ExecPoolError, PoolBrokenError, PoolClosedError
-    from .shared.jobs import Limits, PythonJob, ShellJob
+    from .shared.jobs import CodeJob, Limits, PythonJob, ShellJob
     from .shared.kernel.proctree import capture_process_group, drain_process_output, kill_process_tree
     from .shared.kernel.sandbox import Sandbox, SandboxSupport, sandbox_support
+    from .shared.languages import Toolchain, languages
     from .shared.output import TOOL_OUTPUT_STREAM_MAX_CHARS
     from .shared.result import Result, Status
 
@@ -56,9 +57,12 @@ _EXPORTS = {
     "ExecPoolError": "shared.errors",
     "PoolBrokenError": "shared.errors",
     "PoolClosedError": "shared.errors",
+    "CodeJob": "shared.jobs",
     "Limits": "shared.jobs",
     "PythonJob": "shared.jobs",
     "ShellJob": "shared.jobs",
+    "Toolchain": "shared.languages",
+    "languages": "shared.languages",
     "capture_process_group": "shared.kernel.proctree",
     "drain_process_output": "shared.kernel.proctree",
     "kill_process_tree": "shared.kernel.proctree",

@@ -161,7 +161,7 @@ def test_a_bad_job_is_raised_in_its_place_after_the_jobs_before_it(pool):
     results = map_jobs(pool.submit, jobs, 4)
     assert next(results).output == "0\n"
     assert next(results).output == "1\n"
-    with pytest.raises(TypeError, match="PythonJob or ShellJob"):
+    with pytest.raises(TypeError, match="PythonJob, ShellJob or CodeJob"):
         next(results)
 
 
@@ -314,7 +314,7 @@ def test_invalid_lines_become_invalid_records_with_the_reason(tmp_path):
     expected = {
         2: (None, "bad JSON"), 3: (None, "JSON object, not array"), 4: (None, 'missing "id"'),
         5: (None, '"id" must be a string or an integer, not boolean'), 6: (None, "must not be empty"),
-        7: ("both", "not both"), 8: ("neither", 'missing "python" or "shell"'),
+        7: ("both", "not both"), 8: ("neither", 'missing "python", "shell" or "code"'),
         9: ("typed", '"python" must be a string, not number'),
         11: ("negative", "positive"), 12: ("nul", "NUL"), 13: ("badenv", "env"),
         14: ("nocwd", "not an existing directory"), 15: ("typo", 'unknown field "timout"'),

@@ -1,5 +1,5 @@
 """Files into and out of a job's directory: confined to it whatever the
-request asks or the job plants (execpool/serve/files.py)."""
+request asks or the job plants (execpool/pool/files.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from execpool import ExecPool, ShellJob
 from execpool.formats.request import BadField, check_path
-from execpool.serve.files import JobFileError, read_files, write_files
+from execpool.pool.files import JobFileError, read_files, write_files
 
 
 @pytest.fixture(scope="module")

@@ -208,6 +208,17 @@ def test_bash_runs_and_ctrl_enter_starts_it(ui):
     ui.expect_output("bash yes\nto-stderr")
 
 
+def test_a_compiled_language_from_the_menu_runs_and_its_compile_error_shows(ui):
+    ui.token.blur()  # the server asks for a token: the page lists its languages once it has one
+    ui.run('#include <cstdio>\nint main() { std::puts("from c++"); return 4; }', language="cpp")
+    ui.expect_status("exit 4")
+    ui.expect_output("from c++")
+    ui.run("int main() { nope(); }", language="cpp")
+    ui.expect_status("exit 1")
+    ui.expect_output("Compilation failed (exit code 1):")
+    ui.expect_output("nope")
+
+
 def test_output_shows_while_the_job_runs(ui, tmp_path):
     ui.run(gated(tmp_path, "print('first', flush=True)\nwait('gate')\nprint('second')"))
     ui.expect_output("first")

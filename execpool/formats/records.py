@@ -22,6 +22,10 @@ STATUSES = (*(status.value for status in Status), "invalid")
 #: In the record of a job that never ran they are null.
 COST_KEYS = ("cpu_user_s", "cpu_system_s", "max_rss_bytes", "peak_memory_bytes", "processes")
 
+#: A CodeJob's compile step (execpool/shared/result.py); null in the record
+#: of a job where nothing compiled.
+COMPILE_KEYS = ("compile_status", "compile_output", "compile_duration_s")
+
 #: A record's keys, in order: (JSON Schema, meaning).
 RECORD: Mapping[str, tuple] = {
     "id": ({"type": ["string", "integer", "null"]}, "The job's id, as given."),
@@ -37,6 +41,12 @@ RECORD: Mapping[str, tuple] = {
     "max_rss_bytes": ({"type": ["integer", "null"]}, "The largest resident set of any one of its processes."),
     "peak_memory_bytes": ({"type": ["integer", "null"]}, "The tree's peak memory, where it had a memory cgroup."),
     "processes": ({"type": ["integer", "null"]}, "Processes of the job its worker reaped (a lower bound)."),
+    "compile_status": ({"type": ["string", "null"], "enum": [*(status.value for status in Status), None]},
+                       "A compiled language's compile: ok, error (the compiler failed: the program did not run), "
+                       "timeout, cancelled or infra; null where nothing compiled."),
+    "compile_output": ({"type": ["string", "null"]}, "What the compiler printed, stdout then stderr."),
+    "compile_duration_s": ({"type": ["number", "null"]},
+                           "Wall seconds of the compile (the first one's, where it came from the compile cache)."),
     "line": ({"type": "integer"}, "The input line (or job) number."),
     "error": ({"type": ["string", "null"]},
               "Why, when the job did not simply exit: the model-facing text (timeout, cancelled, no code, execpool's "
@@ -48,12 +58,15 @@ def result_record(ident: Any, number: int, result: Result) -> Dict[str, Any]:
     """The record of a job that ran. ``error`` is the model-facing text when
     the job did not simply exit (timeout, cancelled, no code, execpool's
     failure)."""
-    plain_exit = (result.error is None and result.empty_message is None
+    plain_exit = (result.error is None and result.empty_message is None and not result.compile_failed
                   and not (result.timed_out or result.cancelled))
     return {
         "id": ident, "status": result.status.value, "exit_code": result.exit_code, "output": result.output,
         "output_chars": result.output_chars, "duration_s": round(result.duration_s, 4),
         **{key: getattr(result, key) for key in COST_KEYS},
+        "compile_status": None if result.compile_status is None else result.compile_status.value,
+        "compile_output": result.compile_output,
+        "compile_duration_s": None if result.compile_duration_s is None else round(result.compile_duration_s, 4),
         "line": number, "error": None if plain_exit else result.text,
     }
 
@@ -85,7 +98,8 @@ def invalid_record(ident: Any, number: int, reason: str) -> Dict[str, Any]:
     """The record of a job that could not run as asked (a line that is no
     job, a file that could not be written), with the reason in ``error``."""
     return {"id": ident, "status": "invalid", "exit_code": None, "output": "", "output_chars": 0,
-            "duration_s": 0.0, **dict.fromkeys(COST_KEYS), "line": number, "error": reason}
+            "duration_s": 0.0, **dict.fromkeys(COST_KEYS), **dict.fromkeys(COMPILE_KEYS), "line": number,
+            "error": reason}
 
 
 def schema(extra: Mapping[str, tuple] = {}) -> dict:

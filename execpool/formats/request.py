@@ -27,23 +27,13 @@ import json
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
-from ..shared import checks
-from ..shared.jobs import Limits, PythonJob, ShellJob
-
-Job = Union[PythonJob, ShellJob]
+from ..shared import checks, languages
+from ..shared.checks import MAX_FILES
+from ..shared.jobs import DEFAULT_COMPILE_TIMEOUT_S, CodeJob, Job, Limits, PythonJob, ShellJob
 
 #: Jobs in one /v1/batch (lines, or tests of one program): enough for any
 #: real use; past them a small body would cost far more than it weighs.
 MAX_BATCH_JOBS = 10_000
-
-#: Files one job may bring or fetch: enough for any real use; past them a
-#: small body would cost a service far more than it weighs.
-MAX_FILES = 1_000
-
-#: Levels a file path may have, and the bytes of one of its names: a
-#: request cannot make the service build a tree deeper than this.
-MAX_PATH_DEPTH = 32
-MAX_NAME_BYTES = 255
 
 #: The largest ``memory_limit_MB`` taken (1 PiB): a cap, not a wish.
 MAX_MEMORY_LIMIT_MB = 1 << 30
@@ -130,22 +120,12 @@ def _stdin(label: str, value: Optional[str], _defaults: Defaults) -> Optional[st
 
 
 def check_path(label: str, path: object) -> str:
-    """A path inside a job's directory: relative, no ``..``, ``.`` or empty
-    part, at most MAX_PATH_DEPTH levels of names of at most MAX_NAME_BYTES.
-    Checked before anything runs, so a bad path runs nothing."""
+    """A path inside a job's directory (``checks.relative_path``), as a
+    request field: a bad one runs nothing and answers 400."""
     try:
-        text = checks.text(label, path)
+        return checks.relative_path(label, path)
     except (TypeError, ValueError) as exc:
         raise BadField(str(exc)) from None
-    if os.path.isabs(text):
-        raise BadField(f"{label}: the path {text!r} is absolute; give it relative to the job's directory")
-    parts = text.split("/")
-    if any(part in ("", ".", "..") for part in parts):
-        raise BadField(f"{label}: the path {text!r} must be a plain relative path (no '..', '.' or empty parts)")
-    if len(parts) > MAX_PATH_DEPTH or any(len(part.encode("utf-8")) > MAX_NAME_BYTES for part in parts):
-        raise BadField(f"{label}: the path {text[:80]!r} is more than {MAX_PATH_DEPTH} levels deep or has a name "
-                       f"over {MAX_NAME_BYTES} bytes")
-    return text
 
 
 def _files(label: str, value: Mapping[str, Any], _defaults: Defaults) -> Dict[str, bytes]:
@@ -193,14 +173,15 @@ def _seconds(label: str, value: float, _defaults: Defaults) -> float:
 
 def _language(label: str, value: str, _defaults: Defaults) -> str:
     if value not in LANGUAGES:
-        raise BadField(f"language {json.dumps(value)} is not supported here; supported: "
+        raise BadField(f"language {json.dumps(value)} is not in the languages table; known: "
                        f"{', '.join(name for name in LANGUAGES if name != 'shell')}")
     return LANGUAGES[value]
 
 
-#: Language names a request may give, and the kind of job each is
-#: ("shell" is an alias of bash).
-LANGUAGES = {"python": "python", "bash": "shell", "shell": "shell"}
+#: Language names a request may give -- the languages table's, and "shell"
+#: -- and the kind of job each is: python and bash (and its alias shell)
+#: the pool's PythonJob and ShellJob, the others a CodeJob in the language.
+LANGUAGES = {**{language.name: language.name for language in languages.TABLE}, "bash": "shell", "shell": "shell"}
 
 Rule = Callable[[str, Any, Defaults], Any]
 
@@ -224,7 +205,7 @@ FIELDS: Dict[str, Field] = {
     "id": Field({"type": ["string", "integer"]}, "Names the job in its record (unique within a batch).", _ident),
     "python": Field({"type": "string"}, "Python code to run, as `python -u FILE`.", _source),
     "shell": Field({"type": "string"}, "A command to run with `bash -c`.", _source),
-    "code": Field({"type": "string"}, "The program, in `language`.", _source),
+    "code": Field({"type": "string"}, "The program, in `language` (default python).", _source),
     "language": Field({"type": "string", "enum": sorted(LANGUAGES)}, "The program's language.", _language),
     "timeout": Field({"type": ["number", "null"]}, "Seconds the job may run before its whole tree is killed.",
                      _timeout),
@@ -237,7 +218,7 @@ FIELDS: Dict[str, Field] = {
     "fetch_files": Field({"type": "array", "items": {"type": "string"}},
                          "Relative paths of files to return, base64, in the answer's `files`.", _fetch),
     "memory_limit_MB": Field({"type": "integer"}, "A cap on the job's memory in MiB (-1: none).", _memory_limit),
-    "compile_timeout": Field({"type": "number"}, "Seconds a compile step may take (no language here compiles).",
+    "compile_timeout": Field({"type": "number"}, "Seconds the compile step may take, apart from the run's timeout.",
                              _seconds),
 }
 
@@ -279,12 +260,17 @@ class Dialect:
         return FIELDS[self.fills.get(key, key)]
 
 
+#: The source keys of a front that takes any job: one of them.
+_EITHER = ("python", "shell", "code")
+
 #: A line of ``execpool batch``'s IN.
-BATCH_LINE = Dialect("a line", ("id", "python", "shell", "timeout", "cwd", "env", "stdin"), required=("id",))
+BATCH_LINE = Dialect("a line", ("id", "python", "shell", "code", "language", "compile_timeout", "timeout", "cwd", "env",
+                                "stdin"), sources=_EITHER, required=("id",))
 
 #: A job of execpool's own routes (``/v1/run``, ``/v1/stream``, a ``/v1/batch`` line): a batch line
 #: without ``cwd`` (a client elsewhere has no business naming the server's directories), with files.
-HTTP_JOB = Dialect("a job", ("id", "python", "shell", "timeout", "stdin", "env", "files", "fetch_files"))
+HTTP_JOB = Dialect("a job", ("id", "python", "shell", "code", "language", "compile_timeout", "timeout", "stdin", "env",
+                             "files", "fetch_files"), sources=_EITHER)
 
 #: SandboxFusion's ``RunCodeRequest``: its field names, its defaults (a 10 s run, python).
 RUN_CODE = Dialect("the request", ("code", "language", "compile_timeout", "run_timeout", "memory_limit_MB",
@@ -293,11 +279,12 @@ RUN_CODE = Dialect("the request", ("code", "language", "compile_timeout", "run_t
                    separate_stderr=True, timeout=10.0)
 
 #: ``/v1/batch``'s one program against many tests: the program's part (each test brings its stdin).
-TESTS = Dialect("a tests body", ("code", "language", "timeout", "tests"), sources=("code",),
+TESTS = Dialect("a tests body", ("code", "language", "compile_timeout", "timeout", "tests"), sources=("code",),
                 required=("code", "tests"), separate_stderr=True)
 
 #: The command line: ``execpool run``'s flags, named as typed.
-COMMAND_LINE = Dialect("the command", ("python", "shell", "timeout", "cwd"), label=lambda key: f"--{key}")
+COMMAND_LINE = Dialect("the command", ("python", "shell", "timeout", "cwd"), sources=("python", "shell"),
+                       label=lambda key: f"--{key}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,21 +357,35 @@ def parse(obj: object, dialect: Dialect, defaults: Defaults = Defaults()) -> Job
             options[name] = values[name]
     if kind == "python" and defaults.warm:
         options["warm"] = True
+    files = values.get("files", {})
     try:
-        job = (PythonJob if kind == "python" else ShellJob)(source, **options)
+        if kind in ("python", "shell"):
+            job: Job = (PythonJob if kind == "python" else ShellJob)(source, **options)
+        else:
+            # A CodeJob writes its files itself, beside its program.
+            job = CodeJob(kind, source, compile_timeout=values.get("compile_timeout", DEFAULT_COMPILE_TIMEOUT_S),
+                          files=files, **options)
+            files = {}
     except (TypeError, ValueError) as exc:
         raise BadField(str(exc)) from None
-    return JobRequest(job, values.get("id"), values.get("files", {}), values.get("fetch_files", ()))
+    return JobRequest(job, values.get("id"), files, values.get("fetch_files", ()))
 
 
 def _program(obj: dict, dialect: Dialect, values: dict) -> Tuple[str, str]:
-    """The job's kind and source."""
-    if dialect.sources == ("python", "shell"):
-        if ("python" in obj) == ("shell" in obj):
-            raise BadField(f"give either {dialect.label('python')} or {dialect.label('shell')}, not both"
-                           if "python" in obj else f"missing {dialect.label('python')} or {dialect.label('shell')}")
-        kind = "python" if "python" in obj else "shell"
-        return kind, values[kind]
+    """The job's kind -- python, shell or a language of the table -- and
+    its source: the one source key given, and with ``code`` the language."""
+    given = [key for key in dialect.sources if key in obj]
+    if len(given) != 1:
+        keys = [dialect.label(key) for key in dialect.sources]
+        listed = f"{', '.join(keys[:-1])} or {keys[-1]}"
+        raise BadField(f"give one of {listed}, not both {' and '.join(map(dialect.label, given))}"
+                       if len(given) == 2 else f"give one of {listed}, not all three" if given
+                       else f"missing {listed}")
+    if given[0] != "code":
+        if "language" in obj:
+            raise BadField(f"{dialect.label('language')} goes with {dialect.label('code')}, not "
+                           f"{dialect.label(given[0])}")
+        return given[0], values[given[0]]
     return values.get("language", "python"), values["code"]
 
 
@@ -433,8 +434,8 @@ def schema(dialect: Dialect) -> dict:
     body: Dict[str, Any] = {"type": "object", "properties": properties}
     if dialect.required:
         body["required"] = list(dialect.required)
-    if dialect.sources == ("python", "shell"):
-        body["oneOf"] = [{"required": ["python"]}, {"required": ["shell"]}]
+    if len(dialect.sources) > 1:
+        body["oneOf"] = [{"required": [key]} for key in dialect.sources]
     if dialect.strict:
         body["additionalProperties"] = False
     return body

@@ -21,22 +21,31 @@ def encoded(files: Mapping[str, bytes]) -> Dict[str, str]:
 
 def answer(result: Result, files: Mapping[str, bytes]) -> Dict[str, Any]:
     """The ``RunCodeResponse`` for a job's Result. A program with no code is
-    what SandboxFusion makes of it -- an empty file, run: it succeeds."""
+    what SandboxFusion makes of it -- an empty file, run: it succeeds. A
+    compiled language's compile is ``compile_result``; when it failed (or
+    timed out) nothing ran: ``run_result`` null, top ``Failed``."""
     fetched = encoded(files)
     if result.status is Status.INFRA:
         return sandbox_error(f"execpool could not run the code: {result.error}")
     if result.empty_message is not None:
         return {**_response("Success", ""), "run_result": _run_result("Finished", 0.0, 0.0, 0, "", ""),
                 "files": fetched}
-    if result.status is Status.TIMEOUT:
-        run = _run_result("TimeLimitExceeded", result.duration_s, result.cpu_s, None, result.output, result.stderr)
-        return {**_response("Failed", result.text), "run_result": run, "files": fetched}
-    # A program killed over a cap (memory, processes) got SIGKILL: -9, as
-    # SandboxFusion reports an out-of-memory kill.
-    code = result.exit_code if result.exit_code is not None else -9
-    run = _run_result("Finished", result.duration_s, result.cpu_s, code, result.output, result.stderr)
+    compiled = None if result.compile_result is None else _step(result.compile_result)
+    if result.compile_failed:
+        return {**_response("Failed", ""), "compile_result": compiled, "files": fetched}
     top = "Success" if result.status is Status.OK else "Failed"
-    return {**_response(top, result.error or ""), "run_result": run, "files": fetched}
+    message = result.text if result.status is Status.TIMEOUT else result.error or ""
+    return {**_response(top, message), "compile_result": compiled, "run_result": _step(result), "files": fetched}
+
+
+def _step(result: Result) -> Dict[str, Any]:
+    """One step's ``RunResult``: a timeout's output is what came before the
+    kill; a program killed over a cap (memory, processes) got SIGKILL: -9,
+    as SandboxFusion reports an out-of-memory kill."""
+    if result.status is Status.TIMEOUT:
+        return _run_result("TimeLimitExceeded", result.duration_s, result.cpu_s, None, result.output, result.stderr)
+    code = result.exit_code if result.exit_code is not None else -9
+    return _run_result("Finished", result.duration_s, result.cpu_s, code, result.output, result.stderr)
 
 
 def sandbox_error(message: str) -> Dict[str, Any]:

@@ -14,7 +14,7 @@ import abc
 import threading
 from typing import Iterable, Iterator, Optional, TypeVar
 
-from ..shared.jobs import PythonJob, ShellJob
+from ..shared.jobs import Job
 from ..shared.result import Result
 from . import streams
 from .future import JobFuture, OnEvent
@@ -29,7 +29,7 @@ class JobRunner(abc.ABC):
     ``default_max_in_flight``."""
 
     @abc.abstractmethod
-    def submit(self, job: PythonJob | ShellJob, *, on_event: Optional[OnEvent] = None,
+    def submit(self, job: Job, *, on_event: Optional[OnEvent] = None,
                cancel_event: Optional[threading.Event] = None) -> JobFuture:
         """Start ``job``; its future."""
 
@@ -46,7 +46,7 @@ class JobRunner(abc.ABC):
     def default_max_in_flight(self) -> int:
         """How many jobs ``map`` runs at once when not told."""
 
-    def run(self, job: PythonJob | ShellJob, *, cancel_event: Optional[threading.Event] = None) -> Result:
+    def run(self, job: Job, *, cancel_event: Optional[threading.Event] = None) -> Result:
         """Run ``job`` to its end and return its Result (never raises for the
         tool's own failures: non-zero exit, timeout, cancellation). If the
         wait is interrupted (Ctrl-C), the job is cancelled."""
@@ -57,7 +57,7 @@ class JobRunner(abc.ABC):
             future.cancel()
             raise
 
-    def stream(self, job: PythonJob | ShellJob, *, tool_name: str = "", tool_call_id: str = "",
+    def stream(self, job: Job, *, tool_name: str = "", tool_call_id: str = "",
                cancel_event: Optional[threading.Event] = None,
                heartbeat_interval_s: float = 10.0) -> streams.EventStream:
         """A generator of ``tool_output`` / ``heartbeat`` events that returns
@@ -66,7 +66,7 @@ class JobRunner(abc.ABC):
         return streams.stream_job(self.submit, job, tool_name=tool_name, tool_call_id=tool_call_id,
                                 cancel_event=cancel_event, heartbeat_interval_s=heartbeat_interval_s)
 
-    def astream(self, job: PythonJob | ShellJob, *, tool_name: str = "", tool_call_id: str = "",
+    def astream(self, job: Job, *, tool_name: str = "", tool_call_id: str = "",
                 cancel_event: Optional[threading.Event] = None,
                 heartbeat_interval_s: float = 10.0) -> streams.AsyncJobStream:
         """The asyncio form of :meth:`stream`: ``async for event in ...``, then
@@ -75,7 +75,7 @@ class JobRunner(abc.ABC):
         return streams.AsyncJobStream(self.submit, job, tool_name=tool_name, tool_call_id=tool_call_id,
                                     cancel_event=cancel_event, heartbeat_interval_s=heartbeat_interval_s)
 
-    def map(self, jobs: Iterable[PythonJob | ShellJob], *,
+    def map(self, jobs: Iterable[Job], *,
             max_in_flight: Optional[int] = None) -> Iterator[Result]:
         """Results of ``jobs`` in input order, as an iterator. Jobs are taken
         from the iterable lazily and at most ``max_in_flight`` run at once
@@ -84,7 +84,7 @@ class JobRunner(abc.ABC):
         self._check_open()
         return map_jobs(self.submit, jobs, self._in_flight(max_in_flight))
 
-    def imap_unordered(self, jobs: Iterable[PythonJob | ShellJob], *,
+    def imap_unordered(self, jobs: Iterable[Job], *,
                        max_in_flight: Optional[int] = None) -> Iterator[tuple[int, Result]]:
         """``(index, Result)`` pairs as jobs finish, ``index`` being the job's
         position in ``jobs``; otherwise like :meth:`map`."""

@@ -94,6 +94,9 @@ class PoolConfig:
     #: passes 0). Lowering it needs CAP_SYS_NICE; without it the workers
     #: keep the caller's value and execpool logs a warning.
     niceness: Optional[int] = None
+    #: Megabytes the compile cache (execpool/pool/code.py) keeps of compiled
+    #: programs, least recently used first out.
+    compile_cache_mb: int = 1024
     tool_env: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -102,6 +105,7 @@ class PoolConfig:
         settle(self, "workers", checks.integer("workers", workers))
         checks.integer("max_output_chars", self.max_output_chars)
         checks.integer("max_jobs_per_worker", self.max_jobs_per_worker)
+        checks.integer("compile_cache_mb", self.compile_cache_mb, minimum=0)
         checks.seconds("startup_timeout", self.startup_timeout)
         checks.integer("warm_spares", self.warm_spares, minimum=0, maximum=MAX_WARM_SPARES)
         checks.flag("non_dumpable", self.non_dumpable)

@@ -40,11 +40,13 @@ from typing import Any, Iterator, Optional
 
 from ..shared import channel, checks
 from ..shared.errors import PoolBrokenError, PoolClosedError
-from ..shared.jobs import PythonJob, ShellJob
+from ..shared.jobs import CodeJob, Job, PythonJob, ShellJob
 from ..shared.kernel import linux
+from ..shared.languages import Toolchain
 from ..shared.output import TOOL_OUTPUT_STREAM_MAX_CHARS
 from ..shared.result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, Status
 from .base import JobRunner
+from .code import CodeJobs, CompileCacheStats
 from .config import PoolConfig
 from .dispatch import Dispatcher
 from .future import CancelWatcher, JobFuture, JobHandle, OnEvent
@@ -114,6 +116,8 @@ class ExecPool(JobRunner):
         self._watcher = CancelWatcher()
         self._stats = StatsRecorder()
         self._dispatcher = Dispatcher()
+        self._code: Optional[CodeJobs] = None
+        self._code_lock = threading.Lock()
         try:
             self._workers = Workers(config, self._dispatcher.wake, self._dispatcher.job_started, self._stats)
         except BaseException:
@@ -131,7 +135,7 @@ class ExecPool(JobRunner):
 
     # -- the entry point -----------------------------------------------------
 
-    def submit(self, job: PythonJob | ShellJob, *, on_event: Optional[OnEvent] = None,
+    def submit(self, job: Job, *, on_event: Optional[OnEvent] = None,
                cancel_event: Optional[threading.Event] = None) -> JobFuture:
         """Start ``job`` on the least-loaded worker; its future's result is
         its ``Result``. Never waits for the job.
@@ -149,9 +153,14 @@ class ExecPool(JobRunner):
         ``CANCELLED``. Misuse -- a job that is no job, a ``cwd`` that does not
         exist, a closed pool -- raises here (``TypeError``, ``ValueError``,
         ``PoolClosedError``).
+
+        A ``CodeJob`` becomes a compile (once per program: the pool's
+        compile cache) and a run, each a job of this pool
+        (execpool/pool/code.py); its future is the run's, with the compile's
+        Result in ``compile_result``.
         """
-        if not isinstance(job, (PythonJob, ShellJob)):
-            raise TypeError(f"job must be an execpool.PythonJob or ShellJob, not {type(job).__name__}")
+        if not isinstance(job, (PythonJob, ShellJob, CodeJob)):
+            raise TypeError(f"job must be an execpool.PythonJob, ShellJob or CodeJob, not {type(job).__name__}")
         if on_event is not None and not callable(on_event):
             raise TypeError(f"on_event must be callable, not {type(on_event).__name__}")
         checks.cancel_event(cancel_event)
@@ -161,6 +170,11 @@ class ExecPool(JobRunner):
         with self._ids_lock:
             job_id = next(self._ids)
         future = JobFuture(job_id)
+        if isinstance(job, CodeJob):
+            self._code_jobs().submit(job, future, on_event)
+            if cancel_event is not None:
+                self._watcher.watch(future, cancel_event)
+            return future
         handle = JobHandle(future, on_event, job.kind, self._stats)
         if not job.source.strip():
             empty = NO_CODE_TEXT if isinstance(job, PythonJob) else NO_COMMAND_TEXT
@@ -191,6 +205,29 @@ class ExecPool(JobRunner):
         if cancel_event is not None:
             self._watcher.watch(future, cancel_event)
         return future
+
+    def languages(self) -> list[Toolchain]:
+        """Each language of the table (execpool/shared/languages.py) and
+        whether it runs with this pool's tools: its toolchain's version, or
+        why not. Asks each toolchain once per process."""
+        return self._code_jobs().languages()
+
+    @property
+    def compile_cache(self) -> CompileCacheStats:
+        """What the compile cache has done: hits (a job whose program was
+        compiled, or compiling, already), misses, seconds spent compiling."""
+        with self._code_lock:
+            code = self._code
+        if code is None:
+            return CompileCacheStats(0, 0, 0.0)
+        return CompileCacheStats(code.cache.hits, code.cache.misses, code.cache.compile_seconds)
+
+    def _code_jobs(self) -> CodeJobs:
+        with self._code_lock:
+            self._check_open()
+            if self._code is None:
+                self._code = CodeJobs(self, self.scratch_dir(), self.config.compile_cache_mb << 20)
+            return self._code
 
     @property
     def default_max_in_flight(self) -> int:
@@ -229,6 +266,10 @@ class ExecPool(JobRunner):
             self._closed = True
         self._dispatcher.release(timeout)
         self._workers.close(timeout)
+        with self._code_lock:
+            code = self._code
+        if code is not None:
+            code.close()  # its jobs' last steps find the pool closed and end INFRA
         self._dispatcher.stop(timeout)
         self._watcher.close()
         # Last: whatever the cleanups have not done by now, the lifeline

@@ -69,7 +69,7 @@ from ..pool.future import CancelWatcher, JobFuture, OnEvent
 from ..pool.stats import PoolStats, combined
 from ..shared import checks
 from ..shared.errors import PoolClosedError
-from ..shared.jobs import PythonJob, ShellJob
+from ..shared.jobs import CodeJob, Job, PythonJob, ShellJob
 from ..shared.kernel import linux
 from ..shared.result import Result, Status
 from .actor import PoolActor
@@ -163,13 +163,15 @@ class RayPool(JobRunner):
 
     # -- the entry point -----------------------------------------------------
 
-    def submit(self, job: PythonJob | ShellJob, *, on_event: Optional[OnEvent] = None,
+    def submit(self, job: Job, *, on_event: Optional[OnEvent] = None,
                cancel_event: Optional[threading.Event] = None) -> JobFuture:
         """As ``ExecPool.submit``, on the least-loaded actor. A ``cwd`` is a
         directory on whichever node runs the job. ``on_event`` runs on the
-        RayPool's one thread, in order, before the future is done."""
-        if not isinstance(job, (PythonJob, ShellJob)):
-            raise TypeError(f"job must be an execpool.PythonJob or ShellJob, not {type(job).__name__}")
+        RayPool's one thread, in order, before the future is done. A
+        ``CodeJob`` compiles in its actor's pool, whose compile cache is its
+        own."""
+        if not isinstance(job, (PythonJob, ShellJob, CodeJob)):
+            raise TypeError(f"job must be an execpool.PythonJob, ShellJob or CodeJob, not {type(job).__name__}")
         if on_event is not None and not callable(on_event):
             raise TypeError(f"on_event must be callable, not {type(on_event).__name__}")
         checks.cancel_event(cancel_event)

@@ -126,6 +126,7 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
         Route("/", routes.page), Route("/favicon.ico", routes.no_icon),
         Route("/healthz", routes.healthz), Route("/readyz", routes.readyz), Route("/metrics", routes.metrics),
         Route("/v1/ping", routes.ping), Route("/openapi.json", routes.openapi),
+        Route("/v1/languages", routes.languages),
         Route("/run_code", routes.run_code, methods=["POST"]),
         Route("/v1/run", routes.v1_run, methods=["POST"]), Route("/v1/stream", routes.v1_stream, methods=["POST"]),
         Route("/v1/batch", routes.v1_batch, methods=["POST"]),

@@ -25,14 +25,14 @@ from typing import AsyncIterator, Dict, Optional, Set, Tuple, Union
 from starlette.requests import Request
 
 from ..formats.request import BadField, Defaults, Job, JobRequest
+from ..pool.files import JobFileError, read_files, write_files
 from ..pool.future import JobFuture
 from ..pool.supervisor import ExecPool
 from ..shared.errors import ExecPoolError
-from ..shared.jobs import Limits, ShellJob
+from ..shared.jobs import CodeJob, Limits, ShellJob
 from ..shared.kernel.dirs import remove_tree
 from ..shared.result import Result, Status
 from .admission import Admission, Reason, Rejected
-from .files import JobFileError, read_files, write_files
 from .metrics import ServiceMetrics
 from .settings import DEFAULT_FETCH_MAX_BYTES
 from .slots import OFF_LOOP_BYTES
@@ -179,7 +179,7 @@ class ServiceJobs:
                 result = await until_done_or_gone(future, request)
             finally:
                 self._jobs.discard(future)
-            self.metrics.job(route, job.kind, result)
+            self.metrics.job(route, kind_of(job), result)
             return result, await self.fetched(job_request, directory)
 
     async def stream(self, job_request: JobRequest) -> AsyncIterator[Union[dict, Tuple[Result, Dict[str, bytes]]]]:
@@ -191,7 +191,7 @@ class ServiceJobs:
             if self._stopping:
                 stop.set()
             self._streams.add(stop)
-            stream = self.pool.astream(job, tool_name=job.kind, heartbeat_interval_s=self.settings.heartbeat_s,
+            stream = self.pool.astream(job, tool_name=kind_of(job), heartbeat_interval_s=self.settings.heartbeat_s,
                                        cancel_event=stop)
             try:
                 async for event in stream:
@@ -201,8 +201,13 @@ class ServiceJobs:
                 await stream.aclose()
             result = stream.result
             assert result is not None
-            self.metrics.job(Route.V1_STREAM, job.kind, result)
+            self.metrics.job(Route.V1_STREAM, kind_of(job), result)
             yield result, await self.fetched(job_request, directory)
+
+
+def kind_of(job: Job) -> str:
+    """What the metrics and events call a job: python, shell, or its language."""
+    return job.language if isinstance(job, CodeJob) else job.kind
 
 
 async def disconnected(request: Request) -> None:

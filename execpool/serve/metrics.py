@@ -9,7 +9,7 @@ copied, so the library and ``/metrics`` never disagree.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, SummaryMetricFamily
 
 from ..pool.stats import DURATION_BUCKETS_S
 from ..pool.supervisor import ExecPool
@@ -56,4 +56,11 @@ class _PoolCollector:
         restarts.add_metric([], stats.worker_restarts)
         output = CounterMetricFamily("execpool_output_bytes", "Bytes of output the jobs produced")
         output.add_metric([], stats.output_bytes)
-        return [restarts, output]
+        cache = self.pool.compile_cache
+        lookups = CounterMetricFamily("execpool_compile_cache", "CodeJobs whose program was compiled (or compiling) "
+                                      "already, and those that compiled it", labels=["result"])
+        lookups.add_metric(["hit"], cache.hits)
+        lookups.add_metric(["miss"], cache.misses)
+        compiles = SummaryMetricFamily("execpool_compile_seconds", "Compiles and the seconds they took",
+                                       count_value=cache.misses, sum_value=cache.compile_seconds)
+        return [restarts, output, lookups, compiles]

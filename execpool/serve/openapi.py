@@ -10,6 +10,11 @@ from __future__ import annotations
 
 from ..formats import records, request, sandbox_fusion
 
+#: One entry of ``GET /v1/languages``.
+LANGUAGE_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string"}, "runs": {"type": "boolean"}, "toolchain": {"type": ["string", "null"]},
+    "compiles": {"type": "boolean"}, "why_not": {"type": ["string", "null"]}}}
+
 
 def _json(schema: dict) -> dict:
     return {"content": {"application/json": {"schema": schema}}}
@@ -29,8 +34,8 @@ def document() -> dict:
     return {
         "openapi": "3.1.0",
         "info": {"title": "execpool serve", "version": "1",
-                 "description": "Run Python and shell code in isolated processes (execpool's own routes and "
-                                "SandboxFusion's /run_code)."},
+                 "description": "Run Python, shell and programs in the languages of /v1/languages in isolated "
+                                "processes (execpool's own routes and SandboxFusion's /run_code)."},
         "paths": {
             "/v1/run": {"post": {"summary": "Run one job; answer its record",
                                  "requestBody": _json(job),
@@ -56,6 +61,10 @@ def document() -> dict:
                                                  "504": {"description": "overloaded: retry"}}}},
             "/": {"get": {"summary": "a page to run code by hand (it talks to /v1/stream)"}},
             "/v1/ping": {"get": {"summary": "SandboxFusion's ping: \"pong\""}},
+            "/v1/languages": {"get": {"summary": "Each language of the table: whether it runs here, its toolchain's "
+                                                 "version, or why not",
+                                      "responses": {"200": {"description": "the languages", **_json({
+                                          "type": "array", "items": LANGUAGE_SCHEMA})}}}},
             "/healthz": {"get": {"summary": "the process answers"}},
             "/readyz": {"get": {"summary": "workers are alive and the queue is not full (else 503)"}},
             "/metrics": {"get": {"summary": "Prometheus metrics"}},

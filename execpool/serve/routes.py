@@ -283,6 +283,13 @@ class Routes:
         return JSONResponse({"ready": ready, "workers": workers, "in_flight": admission.in_flight,
                              "queue_depth": admission.queue_depth}, status_code=200 if ready else 503)
 
+    async def languages(self, request: Request) -> Response:
+        """Each language of the table, whether it runs here and with which
+        toolchain (each asked once, on a thread: a JVM says its version slowly)."""
+        found = await asyncio.to_thread(self.jobs.pool.languages)
+        return JSONResponse([{"name": t.name, "runs": t.runs, "toolchain": t.toolchain, "compiles": t.compiles,
+                              "why_not": t.why_not} for t in found])
+
     async def ping(self, request: Request) -> Response:
         return JSONResponse("pong")
 

@@ -7,6 +7,8 @@ flags: nothing here imports the service's stack.
 
 from __future__ import annotations
 
+from ..pool.files import DEFAULT_FETCH_MAX_BYTES as FETCH_FILE_MAX_BYTES
+
 #: The timeout of jobs that give none, and the largest one a request may ask:
 #: a service's jobs always have one.
 DEFAULT_TIMEOUT_S = 30.0
@@ -41,9 +43,10 @@ DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_MAX_QUEUE = 256
 DEFAULT_QUEUE_TIMEOUT_S = 5.0
 
-#: Bytes of one fetched file: what a JSON answer can carry without the
+#: Bytes of the files one answer brings back, in all: those of one file
+#: (execpool/pool/files.py) -- what a JSON answer can carry without the
 #: service holding much more than a Result already does.
-DEFAULT_FETCH_MAX_BYTES = 16 * 1024 * 1024
+DEFAULT_FETCH_MAX_BYTES = FETCH_FILE_MAX_BYTES
 
 #: What ``execpool serve`` (and importing the app) says when its stack is missing.
 INSTALL_HINT = "the service needs its extra: pip install 'execpool[serve]'"

@@ -10,6 +10,7 @@ a rule such as "a bool is not a count" holds everywhere at once.
 from __future__ import annotations
 
 import math
+import os
 from typing import Iterable, Literal, Mapping, Optional, Tuple, overload
 
 #: A number of seconds above this is almost certainly a unit mistake.
@@ -120,6 +121,45 @@ def names(field_name: str, value: object, *, module: bool) -> Tuple[str, ...]:
         if module and not all(part.isidentifier() for part in name.split(".")):
             raise ValueError(f"{field_name} entry {name!r} is not a module name")
     return found
+
+
+#: Files one job may bring: enough for any real use; past them a small
+#: request would cost far more than it weighs.
+MAX_FILES = 1_000
+
+#: Levels a file path may have, and the bytes of one of its names: a
+#: caller cannot make execpool build a tree deeper than this.
+MAX_PATH_DEPTH = 32
+MAX_NAME_BYTES = 255
+
+
+def relative_path(label: str, path: object) -> str:
+    """A path inside a job's directory: relative, no ``..``, ``.`` or empty
+    part, at most MAX_PATH_DEPTH levels of names of at most MAX_NAME_BYTES.
+    Checked before anything runs, so a bad path runs nothing."""
+    value = text(label, path)
+    if os.path.isabs(value):
+        raise ValueError(f"{label}: the path {value!r} is absolute; give it relative to the job's directory")
+    parts = value.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise ValueError(f"{label}: the path {value!r} must be a plain relative path (no '..', '.' or empty parts)")
+    if len(parts) > MAX_PATH_DEPTH or any(len(part.encode("utf-8")) > MAX_NAME_BYTES for part in parts):
+        raise ValueError(f"{label}: the path {value[:80]!r} is more than {MAX_PATH_DEPTH} levels deep or has a "
+                         f"name over {MAX_NAME_BYTES} bytes")
+    return value
+
+
+def files(name: str, value: object) -> dict:
+    """Files for a job's directory -- relative path: bytes -- as a new dict."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping of relative paths to bytes, not {type(value).__name__}")
+    if len(value) > MAX_FILES:
+        raise ValueError(f"{name} has more than {MAX_FILES} files")
+    for path, content in value.items():
+        relative_path(name, path)
+        if not isinstance(content, (bytes, bytearray)):
+            raise TypeError(f"{name}[{path!r}] must be bytes, not {type(content).__name__}")
+    return {path: bytes(content) for path, content in value.items()}
 
 
 def cancel_event(value: object) -> object:

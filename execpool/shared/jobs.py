@@ -11,7 +11,7 @@ import os
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Mapping, Optional, Union
 
-from . import checks
+from . import checks, languages
 from .kernel.sandbox import Sandbox, job_sandbox
 
 GiB = 1 << 30
@@ -155,4 +155,53 @@ class ShellJob(_Job):
             )
 
 
-Job = Union[PythonJob, ShellJob]
+#: How long a compile may take unless the job says: a cold javac or rustc
+#: takes a second or two, a big C++ program more.
+DEFAULT_COMPILE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class CodeJob(_Job):
+    """Run ``code``, a program in ``language`` (a name of the languages
+    table, execpool/shared/languages.py), as SandboxFusion's ``/run_code``
+    would: written to the language's file in a directory of the job's own
+    with ``files`` beside it, compiled if the language compiles (within
+    ``compile_timeout``, apart from ``timeout``), then run with ``stdin``.
+
+    Both steps run in the job's sandbox. A compile is done once per pool
+    for the same program (the pool's compile cache, execpool/pool/code.py)
+    and under the pool's limits -- the job's own ``limits`` are its run's.
+    The Result carries the compile's own Result as ``compile_result``.
+    ``warm`` applies to ``python`` only, as PythonJob's does.
+
+    ``cwd``, where given, is the run's directory -- the caller's own, kept
+    after the job, holding none of the names written into it (the files,
+    the program, what the compile made) -- for a caller that reads files
+    the program leaves; by default the run has a fresh one, removed after.
+    """
+
+    language: str
+    code: str
+    compile_timeout: Number = field(default=DEFAULT_COMPILE_TIMEOUT_S, kw_only=True)
+    files: Optional[Mapping[str, bytes]] = field(default=None, kw_only=True)
+    warm: bool = field(default=False, kw_only=True)
+    kind = "code"
+    _source_field = "code"
+
+    def __post_init__(self) -> None:
+        checks.text("language", self.language)
+        languages.get(self.language)
+        super().__post_init__()
+        checks.seconds("compile_timeout", self.compile_timeout)
+        checks.flag("warm", self.warm)
+        if self.files is not None:
+            object.__setattr__(self, "files", checks.files("files", self.files))
+            if self.spec.source in self.files:
+                raise ValueError(f"files must not hold {self.spec.source!r}: the program is written there")
+
+    @property
+    def spec(self) -> languages.Language:
+        return languages.get(self.language)
+
+
+Job = Union[PythonJob, ShellJob, CodeJob]

@@ -23,6 +23,7 @@ CANCELLED_TEXT = "Execution cancelled."
 NO_CODE_TEXT = "No code provided."
 NO_COMMAND_TEXT = "No command provided."
 ERROR_PREFIX = "Execution error: "
+COMPILE_FAILED_PREFIX = "Compilation failed. "
 
 
 #: Lines that name a missing file: a Result keeps them past its output head
@@ -170,6 +171,33 @@ class Result:
     max_rss_bytes: Optional[int] = None
     peak_memory_bytes: Optional[int] = None
     processes: Optional[int] = None
+    #: A CodeJob's compile step as a Result of its own (its stdout and
+    #: stderr apart), None where nothing compiled. When it did not succeed
+    #: the program never ran, and this Result is the compile's, with
+    #: ``compile_result`` set: its status, output and exit code.
+    compile_result: Optional["Result"] = None
+    #: Whether the compile was the pool's cached one (the same program was
+    #: compiled before): ``compile_result`` is then that compile's.
+    compile_cached: bool = False
+
+    @property
+    def compile_status(self) -> Optional[Status]:
+        return None if self.compile_result is None else self.compile_result.status
+
+    @property
+    def compile_output(self) -> Optional[str]:
+        """The compiler's stdout then its stderr; None where nothing compiled."""
+        compiled = self.compile_result
+        return None if compiled is None else compiled.output + compiled.stderr
+
+    @property
+    def compile_duration_s(self) -> Optional[float]:
+        return None if self.compile_result is None else self.compile_result.duration_s
+
+    @property
+    def compile_failed(self) -> bool:
+        """The program did not run: its compile did not succeed."""
+        return self.compile_result is not None and self.compile_result.status is not Status.OK
 
     @property
     def truncated(self) -> bool:
@@ -201,6 +229,11 @@ class Result:
         """The model-facing string of SPEC §2."""
         if self.empty_message is not None:
             return self.empty_message
+        compiled = self.compile_result
+        if compiled is not None and compiled.status is not Status.OK:
+            if compiled.status is Status.ERROR and compiled.exit_code is not None:
+                return f"Compilation failed (exit code {compiled.exit_code}):\n{compiled.output}{compiled.stderr}"
+            return COMPILE_FAILED_PREFIX + compiled.text
         if self.error is not None:
             return ERROR_PREFIX + self.error
         if self.cancelled:

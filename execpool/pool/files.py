@@ -1,11 +1,12 @@
 """Files into a job's directory before it runs, and out of it after.
 
-Runs in the caller (the service, execpool/serve/app.py). A request may bring
-files for its job (``files``: relative path -> bytes) and ask for files back
-(``fetch_files``). Both are confined to the job's own directory, a fresh one
-the caller made: a path is relative, has no ``..`` and no empty or ``.``
-part (``check_path`` of execpool/formats/request.py, before anything runs,
-and again here), and every component is opened
+Runs in the caller: the pool, for a CodeJob's directory
+(execpool/pool/code.py), and the service (execpool/serve/jobs.py), whose
+requests may bring files for their jobs (``files``: relative path -> bytes)
+and ask for files back (``fetch_files``). Both are confined to the job's
+own directory, a fresh one the caller made: a path is relative, has no
+``..`` and no empty or ``.`` part (``checks.relative_path``, before
+anything runs, and again here), and every component is opened
 relative to the one before it with ``O_NOFOLLOW`` -- a symlink the job
 planted (to ``/etc/shadow``, to another job's directory) is refused, never
 followed. A file read back must be a regular file (a FIFO would block the
@@ -18,8 +19,11 @@ import os
 import stat
 from typing import Dict, Iterable, Mapping, Optional
 
-from ..formats.request import check_path
-from .settings import DEFAULT_FETCH_MAX_BYTES
+from ..shared import checks
+
+#: Bytes of one file read back: what a JSON answer can carry without the
+#: reader holding far more than it sends.
+DEFAULT_FETCH_MAX_BYTES = 16 * 1024 * 1024
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -30,6 +34,13 @@ _LABEL = "file path"
 class JobFileError(ValueError):
     """A file that cannot be written into the job's directory; the message
     names the path."""
+
+
+def check_path(label: str, path: object) -> str:
+    try:
+        return checks.relative_path(label, path)
+    except (TypeError, ValueError) as exc:
+        raise JobFileError(str(exc)) from None
 
 
 def write_files(directory: str, files: Mapping[str, bytes]) -> None:

@@ -1,0 +1,529 @@
+"""CodeJobs: a program in a language of the table, compiled once, then run.
+
+Runs in the caller (the pool's process). ``ExecPool.submit`` hands each
+CodeJob (execpool/shared/jobs.py) to :class:`CodeJobs`, which makes it two
+ordinary jobs of the same pool -- a ShellJob that compiles, a ShellJob (or
+PythonJob) that runs -- with a directory of the job's own for each::
+
+    submit(CodeJob) -> JobFuture ............................ Result (+ compile_result)
+      |  executor: probe the toolchain, key = sha256(language, toolchain
+      |            version, compile argv, source, files)
+      |-- cache hit ----------------------------------------.
+      |-- compiling already (same key): wait for that one --+
+      |-- miss: write the program, submit the compile ------+--> artifacts into the cache
+      v                                                     v
+      executor: a fresh directory, files, program, artifacts copied (hash checked)
+      submit the run -> its Result, with the compile's, on the JobFuture
+
+No thread waits for a job: the steps chain through their futures' done
+callbacks, and the file work between them (writing a program, copying an
+artifact, removing a directory) goes to one small executor, so the
+dispatcher thread (or a server's loop) never waits on a disk.
+
+The compile cache keeps what a successful compile left (the language's
+``outputs``) and a failed compile's Result, by content, bounded in bytes
+(least recently used go first), under the pool's scratch directory: a
+sandboxed job sees none of it (its view holds its own directory only), and
+a run gets copies, each checked against the hash taken when it was stored,
+so nothing a job does reaches an artifact another job will run. A compile
+that timed out, was cancelled or met an execpool failure is not kept: it
+says nothing about the program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import glob
+import hashlib
+import logging
+import os
+import shlex
+import shutil
+import stat
+import tempfile
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+
+from ..shared import languages
+from ..shared.jobs import CodeJob, PythonJob, ShellJob
+from ..shared.result import Result, Status
+from .files import write_files
+from .future import JobFuture, OnEvent
+
+if TYPE_CHECKING:
+    from .supervisor import ExecPool
+
+logger = logging.getLogger("execpool")
+
+#: Threads doing the file work of CodeJobs: writes, copies and removals of
+#: small trees, never a wait for a job.
+FILE_THREADS = 2
+
+#: Times a run is tried again from the cache when its artifact went (evicted
+#: while being copied) or no longer matches its hash.
+_RETRIES = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileCacheStats:
+    """``ExecPool.compile_cache``: jobs whose program was compiled (or was
+    compiling) already, jobs that compiled it, and the seconds compiles took."""
+
+    hits: int
+    misses: int
+    compile_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Artifact:
+    """One compile as the cache keeps it: its Result, and for a successful
+    one the files the run gets -- (relative path, sha256, mode) -- under
+    ``directory``."""
+
+    result: Result
+    directory: Optional[str] = None
+    files: Tuple[Tuple[str, str, int], ...] = ()
+    size: int = 0
+
+    @property
+    def compiled(self) -> bool:
+        return self.result.status is Status.OK
+
+    @property
+    def definitive(self) -> bool:
+        """Whether it says something about the program: success, or the
+        compiler's own failure -- not a timeout, a cancel or an INFRA."""
+        return self.compiled or (self.result.status is Status.ERROR and not self.result.timed_out)
+
+
+@dataclasses.dataclass
+class _Pending:
+    future: "Future[Artifact]"
+    waiters: int = 0
+
+
+class CompileCache:
+    """Artifacts by key, bounded in bytes, least recently used first out;
+    one compile at a time per key, the others waiting for it."""
+
+    def __init__(self, root: str, max_bytes: int) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._entries: "OrderedDict[str, Artifact]" = OrderedDict()
+        self._pending: Dict[str, _Pending] = {}
+        # Compiled programs too big to keep: their directories, and how many
+        # jobs are still to copy them (the compile's own and its waiters).
+        self._transient: Dict[str, int] = {}
+        self._bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.compile_seconds = 0.0
+
+    def claim(self, key: str) -> Tuple[Optional[Artifact], Optional["Future[Artifact]"]]:
+        """The cached artifact; else the future of the compile under way
+        for ``key``; else (None, None): the caller compiles and settles."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return entry, None
+            pending = self._pending.get(key)
+            if pending is not None:
+                pending.waiters += 1
+                self.hits += 1
+                return None, pending.future
+            self._pending[key] = _Pending(Future())
+            self.misses += 1
+            return None, None
+
+    def waiters(self, key: Optional[str] = None) -> int:
+        """Jobs waiting for the compile of ``key`` (of any key: None)."""
+        with self._lock:
+            if key is None:
+                return sum(pending.waiters for pending in self._pending.values())
+            pending = self._pending.get(key)
+            return 0 if pending is None else pending.waiters
+
+    def leave(self, key: str) -> None:
+        """A waiter no longer waits (it was cancelled)."""
+        with self._lock:
+            pending = self._pending.get(key)
+            if pending is not None and pending.waiters:
+                pending.waiters -= 1
+
+    def settle(self, key: str, artifact: Artifact) -> None:
+        """The compile of ``key`` is done: keep it if it is definitive,
+        evict what no longer fits, wake the waiters."""
+        evicted: List[Artifact] = []
+        with self._lock:
+            pending = self._pending.pop(key)
+            self.compile_seconds += artifact.result.duration_s
+            if artifact.definitive and artifact.size <= self.max_bytes:
+                self._entries[key] = artifact
+                self._bytes += artifact.size
+                while self._bytes > self.max_bytes:
+                    _, old = self._entries.popitem(last=False)
+                    self._bytes -= old.size
+                    evicted.append(old)
+            elif artifact.directory is not None:
+                self._transient[artifact.directory] = 1 + pending.waiters
+        for old in evicted:
+            _remove(old.directory)
+        pending.future.set_result(artifact)
+
+    def release(self, artifact: Artifact) -> None:
+        """A job is done with ``artifact`` (copied it, or gave up): one not
+        kept goes with the last of its jobs."""
+        with self._lock:
+            left = self._transient.get(artifact.directory or "")
+            if left is None:
+                return
+            if left > 1:
+                self._transient[artifact.directory or ""] = left - 1
+                return
+            del self._transient[artifact.directory or ""]
+        _remove(artifact.directory)
+
+    def drop(self, key: str, artifact: Artifact) -> None:
+        """Forget ``artifact`` (its files went or changed): the next job
+        with its program compiles again."""
+        with self._lock:
+            if self._entries.get(key) is artifact:
+                del self._entries[key]
+                self._bytes -= artifact.size
+            else:
+                return
+        _remove(artifact.directory)
+
+    def store(self, key: str, compiled: Result, directory: str, patterns: Tuple[str, ...]) -> Artifact:
+        """What a successful compile left in ``directory`` that ``patterns``
+        match, copied into the cache with each file's hash and mode (made
+        read-only), as an Artifact."""
+        target = os.path.join(self.root, key)
+        _remove(target)
+        os.mkdir(target, 0o700)
+        files = []
+        size = len(compiled.output) + len(compiled.stderr)
+        for path in _matches(directory, patterns):
+            source = os.path.join(directory, path)
+            mode = stat.S_IMODE(os.lstat(source).st_mode) & 0o555
+            digest = _copy(source, os.path.join(target, path), mode)
+            files.append((path, digest, mode))
+            size += os.path.getsize(os.path.join(target, path))
+        return Artifact(compiled, target, tuple(files), size)
+
+
+class CodeJobs:
+    """The pool's CodeJobs: its compile cache, the executor for their file
+    work, and the toolchains' versions on the tools' PATH."""
+
+    def __init__(self, pool: "ExecPool", root: str, cache_bytes: int) -> None:
+        self._pool = pool
+        self._root = root
+        self._path = languages.toolchains_path(pool.env)
+        self._python = pool.config.python or languages.PYTHON
+        self.cache = CompileCache(os.path.join(root, "compiled"), cache_bytes)
+        os.mkdir(self.cache.root, 0o700)
+        self._executor = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="execpool-code")
+
+    def language(self, name: str) -> languages.Language:
+        """The row of ``name`` as this pool runs it: Python is its own."""
+        return languages.with_python(languages.get(name), self._python)
+
+    def toolchain(self, language: languages.Language) -> languages.Toolchain:
+        return languages.probe(language, self._path)
+
+    def languages(self) -> List[languages.Toolchain]:
+        return [self.toolchain(self.language(language.name)) for language in languages.TABLE]
+
+    def submit(self, job: CodeJob, future: JobFuture, on_event: Optional[OnEvent]) -> None:
+        run = _CodeRun(self, job, future, on_event)
+        future._cancel = run.cancel
+        self.later(run, run.begin)
+
+    def later(self, run: "_CodeRun", step: Callable[..., None], *args: object) -> None:
+        """``step`` on the executor; a pool closing under the job ends it."""
+        try:
+            self._executor.submit(run.guarded, step, *args)
+        except RuntimeError:
+            run.finish(Result(status=Status.INFRA, error="the pool was closed"))
+
+    def submit_step(self, job: ShellJob | PythonJob, on_event: Optional[OnEvent] = None) -> JobFuture:
+        return self._pool.submit(job, on_event=on_event)
+
+    def directory(self) -> str:
+        return tempfile.mkdtemp(dir=self._root)
+
+    def close(self) -> None:
+        """After the pool's workers: the steps still queued run, find the
+        pool closed, and end their jobs INFRA -- none is dropped."""
+        self._executor.shutdown(wait=True)
+
+
+class _Phase(enum.Enum):
+    STARTING = "starting"
+    WAITING = "waiting"  # for a compile another job started
+    COMPILING = "compiling"
+    RUNNING = "running"
+
+
+class _CodeRun:
+    """One CodeJob on its way: its phase, the step under way, its outer
+    future. Steps run on the executor, one at a time; ``cancel`` comes from
+    any thread."""
+
+    def __init__(self, jobs: CodeJobs, job: CodeJob, future: JobFuture, on_event: Optional[OnEvent]) -> None:
+        self.jobs = jobs
+        self.job = job
+        self.language = jobs.language(job.language)
+        self.future = future
+        self.on_event = on_event
+        self._lock = threading.Lock()
+        self._phase = _Phase.STARTING
+        self._step: Optional[JobFuture] = None
+        self._key: Optional[str] = None
+        self._cancelled = False
+        self._finished = False
+
+    # -- steps (on the executor) ----------------------------------------------
+
+    def guarded(self, step: Callable[..., None], *args: object) -> None:
+        """A step that fails is the job's INFRA, never a lost future."""
+        try:
+            step(*args)
+        except Exception as exc:
+            logger.error("execpool: a %s CodeJob's step failed", self.language.name, exc_info=exc)
+            self.finish(Result(status=Status.INFRA, error=f"the {self.language.name} job failed: {exc}"))
+
+    def begin(self, retries: int = _RETRIES) -> None:
+        if self.future.done():
+            return
+        toolchain = self.jobs.toolchain(self.language)
+        if not toolchain.runs:
+            self.finish(Result(status=Status.INFRA,
+                               error=f"language {self.language.name!r} does not run here: {toolchain.why_not}"))
+            return
+        if not self.language.compiles:
+            self.run(None, False, retries)
+            return
+        key = self._cache_key(toolchain)
+        artifact, pending = self.jobs.cache.claim(key)
+        if artifact is not None:
+            self.compiled(key, artifact, True, retries)
+        elif pending is not None:
+            self._enter(_Phase.WAITING, key)
+            pending.add_done_callback(lambda done: self.jobs.later(self, self._waited, key, done, retries))
+        else:
+            self.compile(key, retries)
+
+    def compile(self, key: str, retries: int) -> None:
+        """Compile for the cache -- even for a job cancelled meanwhile:
+        others may be waiting for this compile (``cancel`` kills it only
+        when none is)."""
+        self._enter(_Phase.COMPILING, key)
+        directory = self.jobs.directory()
+        try:
+            self._write(directory)
+            command = ShellJob(_command(self.language.compile), timeout=self.job.compile_timeout, cwd=directory,
+                               network=False, separate_stderr=True, sandbox=self.job.sandbox)
+            step = self.jobs.submit_step(command)
+        except BaseException as exc:
+            _remove(directory)
+            failed = Result(status=Status.INFRA, error=f"the compile did not start: {exc}")
+            self.jobs.cache.settle(key, Artifact(failed))
+            raise
+        self._started(step)
+        step.add_done_callback(lambda done: self.jobs.later(self, self._stored, key, directory, done, retries))
+
+    def _stored(self, key: str, directory: str, done: "Future[Result]", retries: int) -> None:
+        compiled = done.result()
+        artifact = Artifact(Result(status=Status.INFRA, error="the compiled program could not be kept"))
+        try:
+            if compiled.status is Status.OK:
+                artifact = self.jobs.cache.store(key, compiled, directory, self.language.outputs)
+            else:
+                artifact = Artifact(compiled, size=len(compiled.output) + len(compiled.stderr))
+        finally:
+            _remove(directory)
+            self.jobs.cache.settle(key, artifact)
+        self.compiled(key, artifact, False, retries)
+
+    def _waited(self, key: str, done: "Future[Artifact]", retries: int) -> None:
+        artifact = done.result()
+        if artifact.result.status is Status.CANCELLED and retries > 0:
+            self.begin(retries - 1)  # its owner gave up on it: compile again, for this job
+            return
+        self.compiled(key, artifact, True, retries)
+
+    def compiled(self, key: str, artifact: Artifact, cached: bool, retries: int) -> None:
+        if not artifact.compiled:
+            self.finish(dataclasses.replace(artifact.result, compile_result=artifact.result, compile_cached=cached))
+            return
+        self.run((key, artifact), cached, retries)
+
+    def run(self, compiled: Optional[Tuple[str, Artifact]], cached: bool, retries: int) -> None:
+        artifact = None if compiled is None else compiled[1]
+        directory = None
+        try:
+            if self.future.done():
+                return
+            self._enter(_Phase.RUNNING, None)
+            directory = self.jobs.directory() if self.job.cwd is None else os.fspath(self.job.cwd)
+            self._write(directory)
+            copied = artifact is None or _materialize(artifact, directory)
+            if copied:
+                step = self.jobs.submit_step(self._run_job(directory), self.on_event)
+        except BaseException:
+            self._remove_own(directory)
+            raise
+        finally:
+            if artifact is not None:
+                self.jobs.cache.release(artifact)
+        if not copied:
+            self.jobs.cache.drop(*compiled)  # type: ignore[misc]
+            self._remove_own(directory)
+            if retries > 0:
+                self.begin(retries - 1)
+            else:
+                self.finish(Result(status=Status.INFRA, error="the compiled program went missing from the cache"))
+            return
+        self._started(step)
+        compile_result = None if compiled is None else compiled[1].result
+        step.add_done_callback(lambda done: self.jobs.later(self, self._ran, directory, done, compile_result, cached))
+
+    def _ran(self, directory: str, done: "Future[Result]", compile_result: Optional[Result], cached: bool) -> None:
+        self._remove_own(directory)
+        self.finish(dataclasses.replace(done.result(), compile_result=compile_result,
+                                        compile_cached=cached and compile_result is not None))
+
+    # -- the outer future -----------------------------------------------------
+
+    def cancel(self) -> None:
+        """Kill the step under way, and the job ends with its CANCELLED
+        Result; a job waiting for another's compile, or whose compile others
+        wait for, ends CANCELLED at once (the compile goes on for them)."""
+        with self._lock:
+            self._cancelled = True
+            phase, step, key = self._phase, self._step, self._key
+        if phase is _Phase.WAITING and key is not None:
+            self.jobs.cache.leave(key)
+        elif step is not None and not (phase is _Phase.COMPILING and key is not None and self.jobs.cache.waiters(key)):
+            step.cancel()
+            return
+        self.finish(Result(status=Status.CANCELLED, cancelled=True, timeout=self.job.timeout))
+
+    def finish(self, result: Result) -> None:
+        """The job's Result, once: a cancel and a step's end may race. The
+        future's callbacks run outside the lock (one may cancel or submit)."""
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+        self.future.set_result(result)
+
+    def _enter(self, phase: _Phase, key: Optional[str]) -> None:
+        with self._lock:
+            self._phase, self._key, self._step = phase, key, None
+
+    def _started(self, step: JobFuture) -> None:
+        """The step under way; one the job was cancelled before it started
+        is cancelled now."""
+        with self._lock:
+            self._step = step
+            cancelled = self._cancelled
+        if cancelled:
+            self.cancel()
+
+    # -- the program and its directory ----------------------------------------
+
+    def _remove_own(self, directory: Optional[str]) -> None:
+        """The run's directory goes, unless it is the caller's."""
+        if self.job.cwd is None:
+            _remove(directory)
+
+    def _cache_key(self, toolchain: languages.Toolchain) -> str:
+        """What a compile depends on: the language, its toolchain's version,
+        the compile command, the program and every file beside it."""
+        digest = hashlib.sha256()
+        for part in (self.language.name, toolchain.version or "", "\0".join(self.language.compile or ()),
+                     self.language.prologue, self.job.code):
+            digest.update(part.encode("utf-8") + b"\0\1")
+        for path, data in sorted((self.job.files or {}).items()):
+            digest.update(path.encode("utf-8") + b"\0" + hashlib.sha256(data).digest())
+        return digest.hexdigest()
+
+    def _write(self, directory: str) -> None:
+        write_files(directory, self.job.files or {})
+        write_files(directory, {self.language.source: self._program()})
+
+    def _program(self) -> bytes:
+        code, prologue = self.job.code, self.language.prologue
+        if prologue and not code.lstrip().startswith(prologue.strip()):
+            code = prologue + code
+        return code.encode("utf-8")
+
+    def _run_job(self, directory: str) -> ShellJob | PythonJob:
+        job = self.job
+        common = dict(timeout=job.timeout, cwd=directory, env=job.env, limits=job.limits,
+                      keep_background=job.keep_background, max_output_chars=job.max_output_chars, stdin=job.stdin,
+                      network=job.network, separate_stderr=job.separate_stderr, sandbox=job.sandbox)
+        if self.language.name == "python":
+            return PythonJob(job.code, warm=job.warm, **common)  # type: ignore[arg-type]
+        return ShellJob(_command(self.language.run), **common)  # type: ignore[arg-type]
+
+
+def _command(argv: Optional[Tuple[str, ...]]) -> str:
+    """A step's argv as the command its ShellJob runs: bash replaces itself
+    with it, so the step's process is the tool's own."""
+    assert argv is not None
+    return "exec " + shlex.join(argv)
+
+
+def _matches(directory: str, patterns: Tuple[str, ...]) -> List[str]:
+    """The regular files (no symlinks) in ``directory`` that ``patterns``
+    match, relative to it."""
+    found = []
+    for pattern in patterns:
+        for path in glob.glob(pattern, root_dir=directory):
+            if stat.S_ISREG(os.lstat(os.path.join(directory, path)).st_mode):
+                found.append(path)
+    return sorted(set(found))
+
+
+def _copy(source: str, target: str, mode: int) -> str:
+    """Copy ``source`` to a new file ``target`` with ``mode``; its sha256."""
+    digest = hashlib.sha256()
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with open(fd, "rb") as reader, open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                                | os.O_CLOEXEC, mode | 0o200), "wb") as writer:
+        while chunk := reader.read(1 << 20):
+            digest.update(chunk)
+            writer.write(chunk)
+    os.chmod(target, mode)
+    return digest.hexdigest()
+
+
+def _materialize(artifact: Artifact, directory: str) -> bool:
+    """Copy the artifact's files into a run's directory, each checked
+    against its hash; False if one is gone or changed."""
+    for path, digest, mode in artifact.files:
+        target = os.path.join(directory, path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(target)  # the compiled file replaces one of the same name the job brought
+        try:
+            if _copy(os.path.join(artifact.directory or "", path), target, mode | 0o200) != digest:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _remove(directory: Optional[str]) -> None:
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)

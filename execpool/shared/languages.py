@@ -1,0 +1,228 @@
+"""The languages table: how a program in each language is compiled and run.
+
+Shared: the job spec (execpool/shared/jobs.py) checks a ``CodeJob``'s
+language against it in the caller's thread; the pool (execpool/pool/code.py)
+runs the steps; the service and the command line list it. It is data --
+a language is a row, and adding one is adding a row (the README says how).
+
+Names and meanings are SandboxFusion's (its ``sandbox/runners``): the same
+file names (``Main.java``: the public class is ``Main``), compile commands
+and flags (``g++ -std=c++17``, plain ``rustc``, ``javac`` then ``java -ea``),
+so a program that passes there passes here. ``c`` and ``javascript`` are
+added because users expect them.
+
+Each step is an argv run in the job's own directory, where the program's
+source is ``source`` (and the request's files beside it); a compile leaves
+the files that ``outputs`` names, which are all the run gets of it.
+Whether a language runs on this machine is asked of its toolchain
+(:func:`languages`): the version it prints, or which tool is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass, replace
+from typing import Dict, List, Mapping, Optional, Tuple
+
+
+@dataclass(frozen=True)
+class Language:
+    """One row of the table."""
+
+    name: str
+    #: The file the program is written to, in the job's directory.
+    source: str
+    #: The run step's argv.
+    run: Tuple[str, ...]
+    #: The compile step's argv; None for a language that does not compile.
+    compile: Optional[Tuple[str, ...]] = None
+    #: Glob patterns, in the job's directory, of what a compile leaves for
+    #: the run: all the run gets of it (and all the compile cache keeps).
+    outputs: Tuple[str, ...] = ()
+    #: The command that prints the toolchain's version, and the pattern
+    #: whose first group is the version (None: the whole first line).
+    version: Tuple[str, ...] = ()
+    version_pattern: Optional[str] = None
+    #: What the toolchain is called in listings ("g++ 12.2.0").
+    toolchain: str = ""
+    #: Where a toolchain is not one command on PATH (a test runner's
+    #: libraries, a language no package here provides): why it cannot run.
+    unavailable: Optional[str] = None
+    #: Text put before the program when it lacks it (PHP's opening tag).
+    prologue: str = ""
+
+    @property
+    def compiles(self) -> bool:
+        return self.compile is not None
+
+    @property
+    def tools(self) -> Tuple[str, ...]:
+        """The commands the steps need on PATH (a compiled program's own
+        path, ``./test``, is none)."""
+        return tuple(dict.fromkeys(step[0] for step in (self.compile, self.run) if step and "/" not in step[0]))
+
+
+_GCC_VERSION = r"\) (\d+\.\d+\.\d+)"
+
+#: Every language, by its SandboxFusion name. "python" and "bash" run as
+#: the pool's Python and shell jobs do (PythonJob, and bash on a file).
+TABLE: Tuple[Language, ...] = (
+    Language("python", "main.py", ("python3", "main.py"), version=("python3", "--version"),
+             version_pattern=r"Python (\S+)", toolchain="Python"),
+    Language("pytest", "test_main.py", ("python3", "-m", "pytest", "-q", "test_main.py"),
+             version=("python3", "-m", "pytest", "--version"), version_pattern=r"pytest (\S+)", toolchain="pytest"),
+    Language("bash", "main.sh", ("bash", "main.sh"), version=("bash", "--version"),
+             version_pattern=r"version (\S+)", toolchain="bash"),
+    Language("c", "main.c", ("./test",), ("gcc", "-std=c11", "main.c", "-o", "test", "-lm"), ("test",),
+             ("gcc", "--version"), _GCC_VERSION, "gcc"),
+    Language("cpp", "main.cpp", ("./test",), ("g++", "-std=c++17", "main.cpp", "-o", "test", "-lpthread"), ("test",),
+             ("g++", "--version"), _GCC_VERSION, "g++"),
+    Language("java", "Main.java", ("java", "-cp", ".", "-ea", "Main"),
+             ("javac", "-encoding", "UTF-8", "-cp", ".", "Main.java"), ("*.class",),
+             ("javac", "-version"), r"javac (\S+)", "javac"),
+    Language("junit", "Main.java", ("java",), unavailable="needs the JUnit console launcher's jar, which no "
+             "package here provides"),
+    Language("rust", "main.rs", ("./test",), ("rustc", "main.rs", "-o", "test"), ("test",),
+             ("rustc", "--version"), r"rustc (\S+)", "rustc"),
+    Language("go", "main.go", ("./out",), ("go", "build", "-o", "out", "main.go"), ("out",),
+             ("go", "version"), r"go version go(\S+)", "go"),
+    Language("go_test", "main_test.go", ("go", "test", "main_test.go"), version=("go", "version"),
+             version_pattern=r"go version go(\S+)", toolchain="go"),
+    Language("nodejs", "main.js", ("node", "main.js"), version=("node", "--version"),
+             version_pattern=r"v(\S+)", toolchain="node"),
+    Language("javascript", "main.js", ("node", "main.js"), version=("node", "--version"),
+             version_pattern=r"v(\S+)", toolchain="node"),
+    Language("typescript", "main.ts", ("tsx", "main.ts"), version=("tsx", "--version"),
+             version_pattern=r"tsx v(\S+)", toolchain="tsx"),
+    Language("jest", "main.test.ts", ("jest",), unavailable="needs a Jest project (node_modules, babel), which "
+             "no package here provides"),
+    Language("php", "main.php", ("php", "-f", "main.php"), version=("php", "--version"),
+             version_pattern=r"PHP (\S+)", toolchain="php", prologue="<?php\n"),
+    Language("csharp", "Program.cs", ("dotnet",), unavailable="needs the .NET SDK (dotnet), which Debian 12 "
+             "does not package"),
+    Language("sql", "main.sql", ("sqlite3", "-bail", "db.sqlite3", ".read main.sql"),
+             version=("sqlite3", "--version"), version_pattern=r"^(\S+)", toolchain="sqlite3"),
+    Language("lua", "main.lua", ("lua", "main.lua"), version=("lua", "-v"), version_pattern=r"Lua (\S+)",
+             toolchain="lua"),
+    Language("R", "main.R", ("Rscript", "main.R"), version=("Rscript", "--version"),
+             version_pattern=r"version (\S+)", toolchain="Rscript"),
+    Language("perl", "main.pl", ("perl", "main.pl"), version=("perl", "-e", "print $^V"),
+             version_pattern=r"v(\S+)", toolchain="perl"),
+    Language("D_ut", "main.d", ("./test",), ("ldmd2", "main.d", "-unittest", "-of=test"), ("test",),
+             ("ldmd2", "--version"), r"LDC - the LLVM D compiler \((\S+)\)", "ldc"),
+    Language("ruby", "main.rb", ("ruby", "main.rb"), version=("ruby", "--version"), version_pattern=r"ruby (\S+)",
+             toolchain="ruby"),
+    Language("scala", "Main.scala", ("scala", "Main"), ("scalac", "Main.scala"), ("*.class",),
+             ("scalac", "-version"), r"version (\S+)", "scalac"),
+    Language("julia", "main.jl", ("julia", "main.jl"), unavailable="needs Julia, which Debian 12 does not package"),
+    Language("kotlin_script", "main.kts", ("kotlin",), unavailable="needs the Kotlin compiler, which Debian 12 "
+             "does not package"),
+    Language("verilog", "main.v", ("vvp", "test"), ("iverilog", "-o", "test", "main.v"), ("test",),
+             ("iverilog", "-V"), r"Icarus Verilog version (\S+)", "iverilog"),
+    Language("lean", "Main.lean", ("lake",), unavailable="needs Lean 4 and Mathlib, which no package here "
+             "provides"),
+    Language("swift", "main.swift", ("swiftc",), unavailable="needs the Swift toolchain, which Debian 12 does "
+             "not package"),
+    Language("racket", "main.rkt", ("racket", "main.rkt"), version=("racket", "--version"),
+             version_pattern=r"v(\S+?)\.?\s", toolchain="racket"),
+)
+
+BY_NAME: Dict[str, Language] = {language.name: language for language in TABLE}
+
+
+def get(name: str) -> Language:
+    """The row named ``name``; ``ValueError`` naming the known ones."""
+    language = BY_NAME.get(name)
+    if language is None:
+        raise ValueError(f"language {name!r} is not in the languages table; known: {', '.join(BY_NAME)}")
+    return language
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """What this machine has of a language: whether it runs here, the
+    toolchain's version ("g++ 12.2.0"), and otherwise why not."""
+
+    name: str
+    runs: bool
+    compiles: bool
+    toolchain: Optional[str]
+    why_not: Optional[str]
+    #: The bare version, a part of a compiled artifact's cache key.
+    version: Optional[str] = None
+
+
+#: Seconds a toolchain may take to say its version (a JVM starts slowly).
+VERSION_TIMEOUT_S = 20.0
+
+_probed: Dict[Tuple[Language, str], Toolchain] = {}
+_probe_lock = threading.Lock()
+
+
+def probe(language: Language, path: Optional[str] = None) -> Toolchain:
+    """Ask the toolchain of ``language`` on ``path`` (a PATH; the caller's
+    by default) whether it is there and its version, once per process."""
+    path = os.environ.get("PATH", os.defpath) if path is None else path
+    key = (language, path)
+    with _probe_lock:
+        known = _probed.get(key)
+    if known is not None:
+        return known
+    found = _ask(language, path)
+    with _probe_lock:
+        return _probed.setdefault(key, found)
+
+
+def _ask(language: Language, path: str) -> Toolchain:
+    def missing(why: str) -> Toolchain:
+        return Toolchain(language.name, False, language.compiles, None, why)
+
+    if language.unavailable is not None:
+        return missing(language.unavailable)
+    for tool in (*language.tools, language.version[0]):
+        if shutil.which(tool, path=path) is None:
+            return missing(f"{tool} is not installed here (not on PATH)")
+    try:
+        done = subprocess.run(language.version, capture_output=True, text=True, errors="replace",
+                              timeout=VERSION_TIMEOUT_S, env={"PATH": path, "LC_ALL": "C.UTF-8"},
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return missing(f"{language.version[0]} did not say its version: {exc}")
+    said = (done.stdout + done.stderr).strip()
+    match = re.search(language.version_pattern, said, re.MULTILINE) if language.version_pattern else None
+    if done.returncode != 0 or (language.version_pattern and match is None):
+        return missing(f"{' '.join(language.version)} failed (exit {done.returncode}): {said[:200]}")
+    version = match.group(1) if match else said.splitlines()[0]
+    return Toolchain(language.name, True, language.compiles, f"{language.toolchain} {version}", None, version)
+
+
+def languages(path: Optional[str] = None) -> List[Toolchain]:
+    """Every language of the table and whether it runs with the tools on
+    ``path`` (the caller's PATH by default; a pool asks with its tools'
+    PATH): its toolchain's version, or why it does not run."""
+    return [probe(language, path) for language in TABLE]
+
+
+def toolchains_path(env: Mapping[str, str]) -> str:
+    """The PATH jobs with ``env`` look their tools up on."""
+    return env.get("PATH") or os.defpath
+
+
+#: The command a row names for the Python that runs jobs; a pool puts its
+#: own interpreter (its ``python=``) in its place (:func:`with_python`).
+PYTHON = "python3"
+
+
+def with_python(language: Language, python: str) -> Language:
+    """``language`` with ``python`` wherever its steps run Python."""
+    def swap(step: Tuple[str, ...]) -> Tuple[str, ...]:
+        return tuple(python if part == PYTHON else part for part in step)
+
+    if PYTHON not in (*(language.compile or ()), *language.run, *language.version):
+        return language
+    return replace(language, run=swap(language.run), version=swap(language.version),
+                   compile=None if language.compile is None else swap(language.compile))

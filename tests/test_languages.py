@@ -1,0 +1,446 @@
+"""Programs in every language of the table that runs here (CodeJob), and the
+compile cache: each program compiled once per pool, also when many jobs
+ask at once, and nothing a job does reaching an artifact another job runs.
+
+Run as the test process's user (root here) in the strict sandbox, as the
+service runs jobs. Each language's program takes its case on stdin, so a
+compiled language is compiled once for all its cases -- through the cache
+this module tests.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import wait
+
+import pytest
+
+from execpool import CodeJob, ExecPool, Status, languages
+from execpool.shared import languages as table
+from helpers import wait_for
+
+#: SandboxFusion's language names (its sandbox/runners), and the two added.
+SANDBOX_FUSION_NAMES = ("python", "pytest", "cpp", "go", "go_test", "java", "junit", "nodejs", "typescript", "jest",
+                        "php", "csharp", "bash", "sql", "rust", "lua", "R", "perl", "D_ut", "ruby", "scala", "julia",
+                        "kotlin_script", "verilog", "lean", "swift", "racket")
+
+#: One program per language: the first word of stdin picks the case --
+#: "exit" ends with 3, "crash" with the language's runtime error, "hang"
+#: never ends, anything else is greeted in non-ASCII text.
+PROGRAMS = {
+    "c": r'''#include <stdio.h>
+#include <string.h>
+int main(void) {
+    char w[64] = "";
+    if (scanf("%63s", w) != 1) return 2;
+    if (!strcmp(w, "exit")) return 3;
+    if (!strcmp(w, "crash")) { volatile int *p = 0; *p = 1; }
+    if (!strcmp(w, "hang")) for (;;) {}
+    printf("héllo %s ✓\n", w);
+    return 0;
+}
+''',
+    "cpp": r'''#include <iostream>
+#include <stdexcept>
+#include <string>
+int main() {
+    std::string w;
+    std::cin >> w;
+    if (w == "exit") return 3;
+    if (w == "crash") throw std::runtime_error("boom");
+    if (w == "hang") for (;;) {}
+    std::cout << "héllo " << w << " ✓" << std::endl;
+}
+''',
+    "java": r'''import java.util.Scanner;
+public class Main {
+    public static void main(String[] args) {
+        String w = new Scanner(System.in).next();
+        if (w.equals("exit")) System.exit(3);
+        if (w.equals("crash")) throw new IllegalStateException("boom");
+        if (w.equals("hang")) while (true) {}
+        System.out.println("héllo " + w + " ✓");
+    }
+}
+''',
+    "rust": r'''use std::io::Read;
+fn main() {
+    let mut s = String::new();
+    std::io::stdin().read_to_string(&mut s).unwrap();
+    let w = s.split_whitespace().next().unwrap_or("");
+    match w {
+        "exit" => std::process::exit(3),
+        "crash" => panic!("boom"),
+        "hang" => loop {},
+        _ => println!("héllo {} ✓", w),
+    }
+}
+''',
+    "nodejs": r'''const w = require("fs").readFileSync(0, "utf8").trim().split(/\s+/)[0];
+if (w === "exit") process.exit(3);
+if (w === "crash") throw new Error("boom");
+if (w === "hang") for (;;) {}
+console.log(`héllo ${w} ✓`);
+''',
+    "perl": r'''my $w = <STDIN>; chomp $w;
+exit 3 if $w eq "exit";
+die "boom\n" if $w eq "crash";
+1 while $w eq "hang";
+print "héllo $w ✓\n";
+''',
+    "bash": r'''read -r w
+case "$w" in
+  exit) exit 3 ;;
+  crash) : "${undefined_variable:?boom}" ;;
+  hang) while :; do :; done ;;
+esac
+echo "héllo $w ✓"
+''',
+    "python": r'''import sys
+w = sys.stdin.read().split()[0]
+if w == "exit": sys.exit(3)
+if w == "crash": raise RuntimeError("boom")
+while w == "hang": pass
+print(f"héllo {w} ✓")
+''',
+}
+PROGRAMS["javascript"] = PROGRAMS["nodejs"]
+
+#: How each language's runtime error ends the program.
+CRASH_EXIT = {"c": -11, "cpp": -6, "java": 1, "rust": 101, "nodejs": 1, "javascript": 1, "perl": 255, "bash": 1,
+              "python": 1}
+
+#: A compile error, for each language that compiles.
+BROKEN = {"c": "int main(void) { return }\n", "cpp": "int main() { undeclared(); }\n",
+          "java": "public class Main { void f( }\n", "rust": "fn main() { let x: i32 = \"no\"; }\n"}
+
+RUNS_HERE = {toolchain.name for toolchain in languages() if toolchain.runs}
+LANGUAGES = [name for name in PROGRAMS if name in RUNS_HERE]
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ExecPool(workers=2, sandbox="strict") as p:
+        yield p
+
+
+def test_the_table_has_every_sandbox_fusion_name_and_the_two_aliases():
+    names = [language.name for language in table.TABLE]
+    assert len(names) == len(set(names))
+    assert set(SANDBOX_FUSION_NAMES) | {"c", "javascript"} == set(names)
+
+
+def test_the_languages_of_the_machines_this_suite_runs_on_are_there():
+    """.ci/run installs these; a machine without one fails here, loudly,
+    rather than skipping its tests."""
+    assert {"c", "cpp", "java", "rust", "nodejs", "javascript", "perl", "bash", "python", "sql"} <= RUNS_HERE
+
+
+def test_each_language_says_its_toolchain_or_why_not():
+    for toolchain in languages():
+        assert toolchain.compiles is table.get(toolchain.name).compiles
+        if toolchain.runs:
+            assert toolchain.toolchain and toolchain.version and toolchain.why_not is None
+        else:
+            assert toolchain.toolchain is None and toolchain.why_not
+
+
+def test_a_missing_toolchain_is_named():
+    found = table.probe(table.get("cpp"), path="/nonexistent")
+    assert not found.runs and found.why_not == "g++ is not installed here (not on PATH)"
+
+
+def test_a_job_in_a_language_whose_toolchain_is_missing_ends_infra_naming_the_tool():
+    with ExecPool(workers=1, env={"PATH": "/nonexistent"}) as p:
+        result = p.run(CodeJob("cpp", PROGRAMS["cpp"], timeout=10))
+    assert result.status is Status.INFRA
+    assert result.error == "language 'cpp' does not run here: g++ is not installed here (not on PATH)"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(language="cobol"), "language 'cobol' is not in the languages table; known: python, pytest, "),
+    (dict(files={"../x": b""}), "files: the path '../x' must be a plain relative path"),
+    (dict(files={"main.cpp": b""}), "files must not hold 'main.cpp'"),
+    (dict(compile_timeout=0), "compile_timeout must be a positive, finite number of seconds"),
+])
+def test_a_bad_code_job_is_refused_where_it_is_built(kwargs, message):
+    arguments = dict(language="cpp", code="int main(){}")
+    arguments.update(kwargs)
+    with pytest.raises(ValueError) as caught:
+        CodeJob(**arguments)
+    assert str(caught.value).startswith(message)
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_hello_in_unicode_from_stdin(pool, language):
+    result = pool.run(CodeJob(language, PROGRAMS[language], stdin="wörld\n", timeout=30))
+    assert result.status is Status.OK, result.text
+    assert result.output == "héllo wörld ✓\n"
+    assert (result.compile_status is Status.OK) is table.get(language).compiles
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_a_non_zero_exit(pool, language):
+    result = pool.run(CodeJob(language, PROGRAMS[language], stdin="exit\n", timeout=30))
+    assert (result.status, result.exit_code) == (Status.ERROR, 3), result.text
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_a_runtime_error(pool, language):
+    result = pool.run(CodeJob(language, PROGRAMS[language], stdin="crash\n", timeout=30, separate_stderr=True))
+    assert (result.status, result.exit_code) == (Status.ERROR, CRASH_EXIT[language]), result.text
+    if language not in ("c", "cpp"):  # a signal: the program says nothing
+        assert "boom" in result.stderr
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_a_program_that_never_ends_times_out(pool, language):
+    result = pool.run(CodeJob(language, PROGRAMS[language], stdin="hang\n", timeout=0.5))
+    assert result.status is Status.TIMEOUT and result.timed_out, result.text
+    assert result.compile_status in (None, Status.OK)
+
+
+def test_a_timed_out_tree_that_ignores_sigterm_dies_whole(pool):
+    program = r'''#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+    signal(SIGTERM, SIG_IGN);
+    if (fork() == 0) { setsid(); if (fork() == 0) { printf("%d\n", getpid()); fflush(stdout); for (;;) pause(); } }
+    for (;;) pause();
+}
+'''
+    result = pool.run(CodeJob("c", program, timeout=1))
+    assert result.status is Status.TIMEOUT
+    daemon = int(result.output.split()[0])
+    assert wait_for(lambda: not os.path.exists(f"/proc/{daemon}"), 5)
+
+
+@pytest.mark.parametrize("language", sorted(set(BROKEN) & RUNS_HERE))
+def test_a_compile_error_is_the_compile_s_and_nothing_runs(pool, language):
+    result = pool.run(CodeJob(language, BROKEN[language], timeout=30))
+    assert result.status is Status.ERROR and result.compile_status is Status.ERROR
+    assert result.compile_failed and result.exit_code not in (0, None)
+    assert result.output == "" and "error" in result.compile_output.lower()
+    assert result.text.startswith(f"Compilation failed (exit code {result.exit_code}):\n")
+
+
+def test_sql_runs_on_a_fresh_database(pool):
+    code = "create table t(a int, b text); insert into t values (1, 'é'), (2, '✓'); select a, b from t order by a;"
+    result = pool.run(CodeJob("sql", code, timeout=30))
+    assert (result.status, result.output) == (Status.OK, "1|é\n2|✓\n")
+    broken = pool.run(CodeJob("sql", "select * from missing;", timeout=30, separate_stderr=True))
+    assert broken.status is Status.ERROR and "no such table: missing" in broken.stderr
+
+
+def test_pytest_runs_the_tests_with_the_pool_s_python(pool):
+    passing = pool.run(CodeJob("pytest", "def test_one():\n    assert 1 + 1 == 2\n", timeout=60))
+    assert passing.status is Status.OK and "1 passed" in passing.output, passing.text
+    failing = pool.run(CodeJob("pytest", "def test_one():\n    assert 1 + 1 == 3\n", timeout=60))
+    assert (failing.status, failing.exit_code) == (Status.ERROR, 1) and "1 failed" in failing.output
+
+
+def test_batch_lines_in_a_language_compile_once(tmp_path):
+    lines = [{"id": n, "language": "cpp", "code": _fresh(f"batch {time.time_ns()}"), "stdin": ""} for n in range(2)]
+    lines[1]["code"] = lines[0]["code"]
+    lines.append({"id": 2, "language": "cobol", "code": "x"})
+    given = tmp_path / "in.jsonl"
+    given.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    done = subprocess.run([sys.executable, "-m", "execpool", "batch", str(given), "-o", str(tmp_path / "out.jsonl"),
+                           "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    records = {r["id"]: r for r in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
+    assert [records[n]["status"] for n in range(3)] == ["ok", "ok", "invalid"]
+    assert records[0]["output"].startswith("batch") and records[0]["compile_status"] == "ok"
+    assert records[0]["compile_duration_s"] == records[1]["compile_duration_s"]  # one compile
+    assert "not in the languages table" in records[2]["error"]
+
+
+def test_files_lie_beside_the_program(pool):
+    code = '#include <stdio.h>\n#include "lib.h"\nint main(void){ FILE *f = fopen("data.txt", "r"); ' \
+           'char s[32]; fgets(s, 32, f); printf("%d %s", TWICE(21), s); return 0; }\n'
+    files = {"lib.h": b"#define TWICE(x) (2 * (x))\n", "data.txt": b"from a file\n"}
+    result = pool.run(CodeJob("c", code, files=files, timeout=30))
+    assert (result.status, result.output) == (Status.OK, "42 from a file\n"), result.text
+
+
+def test_a_run_in_the_caller_s_directory_leaves_its_files_there(pool, tmp_path):
+    code = '#include <stdio.h>\nint main(void){ FILE *f = fopen("out.txt", "w"); fputs("made", f); return 0; }\n'
+    result = pool.run(CodeJob("c", code, files={"in.txt": b"given"}, cwd=tmp_path, timeout=30))
+    assert result.ok, result.text
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "main.c", "out.txt", "test"]
+    assert (tmp_path / "out.txt").read_text() == "made"
+
+
+# -- the compile cache ---------------------------------------------------------------------------------------
+
+
+def _fresh(tag: str) -> str:
+    """A C++ program no other test compiles."""
+    return f'#include <cstdio>\nint main() {{ std::puts("{tag}"); }}\n'
+
+
+def test_the_same_program_compiles_once(pool):
+    before = pool.compile_cache
+    code = _fresh(f"once {time.time_ns()}")
+    results = [pool.run(CodeJob("cpp", code, timeout=30)) for _ in range(5)]
+    after = pool.compile_cache
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 4)
+    assert all(r.status is Status.OK and r.output.startswith("once") for r in results)
+    assert [r.compile_cached for r in results] == [False, True, True, True, True]
+    # Every run carries that one compile's Result.
+    assert len({id(r.compile_result) for r in results}) == 1
+    assert after.compile_seconds - before.compile_seconds == pytest.approx(results[0].compile_duration_s)
+
+
+def test_jobs_asking_at_once_wait_for_one_compile(pool):
+    before = pool.compile_cache
+    code = _fresh(f"together {time.time_ns()}")
+    futures = [pool.submit(CodeJob("cpp", code, timeout=30)) for _ in range(8)]
+    done, _ = wait(futures, timeout=60)
+    assert len(done) == 8
+    after = pool.compile_cache
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 7)
+    assert sum(not f.result().compile_cached for f in futures) == 1
+    assert all(f.result().status is Status.OK for f in futures)
+
+
+def test_a_compile_error_is_kept_too(pool):
+    before = pool.compile_cache
+    code = f"int main() {{ nope_{time.time_ns()}(); }}\n"
+    first, second = (pool.run(CodeJob("cpp", code, timeout=30)) for _ in range(2))
+    assert first.compile_status is second.compile_status is Status.ERROR
+    assert (first.compile_cached, second.compile_cached) == (False, True)
+    assert pool.compile_cache.misses - before.misses == 1
+
+
+def test_another_language_version_or_program_compiles_again():
+    """The key holds the language, its toolchain's version, the compile
+    command, the program and the files."""
+    from execpool.pool.code import _CodeRun
+
+    def key(language="cpp", code="int main(){}", files=None, version="12.2.0"):
+        run = _CodeRun.__new__(_CodeRun)
+        run.job = CodeJob(language, code, files=files)
+        run.language = run.job.spec
+        return run._cache_key(table.Toolchain(language, True, True, f"x {version}", None, version))
+
+    keys = {key(), key(language="c"), key(version="12.3.0"), key(code="int main(){ }"),
+            key(files={"a.h": b"1"}), key(files={"a.h": b"2"})}
+    assert len(keys) == 6 and key() == key()
+
+
+def _slow_to_compile(n: int) -> str:
+    """A C++ program whose compile evaluates n * n steps (n = 1000: about
+    3 s here), unlike any other test's."""
+    return ("constexpr long f(long n) { long s = 0; for (long i = 0; i < n; ++i) for (long j = 0; j < n; ++j) "
+            f"s += (i ^ j) % 7; return s; }}\nstatic_assert(f({n}L) >= -{time.time_ns()});\nint main() {{}}\n")
+
+
+def test_a_compile_that_timed_out_is_not_kept(pool):
+    before = pool.compile_cache
+    code = _slow_to_compile(1000)
+    results = [pool.run(CodeJob("cpp", code, timeout=10, compile_timeout=0.3)) for _ in range(2)]
+    for result in results:
+        assert result.status is Status.TIMEOUT and result.compile_status is Status.TIMEOUT
+        assert result.text.startswith("Compilation failed. ")
+    assert pool.compile_cache.misses - before.misses == 2
+
+
+def test_a_job_cannot_change_an_artifact_another_job_runs(pool):
+    """The program overwrites its own copy of the compiled file and looks
+    for the cache; the next job still runs the compiled program."""
+    code = r'''#include <cstdio>
+#include <cstdlib>
+int main() {
+    std::remove("./test");  // a running program's file cannot be written, but it can be replaced
+    FILE *self = std::fopen("./test", "wb");
+    std::printf("own copy %s\n", self && std::fputs("#!/bin/sh\necho changed\n", self) >= 0 ? "written" : "kept");
+    std::printf("cache %s\n", std::fopen(std::getenv("CACHE"), "rb") ? "visible" : "unseen");
+}
+'''
+    cache_file = next(iter(_cache_files(pool)), None)
+    assert cache_file is not None
+    env = {"CACHE": cache_file}
+    first = pool.run(CodeJob("cpp", code, timeout=30, env=env))
+    second = pool.run(CodeJob("cpp", code, timeout=30, env=env))
+    assert first.output == second.output == "own copy written\ncache unseen\n", (first.text, second.text)
+    assert second.compile_cached
+
+
+def test_an_artifact_changed_in_the_cache_is_compiled_again(pool):
+    """The pool's own files changed under it (the sandbox keeps jobs out; a
+    job without one runs as the pool's user): the hash check catches it."""
+    code = _fresh(f"checked {time.time_ns()}")
+    assert pool.run(CodeJob("cpp", code, timeout=30)).output.startswith("checked")
+    before = pool.compile_cache
+    for path in _cache_files(pool):
+        os.chmod(path, 0o755)
+        with open(path, "r+b") as f:
+            f.seek(200)
+            f.write(b"\xcc" * 16)
+    result = pool.run(CodeJob("cpp", code, timeout=30))
+    assert result.status is Status.OK and result.output.startswith("checked"), result.text
+    assert pool.compile_cache.misses - before.misses == 1
+
+
+def _cache_files(pool) -> list:
+    root = pool._code.cache.root
+    return [os.path.join(d, f) for d, _, files in os.walk(root) for f in files]
+
+
+def test_the_cache_stays_within_its_bytes():
+    with ExecPool(workers=1, sandbox="strict", compile_cache_mb=0) as p:
+        result = p.run(CodeJob("c", "int main(void){return 0;}", timeout=30))
+        again = p.run(CodeJob("c", "int main(void){return 0;}", timeout=30))
+        assert result.ok and again.ok and not again.compile_cached
+        assert _cache_files(p) == []
+
+
+# -- cancelling ----------------------------------------------------------------------------------------------
+
+
+def test_cancelling_a_run_kills_it(pool):
+    assert pool.run(CodeJob("c", PROGRAMS["c"], stdin="compiled\n", timeout=30)).ok
+    future = pool.submit(CodeJob("c", PROGRAMS["c"], stdin="hang\n", timeout=60))
+    assert wait_for(lambda: pool.running_jobs == 1, 30)  # the run: the program was compiled
+    assert future.cancel()
+    result = future.result(timeout=10)
+    assert result.status is Status.CANCELLED and result.compile_cached
+
+
+def test_a_job_waiting_for_another_s_compile_can_leave_without_stopping_it(pool):
+    code = _slow_to_compile(700)
+    first = pool.submit(CodeJob("cpp", code, timeout=30))
+    second = pool.submit(CodeJob("cpp", code, timeout=30))
+    assert wait_for(lambda: pool._code.cache.waiters() == 1, 10)
+    assert second.cancel()
+    assert second.result(timeout=5).status is Status.CANCELLED
+    assert pool._code.cache.waiters() == 0
+    assert first.result(timeout=60).status is Status.OK
+
+
+def test_cancelling_the_only_job_a_compile_is_for_kills_the_compile(pool):
+    before = pool.compile_cache
+    future = pool.submit(CodeJob("cpp", _slow_to_compile(1000), timeout=30))
+    assert wait_for(lambda: pool.running_jobs == 1, 10)
+    started = time.monotonic()
+    assert future.cancel()
+    result = future.result(timeout=10)
+    assert result.status is Status.CANCELLED and result.compile_status is Status.CANCELLED
+    assert time.monotonic() - started < 2.5  # not the compile's whole 3 s
+    assert pool.compile_cache.misses - before.misses == 1
+
+
+def test_closing_the_pool_ends_every_code_job():
+    p = ExecPool(workers=1, sandbox="strict")
+    futures = [p.submit(CodeJob("c", PROGRAMS["c"], stdin="hang\n", timeout=60)) for _ in range(3)]
+    assert wait_for(lambda: p.running_jobs > 0, 30)
+    closer = threading.Thread(target=p.close)
+    closer.start()
+    closer.join(30)
+    assert not closer.is_alive()
+    assert all(f.result(timeout=5).status in (Status.INFRA, Status.CANCELLED) for f in futures)
