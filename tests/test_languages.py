@@ -107,18 +107,123 @@ while w == "hang": pass
 print(f"héllo {w} ✓")
 ''',
 }
+PROGRAMS.update({
+    "go": r'''package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+)
+
+func main() {
+	var w string
+	fmt.Fscan(bufio.NewReader(os.Stdin), &w)
+	switch w {
+	case "exit":
+		os.Exit(3)
+	case "crash":
+		panic("boom")
+	case "hang":
+		for {
+		}
+	}
+	fmt.Printf("héllo %s ✓\n", w)
+}
+''',
+    "typescript": r'''declare var require: any, process: any;
+const w: string = require("fs").readFileSync(0, "utf8").trim().split(/\s+/)[0];
+if (w === "exit") process.exit(3);
+if (w === "crash") throw new Error("boom");
+if (w === "hang") for (;;) {}
+console.log(`héllo ${w} ✓`);
+''',
+    "php": r'''$w = trim(fgets(STDIN));
+if ($w === "exit") exit(3);
+if ($w === "crash") throw new Exception("boom");
+while ($w === "hang") {}
+echo "héllo $w ✓\n";
+''',
+    "lua": r'''local w = io.read("l")
+if w == "exit" then os.exit(3) end
+if w == "crash" then error("boom") end
+while w == "hang" do end
+print("héllo " .. w .. " ✓")
+''',
+    "R": r'''w <- readLines(file("stdin"), n = 1)
+if (w == "exit") quit(status = 3)
+if (w == "crash") stop("boom")
+while (w == "hang") {}
+cat("héllo", w, "✓\n")
+''',
+    "ruby": r'''w = STDIN.read.split.first
+exit 3 if w == "exit"
+raise "boom" if w == "crash"
+loop {} if w == "hang"
+puts "héllo #{w} ✓"
+''',
+    "scala": r'''object Greeter {
+  def main(args: Array[String]): Unit = {
+    val w = scala.io.StdIn.readLine().trim
+    if (w == "exit") sys.exit(3)
+    if (w == "crash") throw new RuntimeException("boom")
+    while (w == "hang") {}
+    println(s"héllo $w ✓")
+  }
+}
+''',
+    "racket": r'''#lang racket
+(define w (string-trim (read-line)))
+(when (equal? w "exit") (exit 3))
+(when (equal? w "crash") (error "boom"))
+(let loop () (when (equal? w "hang") (loop)))
+(printf "héllo ~a ✓\n" w)
+''',
+    "kotlin_script": r'''val w = readLine()!!.trim()
+if (w == "exit") kotlin.system.exitProcess(3)
+if (w == "crash") throw RuntimeException("boom")
+while (w == "hang") {}
+println("héllo $w ✓")
+''',
+})
 PROGRAMS["javascript"] = PROGRAMS["nodejs"]
 
 #: How each language's runtime error ends the program.
 CRASH_EXIT = {"c": -11, "cpp": -6, "java": 1, "rust": 101, "nodejs": 1, "javascript": 1, "perl": 255, "bash": 1,
-              "python": 1}
+              "python": 1, "go": 2, "typescript": 1, "php": 255, "lua": 1, "R": 1, "ruby": 1, "scala": 1,
+              "racket": 1, "kotlin_script": 3}
 
 #: A compile error, for each language that compiles.
 BROKEN = {"c": "int main(void) { return }\n", "cpp": "int main() { undeclared(); }\n",
-          "java": "public class Main { void f( }\n", "rust": "fn main() { let x: i32 = \"no\"; }\n"}
+          "java": "public class Main { void f( }\n", "rust": "fn main() { let x: i32 = \"no\"; }\n",
+          "go": "package main\nfunc main() { undefined() }\n", "typescript": "const x = ;\n",
+          "D_ut": "void main() { undefined(); }\n", "scala": "object Main { def main(a: Array[String]) = nope }\n",
+          "verilog": "module tb; initial begin $display(; end endmodule\n",
+          "junit": "public class MyTest { void f( }\n"}
+
+#: Languages whose every start costs seconds here (a JVM that compiles a
+#: script, a big runtime): only the slow tier runs all their cases.
+SLOW = {"scala", "kotlin_script", "racket"}
+
+#: Test runners: a passing and a failing test, and how each ends.
+TEST_RUNNERS = {
+    "go_test": ('package main\nimport "testing"\nfunc TestSum(t *testing.T) { if 1+1 != WANT { t.Fatal("sum") } }\n',
+                "ok  ", "FAIL"),
+    "junit": ("import org.junit.jupiter.api.Test;\nimport static org.junit.jupiter.api.Assertions.assertEquals;\n"
+              "public class SumTest { @Test void sums() { assertEquals(WANT, 1 + 1); } }\n",
+              "1 tests successful", "1 tests failed"),
+    "D_ut": ("unittest { assert(1 + 1 == WANT); }\nvoid main() {}\n", "1 modules passed unittests", "1/1 modules FAILED unittests"),
+}
 
 RUNS_HERE = {toolchain.name for toolchain in languages() if toolchain.runs}
-LANGUAGES = [name for name in PROGRAMS if name in RUNS_HERE]
+
+
+def _cases(names, heavy=SLOW):
+    return [pytest.param(name, marks=pytest.mark.slow) if name in heavy else name for name in names
+            if name in RUNS_HERE]
+
+
+LANGUAGES = _cases(PROGRAMS)
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +241,9 @@ def test_the_table_has_every_sandbox_fusion_name_and_the_two_aliases():
 def test_the_languages_of_the_machines_this_suite_runs_on_are_there():
     """.ci/run installs these; a machine without one fails here, loudly,
     rather than skipping its tests."""
-    assert {"c", "cpp", "java", "rust", "nodejs", "javascript", "perl", "bash", "python", "sql"} <= RUNS_HERE
+    assert {"c", "cpp", "java", "rust", "nodejs", "javascript", "perl", "bash", "python", "sql", "pytest", "go",
+            "go_test", "typescript", "php", "lua", "R", "D_ut", "ruby", "scala", "verilog", "racket", "junit",
+            "kotlin_script"} <= RUNS_HERE
 
 
 def test_each_language_says_its_toolchain_or_why_not():
@@ -174,9 +281,9 @@ def test_a_bad_code_job_is_refused_where_it_is_built(kwargs, message):
     assert str(caught.value).startswith(message)
 
 
-@pytest.mark.parametrize("language", LANGUAGES)
+@pytest.mark.parametrize("language", _cases(PROGRAMS, heavy=()))
 def test_hello_in_unicode_from_stdin(pool, language):
-    result = pool.run(CodeJob(language, PROGRAMS[language], stdin="wörld\n", timeout=30))
+    result = pool.run(CodeJob(language, PROGRAMS[language], stdin="wörld\n", timeout=30, separate_stderr=True))
     assert result.status is Status.OK, result.text
     assert result.output == "héllo wörld ✓\n"
     assert (result.compile_status is Status.OK) is table.get(language).compiles
@@ -193,7 +300,7 @@ def test_a_runtime_error(pool, language):
     result = pool.run(CodeJob(language, PROGRAMS[language], stdin="crash\n", timeout=30, separate_stderr=True))
     assert (result.status, result.exit_code) == (Status.ERROR, CRASH_EXIT[language]), result.text
     if language not in ("c", "cpp"):  # a signal: the program says nothing
-        assert "boom" in result.stderr
+        assert "boom" in result.stderr + result.output
 
 
 @pytest.mark.parametrize("language", LANGUAGES)
@@ -219,13 +326,30 @@ int main(void) {
     assert wait_for(lambda: not os.path.exists(f"/proc/{daemon}"), 5)
 
 
-@pytest.mark.parametrize("language", sorted(set(BROKEN) & RUNS_HERE))
+@pytest.mark.parametrize("language", _cases(sorted(BROKEN)))
 def test_a_compile_error_is_the_compile_s_and_nothing_runs(pool, language):
     result = pool.run(CodeJob(language, BROKEN[language], timeout=30))
     assert result.status is Status.ERROR and result.compile_status is Status.ERROR
     assert result.compile_failed and result.exit_code not in (0, None)
-    assert result.output == "" and "error" in result.compile_output.lower()
+    # The Result is the compile's: what the compiler said is all there is.
+    assert result.compile_output.strip() and result.output + result.stderr == result.compile_output
     assert result.text.startswith(f"Compilation failed (exit code {result.exit_code}):\n")
+
+
+@pytest.mark.parametrize("language", _cases(sorted(TEST_RUNNERS)))
+def test_a_test_runner_passes_and_fails(pool, language):
+    code, passed, failed = TEST_RUNNERS[language]
+    good = pool.run(CodeJob(language, code.replace("WANT", "2"), timeout=60, separate_stderr=True))
+    assert good.status is Status.OK and passed in good.output + good.stderr, good.text
+    bad = pool.run(CodeJob(language, code.replace("WANT", "3"), timeout=60, separate_stderr=True))
+    assert bad.status is Status.ERROR and bad.exit_code != 0 and failed in bad.output + bad.stderr, bad.text
+
+
+def test_verilog_simulates_its_testbench(pool):
+    code = ("module tb;\n  reg [3:0] a = 4'd9;\n  initial begin\n    $display(\"a + 1 = %0d\", a + 1);\n"
+            "    $finish;\n  end\nendmodule\n")
+    result = pool.run(CodeJob("verilog", code, timeout=30))
+    assert (result.status, result.output.splitlines()[0]) == (Status.OK, "a + 1 = 10"), result.text
 
 
 def test_sql_runs_on_a_fresh_database(pool):

@@ -281,7 +281,7 @@ class _CodeRun:
     def __init__(self, jobs: CodeJobs, job: CodeJob, future: JobFuture, on_event: Optional[OnEvent]) -> None:
         self.jobs = jobs
         self.job = job
-        self.language = jobs.language(job.language)
+        self.language = jobs.language(job.language).for_program(job.code)
         self.future = future
         self.on_event = on_event
         self._lock = threading.Lock()

@@ -201,7 +201,8 @@ class CodeJob(_Job):
 
     @property
     def spec(self) -> languages.Language:
-        return languages.get(self.language)
+        """The row of its language, with the program's entry name in place."""
+        return languages.get(self.language).for_program(self.code)
 
 
 Job = Union[PythonJob, ShellJob, CodeJob]

@@ -49,15 +49,35 @@ class Language:
     version_pattern: Optional[str] = None
     #: What the toolchain is called in listings ("g++ 12.2.0").
     toolchain: str = ""
+    #: Files the steps need besides the commands (a test runner's jar).
+    needs: Tuple[str, ...] = ()
     #: Where a toolchain is not one command on PATH (a test runner's
     #: libraries, a language no package here provides): why it cannot run.
     unavailable: Optional[str] = None
     #: Text put before the program when it lacks it (PHP's opening tag).
     prologue: str = ""
+    #: Where the program names its entry (Scala's object, JUnit's public
+    #: class): a pattern whose first group is put for "{entry}" in
+    #: ``source`` and the steps, and the name when it matches nothing.
+    entry: Optional[Tuple[str, str]] = None
 
     @property
     def compiles(self) -> bool:
         return self.compile is not None
+
+    def for_program(self, code: str) -> "Language":
+        """This row with the program's entry name in place of "{entry}"."""
+        if self.entry is None:
+            return self
+        pattern, default = self.entry
+        found = re.search(pattern, code)
+        name = found.group(1) if found else default
+
+        def put(step: Tuple[str, ...]) -> Tuple[str, ...]:
+            return tuple(part.replace("{entry}", name) for part in step)
+
+        return replace(self, source=self.source.replace("{entry}", name), run=put(self.run),
+                       compile=None if self.compile is None else put(self.compile), entry=None)
 
     @property
     def tools(self) -> Tuple[str, ...]:
@@ -67,6 +87,9 @@ class Language:
 
 
 _GCC_VERSION = r"\) (\d+\.\d+\.\d+)"
+
+#: The JUnit console launcher, as Debian's junit5 installs it.
+_JUNIT = "/usr/share/java/junit-platform-console-standalone.jar"
 
 #: Every language, by its SandboxFusion name. "python" and "bash" run as
 #: the pool's Python and shell jobs do (PythonJob, and bash on a file).
@@ -84,8 +107,11 @@ TABLE: Tuple[Language, ...] = (
     Language("java", "Main.java", ("java", "-cp", ".", "-ea", "Main"),
              ("javac", "-encoding", "UTF-8", "-cp", ".", "Main.java"), ("*.class",),
              ("javac", "-version"), r"javac (\S+)", "javac"),
-    Language("junit", "Main.java", ("java",), unavailable="needs the JUnit console launcher's jar, which no "
-             "package here provides"),
+    Language("junit", "{entry}.java",
+             ("java", "-jar", _JUNIT, "--class-path", ".", "--scan-class-path", "--disable-banner"),
+             ("javac", "-encoding", "UTF-8", "-cp", f".:{_JUNIT}", "{entry}.java"), ("*.class",),
+             ("javac", "-version"), r"javac (\S+)", "JUnit 5 with javac", needs=(_JUNIT,),
+             entry=(r"public\s+(?:final\s+|abstract\s+)*class\s+(\w+)", "Main")),
     Language("rust", "main.rs", ("./test",), ("rustc", "main.rs", "-o", "test"), ("test",),
              ("rustc", "--version"), r"rustc (\S+)", "rustc"),
     Language("go", "main.go", ("./out",), ("go", "build", "-o", "out", "main.go"), ("out",),
@@ -96,10 +122,14 @@ TABLE: Tuple[Language, ...] = (
              version_pattern=r"v(\S+)", toolchain="node"),
     Language("javascript", "main.js", ("node", "main.js"), version=("node", "--version"),
              version_pattern=r"v(\S+)", toolchain="node"),
-    Language("typescript", "main.ts", ("tsx", "main.ts"), version=("tsx", "--version"),
-             version_pattern=r"tsx v(\S+)", toolchain="tsx"),
-    Language("jest", "main.test.ts", ("jest",), unavailable="needs a Jest project (node_modules, babel), which "
-             "no package here provides"),
+    # tsc without type checks, as tsx runs TypeScript: a type error does not
+    # stop the program, a syntax error does. Not tsx itself: its WebAssembly
+    # needs more address space than a job's default limit.
+    Language("typescript", "main.ts", ("node", "main.js"),
+             ("tsc", "--noCheck", "--module", "commonjs", "--target", "es2022", "--outDir", ".", "main.ts"),
+             ("main.js",), ("tsc", "--version"), r"Version (\S+)", "tsc"),
+    Language("jest", "main.test.ts", ("jest",), unavailable="needs a Jest project with a TypeScript transform "
+             "(npm's jest and ts-jest), which execpool does not set up yet"),
     Language("php", "main.php", ("php", "-f", "main.php"), version=("php", "--version"),
              version_pattern=r"PHP (\S+)", toolchain="php", prologue="<?php\n"),
     Language("csharp", "Program.cs", ("dotnet",), unavailable="needs the .NET SDK (dotnet), which Debian 12 "
@@ -116,13 +146,14 @@ TABLE: Tuple[Language, ...] = (
              ("ldmd2", "--version"), r"LDC - the LLVM D compiler \((\S+)\)", "ldc"),
     Language("ruby", "main.rb", ("ruby", "main.rb"), version=("ruby", "--version"), version_pattern=r"ruby (\S+)",
              toolchain="ruby"),
-    Language("scala", "Main.scala", ("scala", "Main"), ("scalac", "Main.scala"), ("*.class",),
-             ("scalac", "-version"), r"version (\S+)", "scalac"),
+    Language("scala", "main.scala", ("scala", "{entry}"), ("scalac", "main.scala"), ("*.class",),
+             ("scalac", "-version"), r"version (\S+)", "scalac", entry=(r"object\s+(\w+)", "Main")),
     Language("julia", "main.jl", ("julia", "main.jl"), unavailable="needs Julia, which Debian 12 does not package"),
-    Language("kotlin_script", "main.kts", ("kotlin",), unavailable="needs the Kotlin compiler, which Debian 12 "
-             "does not package"),
-    Language("verilog", "main.v", ("vvp", "test"), ("iverilog", "-o", "test", "main.v"), ("test",),
-             ("iverilog", "-V"), r"Icarus Verilog version (\S+)", "iverilog"),
+    Language("kotlin_script", "main.kts", ("kotlinc", "-script", "main.kts"), version=("kotlinc", "-version"),
+             version_pattern=r"kotlinc-jvm (\S+)", toolchain="kotlinc"),
+    Language("verilog", "main.sv", ("vvp", "-n", "test.vvp"),
+             ("iverilog", "-Wall", "-Winfloop", "-Wno-timescale", "-g2012", "-s", "tb", "-o", "test.vvp", "main.sv"),
+             ("test.vvp",), ("iverilog", "-V"), r"Icarus Verilog version (\S+)", "iverilog"),
     Language("lean", "Main.lean", ("lake",), unavailable="needs Lean 4 and Mathlib, which no package here "
              "provides"),
     Language("swift", "main.swift", ("swiftc",), unavailable="needs the Swift toolchain, which Debian 12 does "
@@ -186,6 +217,9 @@ def _ask(language: Language, path: str) -> Toolchain:
     for tool in (*language.tools, language.version[0]):
         if shutil.which(tool, path=path) is None:
             return missing(f"{tool} is not installed here (not on PATH)")
+    for needed in language.needs:
+        if not os.path.exists(needed):
+            return missing(f"{needed} is not here")
     try:
         done = subprocess.run(language.version, capture_output=True, text=True, errors="replace",
                               timeout=VERSION_TIMEOUT_S, env={"PATH": path, "LC_ALL": "C.UTF-8"},
