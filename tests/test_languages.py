@@ -516,6 +516,18 @@ def _cache_files(pool) -> list:
     return [os.path.join(d, f) for d, _, files in os.walk(root) for f in files]
 
 
+def test_a_fifo_where_a_compiled_file_was_is_refused_not_read(tmp_path):
+    """A stray of the compile could swap the file for a FIFO after it was
+    listed: the copy must fail at once, not wait for a writer forever."""
+    from execpool.pool.code import _copy
+
+    os.mkfifo(tmp_path / "test")
+    started = time.monotonic()
+    with pytest.raises(OSError, match="is not a regular file"):
+        _copy(str(tmp_path / "test"), str(tmp_path / "copy"), 0o555)
+    assert time.monotonic() - started < 1 and not (tmp_path / "copy").exists()
+
+
 def test_the_cache_stays_within_its_bytes():
     with ExecPool(workers=1, sandbox="strict", compile_cache_mb=0) as p:
         result = p.run(CodeJob("c", "int main(void){return 0;}", timeout=30))

@@ -497,14 +497,20 @@ def _matches(directory: str, patterns: Tuple[str, ...]) -> List[str]:
 
 
 def _copy(source: str, target: str, mode: int) -> str:
-    """Copy ``source`` to a new file ``target`` with ``mode``; its sha256."""
+    """Copy the regular file ``source`` to a new file ``target`` with
+    ``mode``; its sha256. What a compile left may have been swapped since it
+    was listed (a job's stray): a link is not followed, and a FIFO or device
+    is refused rather than read."""
     digest = hashlib.sha256()
-    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with open(fd, "rb") as reader, open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                                                | os.O_CLOEXEC, mode | 0o200), "wb") as writer:
-        while chunk := reader.read(1 << 20):
-            digest.update(chunk)
-            writer.write(chunk)
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as reader:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{source} is not a regular file")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with open(os.open(target, flags, mode | 0o200), "wb") as writer:
+            while chunk := reader.read(1 << 20):
+                digest.update(chunk)
+                writer.write(chunk)
     os.chmod(target, mode)
     return digest.hexdigest()
 
