@@ -212,6 +212,10 @@ TEST_RUNNERS = {
     "junit": ("import org.junit.jupiter.api.Test;\nimport static org.junit.jupiter.api.Assertions.assertEquals;\n"
               "public class SumTest { @Test void sums() { assertEquals(WANT, 1 + 1); } }\n",
               "1 tests successful", "1 tests failed"),
+    "jest": ("import { describe, expect, test } from '@jest/globals';\n"
+             "function add(a: number, b: number): number { return a + b; }\n"
+             "describe('add', () => { test('adds', () => { expect(add(1, 1)).toBe(WANT); }); });\n",
+             "Tests:       1 passed", "Tests:       1 failed"),
     "D_ut": ("unittest { assert(1 + 1 == WANT); }\nvoid main() {}\n", "1 modules passed unittests", "1/1 modules FAILED unittests"),
 }
 
@@ -243,7 +247,7 @@ def test_the_languages_of_the_machines_this_suite_runs_on_are_there():
     rather than skipping its tests."""
     assert {"c", "cpp", "java", "rust", "nodejs", "javascript", "perl", "bash", "python", "sql", "pytest", "go",
             "go_test", "typescript", "php", "lua", "R", "D_ut", "ruby", "scala", "verilog", "racket", "junit",
-            "kotlin_script"} <= RUNS_HERE
+            "kotlin_script", "jest"} <= RUNS_HERE
 
 
 def test_each_language_says_its_toolchain_or_why_not():

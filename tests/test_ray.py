@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from conftest import nothing_left_behind
-from execpool import ExecPool, PythonJob, ShellJob, Status
+from execpool import CodeJob, ExecPool, PythonJob, ShellJob, Status
 from execpool.ray import RayPool
 from helpers import all_dead, collect, joined_output, pids_in, remember, wait_for
 
@@ -67,6 +67,14 @@ def test_results_are_those_of_execpool(pool):
     assert [_fields(pool.submit(job).result()) for job in JOBS] == expected
     stats = pool.stats()
     assert stats.jobs[("shell", "timeout")] >= 3 and stats.in_flight == 0
+
+
+def test_a_code_job_compiles_and_runs_on_an_actor(pool):
+    program = '#include <cstdio>\nint main() { int a, b; std::scanf("%d %d", &a, &b); std::printf("%d\\n", a + b); }\n'
+    results = [pool.submit(CodeJob("cpp", program, stdin=f"{n} 1", timeout=30)).result() for n in range(3)]
+    assert [(r.status, r.output, r.compile_status) for r in results] == [(Status.OK, f"{n + 1}\n", Status.OK)
+                                                                        for n in range(3)]
+    assert results[-1].compile_cached  # the actors' pools kept it
 
 
 def test_misuse_raises_as_with_execpool(pool):

@@ -460,7 +460,8 @@ class _CodeRun:
 
     def _write(self, directory: str) -> None:
         write_files(directory, self.job.files or {})
-        write_files(directory, {self.language.source: self._program()})
+        write_files(directory, {self.language.source: self._program(),
+                                **{name: text.encode() for name, text in self.language.support}})
 
     def _program(self) -> bytes:
         code, prologue = self.job.code, self.language.prologue

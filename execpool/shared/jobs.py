@@ -196,8 +196,11 @@ class CodeJob(_Job):
         checks.flag("warm", self.warm)
         if self.files is not None:
             object.__setattr__(self, "files", checks.files("files", self.files))
-            if self.spec.source in self.files:
-                raise ValueError(f"files must not hold {self.spec.source!r}: the program is written there")
+            spec = self.spec
+            for name in (spec.source, *(name for name, _ in spec.support)):
+                if name in self.files:
+                    raise ValueError(f"files must not hold {name!r}: execpool writes it for the {self.language} "
+                                     "program")
 
     @property
     def spec(self) -> languages.Language:

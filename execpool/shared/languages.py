@@ -51,6 +51,9 @@ class Language:
     toolchain: str = ""
     #: Files the steps need besides the commands (a test runner's jar).
     needs: Tuple[str, ...] = ()
+    #: Files written beside the program, (name, text): a test runner's
+    #: configuration.
+    support: Tuple[Tuple[str, str], ...] = ()
     #: Where a toolchain is not one command on PATH (a test runner's
     #: libraries, a language no package here provides): why it cannot run.
     unavailable: Optional[str] = None
@@ -87,6 +90,27 @@ class Language:
 
 
 _GCC_VERSION = r"\) (\d+\.\d+\.\d+)"
+
+#: Jest's configuration for a program's tests in TypeScript or JavaScript,
+#: as SandboxFusion's runtime sets it up: Babel with its env (this Node)
+#: and TypeScript presets -- taken from npm's global modules (``npm install
+#: --global jest babel-jest @babel/core @babel/preset-env
+#: @babel/preset-typescript @jest/globals``), where tests find
+#: ``@jest/globals`` too.
+_JEST_CONFIG = """\
+const path = require("path");
+const root = path.join(path.dirname(process.execPath), "..", "lib", "node_modules");
+module.exports = {
+  rootDir: __dirname,
+  modulePaths: [root],
+  transform: {
+    "\\\\.[jt]sx?$": [path.join(root, "babel-jest"), {
+      presets: [[path.join(root, "@babel/preset-env"), { targets: { node: "current" } }],
+                path.join(root, "@babel/preset-typescript")],
+    }],
+  },
+};
+"""
 
 #: The JUnit console launcher, as Debian's junit5 installs it.
 _JUNIT = "/usr/share/java/junit-platform-console-standalone.jar"
@@ -128,8 +152,8 @@ TABLE: Tuple[Language, ...] = (
     Language("typescript", "main.ts", ("node", "main.js"),
              ("tsc", "--noCheck", "--module", "commonjs", "--target", "es2022", "--outDir", ".", "main.ts"),
              ("main.js",), ("tsc", "--version"), r"Version (\S+)", "tsc"),
-    Language("jest", "main.test.ts", ("jest",), unavailable="needs a Jest project with a TypeScript transform "
-             "(npm's jest and ts-jest), which execpool does not set up yet"),
+    Language("jest", "main.test.ts", ("jest", "--ci", "--config", "jest.config.js"), version=("jest", "--version"),
+             version_pattern=r"^(\d\S*)", toolchain="jest", support=(("jest.config.js", _JEST_CONFIG),)),
     Language("php", "main.php", ("php", "-f", "main.php"), version=("php", "--version"),
              version_pattern=r"PHP (\S+)", toolchain="php", prologue="<?php\n"),
     Language("csharp", "Program.cs", ("dotnet",), unavailable="needs the .NET SDK (dotnet), which Debian 12 "
