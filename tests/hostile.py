@@ -654,6 +654,10 @@ SANDBOX_ATTACKS = [
             "import os\nparent = os.getppid()\ntry:\n"
             "    os.setpriority(os.PRIO_PROCESS, parent, os.getpriority(os.PRIO_PROCESS, parent))\n"
             "    print('ESCAPED')\nexcept OSError as exc:\n    " + _refused("exc")),
+    _attack("idle_class_worker", "python",
+            "import os\nparent = os.getppid()\ntry:\n"
+            "    os.sched_setscheduler(parent, os.SCHED_IDLE, os.sched_param(0))\n"
+            "    print('ESCAPED')\nexcept OSError as exc:\n    " + _refused("exc")),
     _attack("affinity_worker", "python",
             "import os\nparent = os.getppid()\ntry:\n"
             "    os.sched_setaffinity(parent, os.sched_getaffinity(parent))\n"

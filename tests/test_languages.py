@@ -179,6 +179,18 @@ puts "héllo #{w} ✓"
 (let loop () (when (equal? w "hang") (loop)))
 (printf "héllo ~a ✓\n" w)
 ''',
+    "csharp": r'''using System;
+class Program {
+    static int Main() {
+        string w = Console.ReadLine().Trim();
+        if (w == "exit") return 3;
+        if (w == "crash") throw new InvalidOperationException("boom");
+        while (w == "hang") {}
+        Console.WriteLine($"héllo {w} ✓");
+        return 0;
+    }
+}
+''',
     "kotlin_script": r'''val w = readLine()!!.trim()
 if (w == "exit") kotlin.system.exitProcess(3)
 if (w == "crash") throw RuntimeException("boom")
@@ -191,7 +203,7 @@ PROGRAMS["javascript"] = PROGRAMS["nodejs"]
 #: How each language's runtime error ends the program.
 CRASH_EXIT = {"c": -11, "cpp": -6, "java": 1, "rust": 101, "nodejs": 1, "javascript": 1, "perl": 255, "bash": 1,
               "python": 1, "go": 2, "typescript": 1, "php": 255, "lua": 1, "R": 1, "ruby": 1, "scala": 1,
-              "racket": 1, "kotlin_script": 3}
+              "racket": 1, "kotlin_script": 3, "csharp": 1}
 
 #: A compile error, for each language that compiles.
 BROKEN = {"c": "int main(void) { return }\n", "cpp": "int main() { undeclared(); }\n",
@@ -199,7 +211,7 @@ BROKEN = {"c": "int main(void) { return }\n", "cpp": "int main() { undeclared();
           "go": "package main\nfunc main() { undefined() }\n", "typescript": "const x = ;\n",
           "D_ut": "void main() { undefined(); }\n", "scala": "object Main { def main(a: Array[String]) = nope }\n",
           "verilog": "module tb; initial begin $display(; end endmodule\n",
-          "junit": "public class MyTest { void f( }\n"}
+          "junit": "public class MyTest { void f( }\n", "csharp": "class P { static void Main() { x = ; } }\n"}
 
 #: Languages whose every start costs seconds here (a JVM that compiles a
 #: script, a big runtime): only the slow tier runs all their cases.
@@ -247,7 +259,7 @@ def test_the_languages_of_the_machines_this_suite_runs_on_are_there():
     rather than skipping its tests."""
     assert {"c", "cpp", "java", "rust", "nodejs", "javascript", "perl", "bash", "python", "sql", "pytest", "go",
             "go_test", "typescript", "php", "lua", "R", "D_ut", "ruby", "scala", "verilog", "racket", "junit",
-            "kotlin_script", "jest"} <= RUNS_HERE
+            "kotlin_script", "jest", "csharp"} <= RUNS_HERE
 
 
 def test_each_language_says_its_toolchain_or_why_not():

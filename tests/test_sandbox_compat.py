@@ -472,6 +472,18 @@ PYTHON_CASES = [
         print(os.cpu_count() >= 1, len(os.sched_getaffinity(0)) >= 1)
         print(len(open("/proc/loadavg").read().split()) == 5)
     """),
+    # A runtime sets the ordinary class on each thread it starts, by the
+    # thread's own id (Mono does, and printed a warning on stdout when
+    # the sandbox refused it).
+    py("py_thread_sets_its_own_scheduling", """
+        import os, threading
+        def own():
+            os.sched_setscheduler(threading.get_native_id(), os.SCHED_OTHER, os.sched_param(0))
+            print("set", os.sched_getscheduler(0) == os.SCHED_OTHER)
+        thread = threading.Thread(target=own)
+        thread.start()
+        thread.join()
+    """),
     py("py_dev_urandom_null", """
         import os, secrets
         with open("/dev/urandom", "rb") as f:

@@ -156,8 +156,10 @@ TABLE: Tuple[Language, ...] = (
              version_pattern=r"^(\d\S*)", toolchain="jest", support=(("jest.config.js", _JEST_CONFIG),)),
     Language("php", "main.php", ("php", "-f", "main.php"), version=("php", "--version"),
              version_pattern=r"PHP (\S+)", toolchain="php", prologue="<?php\n"),
-    Language("csharp", "Program.cs", ("dotnet",), unavailable="needs the .NET SDK (dotnet), which Debian 12 "
-             "does not package"),
+    # Mono's compiler, as Debian 12 has no .NET SDK: C# up to version 7, a
+    # program with a Main (no top-level statements).
+    Language("csharp", "Program.cs", ("mono", "test.exe"), ("mcs", "-out:test.exe", "Program.cs"), ("test.exe",),
+             ("mcs", "--version"), r"version (\S+)", "Mono mcs"),
     Language("sql", "main.sql", ("sqlite3", "-bail", "db.sqlite3", ".read main.sql"),
              version=("sqlite3", "--version"), version_pattern=r"^(\S+)", toolchain="sqlite3"),
     Language("lua", "main.lua", ("lua", "main.lua"), version=("lua", "-v"), version_pattern=r"Lua (\S+)",

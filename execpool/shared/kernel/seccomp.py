@@ -18,7 +18,11 @@ What it refuses, and why (each an attack in tests/hostile.py):
 - Setting another process's limits, priority, scheduling or I/O priority
   (``prlimit64``, ``setpriority``, ``sched_set*``, ``ioprio_set``) unless
   the call names the tool itself (pid 0), or, for ``prlimit64``, only
-  reads: these check the uid, not ptrace, so Landlock's scoping does not
+  reads, or, for ``sched_setscheduler``, asks for the ordinary policy
+  (SCHED_OTHER): what a runtime sets on a thread of its own by its thread
+  id (Mono's threads do, and said so on stdout when refused), and to any
+  other process no more than it has unless it chose a lower class itself.
+  These check the uid, not ptrace, so Landlock's scoping does not
   reach them, and a lowered CPU limit is a SIGKILL to the worker, the
   caller or another job; a lowered open-files limit on a warm spare broke
   every later warm job.
@@ -65,7 +69,7 @@ _RULES: Dict[str, Rule] = {
     "prlimit64": ("self_or_zero", 0, 2),
     "setpriority": ("which_self", 0, (0, 1), 1),  # PRIO_PROCESS, PRIO_PGRP; who 0
     "ioprio_set": ("which_self", 0, (1, 2), 1),  # IOPRIO_WHO_PROCESS, IOPRIO_WHO_PGRP; who 0
-    "sched_setaffinity": ("self", 0), "sched_setscheduler": ("self", 0), "sched_setparam": ("self", 0),
+    "sched_setaffinity": ("self", 0), "sched_setscheduler": ("self_or_zero", 0, 1), "sched_setparam": ("self", 0),
     "sched_setattr": ("self", 0),
     "chmod": ("no_setid", 1), "fchmod": ("no_setid", 1), "fchmodat": ("no_setid", 2), "fchmodat2": ("no_setid", 2),
     "open": ("no_setid", 2), "openat": ("no_setid", 3), "creat": ("no_setid", 1),
