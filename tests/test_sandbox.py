@@ -249,6 +249,27 @@ def test_what_a_job_leaves_in_its_tmp_home_and_shm_is_gone_for_the_next(warm):
     assert not any(os.path.exists(os.path.join(d, name)) for d in ("/tmp", "/var/tmp", "/dev/shm", "/root"))
 
 
+def test_the_ordinary_class_given_to_another_process_is_pretended_not_done(pool):
+    """Run as root. A process outside the job in the batch class: the job's
+    ``sched_setscheduler(pid, SCHED_OTHER)`` succeeds and changes nothing
+    (a thread's own id is what runtimes pass, and it cannot be told from
+    another's); without the sandbox the same call does change it -- the
+    control."""
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        os.sched_setscheduler(victim.pid, os.SCHED_BATCH, os.sched_param(0))
+        code = (f"import os\nos.sched_setscheduler({victim.pid}, os.SCHED_OTHER, os.sched_param(0))\n"
+                f"print('set')\n")
+        sandboxed = pool.run(PythonJob(code, timeout=30, sandbox="strict"))
+        assert (sandboxed.status, sandboxed.output) == (Status.OK, "set\n"), sandboxed.text
+        assert os.sched_getscheduler(victim.pid) == os.SCHED_BATCH
+        control = pool.run(PythonJob(code, timeout=30, sandbox=False))
+        assert control.ok and os.sched_getscheduler(victim.pid) == os.SCHED_OTHER
+    finally:
+        victim.kill()
+        victim.wait()
+
+
 def test_a_sandboxed_tool_holds_no_descriptor_but_stdio(pool):
     listed = pool.run(ShellJob("ls /proc/self/fd", sandbox="strict")).output.split()
     assert sorted(map(int, listed))[:3] == [0, 1, 2] and len(listed) == 4, listed  # ls's own directory

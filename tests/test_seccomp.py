@@ -51,6 +51,10 @@ def _declared(rule: tuple, args: tuple) -> int:
         allowed = all(low[i] == 0 for i in rule[1:])
     elif kind == "self_or_zero":
         allowed = low[rule[1]] == 0 or args[rule[2]] == 0
+    elif kind == "self_or_pretend":
+        if low[rule[1]] != 0 and args[rule[2]] == 0:
+            return _ERRNO | 0  # success, nothing done
+        allowed = low[rule[1]] == 0
     elif kind == "which_self":
         allowed = low[rule[3]] == 0 and low[rule[1]] in rule[2]
     else:  # no_setid

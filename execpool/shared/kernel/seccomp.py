@@ -18,14 +18,16 @@ What it refuses, and why (each an attack in tests/hostile.py):
 - Setting another process's limits, priority, scheduling or I/O priority
   (``prlimit64``, ``setpriority``, ``sched_set*``, ``ioprio_set``) unless
   the call names the tool itself (pid 0), or, for ``prlimit64``, only
-  reads, or, for ``sched_setscheduler``, asks for the ordinary policy
-  (SCHED_OTHER): what a runtime sets on a thread of its own by its thread
-  id (Mono's threads do, and said so on stdout when refused), and to any
-  other process no more than it has unless it chose a lower class itself.
-  These check the uid, not ptrace, so Landlock's scoping does not
+  reads. These check the uid, not ptrace, so Landlock's scoping does not
   reach them, and a lowered CPU limit is a SIGKILL to the worker, the
   caller or another job; a lowered open-files limit on a warm spare broke
-  every later warm job.
+  every later warm job. One exception is pretended: ``sched_setscheduler``
+  to the ordinary policy (SCHED_OTHER) of another thread id returns
+  success and does nothing -- a runtime sets it on each thread it starts,
+  by the thread's own id, which the filter cannot tell from another
+  process's (Mono did, and printed a warning on stdout when refused); a
+  tool's threads have that policy already, while a real change could take
+  a real-time class from a process outside the job.
 - Making a setuid or setgid file (``chmod``, ``fchmod``, ``fchmodat``,
   ``fchmodat2``, ``open``/``openat``/``creat``/``mknod``/``mknodat``
   with those mode bits; ``openat2``, whose mode hides in a struct, fails
@@ -53,6 +55,8 @@ _X32_BIT = 0x40000000
 #: argument listed is 0 (a pid of 0: the caller itself);
 #: ``("self_or_zero", arg, other)``: allowed when ``arg`` is 0 or ``other``
 #: is (prlimit64 with no new limit only reads);
+#: ``("self_or_pretend", arg, other)``: allowed when ``arg`` is 0; when
+#: ``other`` is, success is returned and nothing done; else refused;
 #: ``("which_self", which_arg, allowed_whiches, who_arg)``: allowed only for
 #: the caller's own process or process group, never a user's processes;
 #: ``("no_setid", mode_arg)``: refused when the mode sets setuid or setgid.
@@ -69,7 +73,7 @@ _RULES: Dict[str, Rule] = {
     "prlimit64": ("self_or_zero", 0, 2),
     "setpriority": ("which_self", 0, (0, 1), 1),  # PRIO_PROCESS, PRIO_PGRP; who 0
     "ioprio_set": ("which_self", 0, (1, 2), 1),  # IOPRIO_WHO_PROCESS, IOPRIO_WHO_PGRP; who 0
-    "sched_setaffinity": ("self", 0), "sched_setscheduler": ("self_or_zero", 0, 1), "sched_setparam": ("self", 0),
+    "sched_setaffinity": ("self", 0), "sched_setscheduler": ("self_or_pretend", 0, 1), "sched_setparam": ("self", 0),
     "sched_setattr": ("self", 0),
     "chmod": ("no_setid", 1), "fchmod": ("no_setid", 1), "fchmodat": ("no_setid", 2), "fchmodat2": ("no_setid", 2),
     "open": ("no_setid", 2), "openat": ("no_setid", 3), "creat": ("no_setid", 1),
@@ -101,6 +105,8 @@ _LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _ALLOW = 0x7FFF0000
 #: The shared returns every rule's checks end at.
 _REFUSE, _NO_SUCH_CALL = f"errno.{_EPERM}", f"errno.{_ENOSYS}"
+#: Success, the call not made: errno 0.
+_PRETEND = "errno.0"
 _NR, _ARCH = 0, 4
 
 
@@ -170,6 +176,14 @@ def _body(program: _Program, rule: Rule) -> None:
         program.op(_JEQ, 0, None, _REFUSE)
         program.op(_LD_ABS, _arg_low(other) + 4)
         program.op(_JEQ, 0, "allow", _REFUSE)
+    elif kind == "self_or_pretend":
+        pid, other = _number(rule[1]), _number(rule[2])
+        program.op(_LD_ABS, _arg_low(pid))
+        program.op(_JEQ, 0, "allow", None)
+        program.op(_LD_ABS, _arg_low(other))
+        program.op(_JEQ, 0, None, _REFUSE)
+        program.op(_LD_ABS, _arg_low(other) + 4)
+        program.op(_JEQ, 0, _PRETEND, _REFUSE)
     elif kind == "which_self":
         which, who = _number(rule[1]), _number(rule[3])
         allowed = [_number(value) for value in _numbers(rule[2])]
@@ -216,7 +230,7 @@ def build(machine: str) -> bytes:
     program.op(_JEQ, arch, None, _NO_SUCH_CALL)
     program.op(_LD_ABS, _NR)
     program.op(_JGE, _X32_BIT, _NO_SUCH_CALL, None)
-    entries, bodies, errnos = [], [], {_EPERM, _ENOSYS}
+    entries, bodies, errnos = [], [], {_EPERM, _ENOSYS, 0}
     for name, number in sorted(numbers.items(), key=lambda item: item[1]):
         rule = _RULES[name]
         if rule[0] == "refuse":
