@@ -168,22 +168,16 @@ def _body(program: _Program, rule: Rule) -> None:
         for n, arg in enumerate(args):
             program.op(_LD_ABS, _arg_low(arg))
             program.op(_JEQ, 0, "allow" if n == len(args) - 1 else None, _REFUSE)
-    elif kind == "self_or_zero":
+    elif kind in ("self_or_zero", "self_or_pretend"):
+        # The pid's low half is 0: allowed. Else the other argument, all 64
+        # bits, is 0: allowed, or success pretended; else refused.
         pid, other = _number(rule[1]), _number(rule[2])
         program.op(_LD_ABS, _arg_low(pid))
         program.op(_JEQ, 0, "allow", None)
         program.op(_LD_ABS, _arg_low(other))
         program.op(_JEQ, 0, None, _REFUSE)
         program.op(_LD_ABS, _arg_low(other) + 4)
-        program.op(_JEQ, 0, "allow", _REFUSE)
-    elif kind == "self_or_pretend":
-        pid, other = _number(rule[1]), _number(rule[2])
-        program.op(_LD_ABS, _arg_low(pid))
-        program.op(_JEQ, 0, "allow", None)
-        program.op(_LD_ABS, _arg_low(other))
-        program.op(_JEQ, 0, None, _REFUSE)
-        program.op(_LD_ABS, _arg_low(other) + 4)
-        program.op(_JEQ, 0, _PRETEND, _REFUSE)
+        program.op(_JEQ, 0, "allow" if kind == "self_or_zero" else _PRETEND, _REFUSE)
     elif kind == "which_self":
         which, who = _number(rule[1]), _number(rule[3])
         allowed = [_number(value) for value in _numbers(rule[2])]
