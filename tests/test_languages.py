@@ -38,7 +38,7 @@ int main(void) {
     if (scanf("%63s", w) != 1) return 2;
     if (!strcmp(w, "exit")) return 3;
     if (!strcmp(w, "crash")) { volatile int *p = 0; *p = 1; }
-    if (!strcmp(w, "hang")) for (;;) {}
+    if (!strcmp(w, "hang")) return system(HANG);
     printf("héllo %s ✓\n", w);
     return 0;
 }
@@ -51,17 +51,17 @@ int main() {
     std::cin >> w;
     if (w == "exit") return 3;
     if (w == "crash") throw std::runtime_error("boom");
-    if (w == "hang") for (;;) {}
+    if (w == "hang") return std::system(HANG);
     std::cout << "héllo " << w << " ✓" << std::endl;
 }
 ''',
     "java": r'''import java.util.Scanner;
 public class Main {
-    public static void main(String[] args) {
+    public static void main(String[] args) throws Exception {
         String w = new Scanner(System.in).next();
         if (w.equals("exit")) System.exit(3);
         if (w.equals("crash")) throw new IllegalStateException("boom");
-        if (w.equals("hang")) while (true) {}
+        if (w.equals("hang")) new ProcessBuilder("sh", "-c", HANG).inheritIO().start().waitFor();
         System.out.println("héllo " + w + " ✓");
     }
 }
@@ -74,7 +74,7 @@ fn main() {
     match w {
         "exit" => std::process::exit(3),
         "crash" => panic!("boom"),
-        "hang" => loop {},
+        "hang" => { std::process::Command::new("sh").args(["-c", HANG]).status().unwrap(); }
         _ => println!("héllo {} ✓", w),
     }
 }
@@ -82,20 +82,20 @@ fn main() {
     "nodejs": r'''const w = require("fs").readFileSync(0, "utf8").trim().split(/\s+/)[0];
 if (w === "exit") process.exit(3);
 if (w === "crash") throw new Error("boom");
-if (w === "hang") for (;;) {}
+if (w === "hang") require("child_process").spawnSync("sh", ["-c", HANG], { stdio: "inherit" });
 console.log(`héllo ${w} ✓`);
 ''',
     "perl": r'''my $w = <STDIN>; chomp $w;
 exit 3 if $w eq "exit";
 die "boom\n" if $w eq "crash";
-1 while $w eq "hang";
+system(HANG) if $w eq "hang";
 print "héllo $w ✓\n";
 ''',
     "bash": r'''read -r w
 case "$w" in
   exit) exit 3 ;;
   crash) : "${undefined_variable:?boom}" ;;
-  hang) while :; do :; done ;;
+  hang) sh -c HANG ;;
 esac
 echo "héllo $w ✓"
 ''',
@@ -103,7 +103,7 @@ echo "héllo $w ✓"
 w = sys.stdin.read().split()[0]
 if w == "exit": sys.exit(3)
 if w == "crash": raise RuntimeError("boom")
-while w == "hang": pass
+if w == "hang": import subprocess; subprocess.run(HANG, shell=True)
 print(f"héllo {w} ✓")
 ''',
 }
@@ -114,6 +114,7 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"os/exec"
 )
 
 func main() {
@@ -125,8 +126,9 @@ func main() {
 	case "crash":
 		panic("boom")
 	case "hang":
-		for {
-		}
+		command := exec.Command("sh", "-c", HANG)
+		command.Stdout = os.Stdout
+		command.Run()
 	}
 	fmt.Printf("héllo %s ✓\n", w)
 }
@@ -135,31 +137,31 @@ func main() {
 const w: string = require("fs").readFileSync(0, "utf8").trim().split(/\s+/)[0];
 if (w === "exit") process.exit(3);
 if (w === "crash") throw new Error("boom");
-if (w === "hang") for (;;) {}
+if (w === "hang") require("child_process").spawnSync("sh", ["-c", HANG], { stdio: "inherit" });
 console.log(`héllo ${w} ✓`);
 ''',
     "php": r'''$w = trim(fgets(STDIN));
 if ($w === "exit") exit(3);
 if ($w === "crash") throw new Exception("boom");
-while ($w === "hang") {}
+if ($w === "hang") system(HANG);
 echo "héllo $w ✓\n";
 ''',
     "lua": r'''local w = io.read("l")
 if w == "exit" then os.exit(3) end
 if w == "crash" then error("boom") end
-while w == "hang" do end
+if w == "hang" then os.execute(HANG) end
 print("héllo " .. w .. " ✓")
 ''',
     "R": r'''w <- readLines(file("stdin"), n = 1)
 if (w == "exit") quit(status = 3)
 if (w == "crash") stop("boom")
-while (w == "hang") {}
+if (w == "hang") system(HANG)
 cat("héllo", w, "✓\n")
 ''',
     "ruby": r'''w = STDIN.read.split.first
 exit 3 if w == "exit"
 raise "boom" if w == "crash"
-loop {} if w == "hang"
+system(HANG) if w == "hang"
 puts "héllo #{w} ✓"
 ''',
     "scala": r'''object Greeter {
@@ -167,7 +169,7 @@ puts "héllo #{w} ✓"
     val w = scala.io.StdIn.readLine().trim
     if (w == "exit") sys.exit(3)
     if (w == "crash") throw new RuntimeException("boom")
-    while (w == "hang") {}
+    if (w == "hang") new java.lang.ProcessBuilder("sh", "-c", HANG).inheritIO().start().waitFor()
     println(s"héllo $w ✓")
   }
 }
@@ -176,7 +178,7 @@ puts "héllo #{w} ✓"
 (define w (string-trim (read-line)))
 (when (equal? w "exit") (exit 3))
 (when (equal? w "crash") (error "boom"))
-(let loop () (when (equal? w "hang") (loop)))
+(when (equal? w "hang") (system HANG))
 (printf "héllo ~a ✓\n" w)
 ''',
     "csharp": r'''using System;
@@ -185,7 +187,7 @@ class Program {
         string w = Console.ReadLine().Trim();
         if (w == "exit") return 3;
         if (w == "crash") throw new InvalidOperationException("boom");
-        while (w == "hang") {}
+        if (w == "hang") { System.Diagnostics.Process.Start(new System.Diagnostics.ProcessStartInfo("sh", "-c \"" + HANG + "\"") { UseShellExecute = false }).WaitForExit(); }
         Console.WriteLine($"héllo {w} ✓");
         return 0;
     }
@@ -194,11 +196,20 @@ class Program {
     "kotlin_script": r'''val w = readLine()!!.trim()
 if (w == "exit") kotlin.system.exitProcess(3)
 if (w == "crash") throw RuntimeException("boom")
-while (w == "hang") {}
+if (w == "hang") ProcessBuilder("sh", "-c", HANG).inheritIO().start().waitFor()
 println("héllo $w ✓")
 ''',
 })
 PROGRAMS["javascript"] = PROGRAMS["nodejs"]
+
+#: What the "hang" case runs: a shell that ignores SIGTERM, says its pid
+#: and never ends -- the program's process tree outlives a polite kill.
+HANG = "trap '' TERM; echo $$; while :; do sleep 1; done"
+#: Where a language interpolates "$" in double quotes, its literal is single-quoted.
+_SINGLE_QUOTED = {"perl", "php", "bash"}
+PROGRAMS = {language: program.replace("HANG", "'" + HANG.replace("''", '""') + "'" if language in _SINGLE_QUOTED
+                                      else '"' + HANG + '"')
+            for language, program in PROGRAMS.items()}
 
 #: How each language's runtime error ends the program.
 CRASH_EXIT = {"c": -11, "cpp": -6, "java": 1, "rust": 101, "nodejs": 1, "javascript": 1, "perl": 255, "bash": 1,
@@ -319,11 +330,19 @@ def test_a_runtime_error(pool, language):
         assert "boom" in result.stderr + result.output
 
 
-@pytest.mark.parametrize("language", LANGUAGES)
-def test_a_program_that_never_ends_times_out(pool, language):
-    result = pool.run(CodeJob(language, PROGRAMS[language], stdin="hang\n", timeout=0.5))
+#: Seconds before the "hang" case is killed: enough for the slowest
+#: runtime here to start its program and the program its shell.
+HANG_TIMEOUT_S = {"kotlin_script": 20.0, "scala": 8.0, "racket": 6.0, "java": 6.0, "junit": 6.0, "csharp": 6.0}
+
+
+@pytest.mark.parametrize("language", _cases(PROGRAMS, heavy=set(HANG_TIMEOUT_S)))
+def test_a_tree_that_ignores_sigterm_dies_at_the_timeout(pool, language):
+    result = pool.run(CodeJob(language, PROGRAMS[language], stdin="hang\n",
+                              timeout=HANG_TIMEOUT_S.get(language, 1.5), separate_stderr=True))
     assert result.status is Status.TIMEOUT and result.timed_out, result.text
     assert result.compile_status in (None, Status.OK)
+    shell = int(result.output.split()[0])  # the shell said its pid: it had started
+    assert wait_for(lambda: not os.path.exists(f"/proc/{shell}"), 5)
 
 
 def test_a_timed_out_tree_that_ignores_sigterm_dies_whole(pool):
