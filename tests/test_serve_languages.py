@@ -13,7 +13,7 @@ import re
 import time
 
 import pytest
-from test_languages import PROGRAMS
+from test_languages import CRASH_EXIT, PROGRAMS, SLOW, TEST_RUNNERS
 from test_serve import Server, b64
 
 from execpool import languages
@@ -132,6 +132,61 @@ def test_a_program_against_its_tests_compiles_once(server):
     assert metric(server, 'execpool_compile_cache_total{result="miss"}') - misses == 1
     assert metric(server, 'execpool_compile_cache_total{result="hit"}') - hits == 6
     assert metric(server, "execpool_compile_seconds_count") >= 1
+
+
+#: The names SandboxFusion's client package takes (its RunCodeRequest's
+#: Literal): "c" and "javascript" are execpool's own.
+CLIENT_NAMES = set(PROGRAMS) - {"c", "javascript"}
+
+
+def _each(names):
+    return [pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name for name in sorted(names)
+            if name in RUNS_HERE]
+
+
+@pytest.mark.parametrize("language", _each(CLIENT_NAMES))
+def test_every_language_through_the_sandbox_fusion_client(server, language):
+    from sandbox_fusion import RunCodeRequest, RunStatus
+    from sandbox_fusion import run_code as sf_run_code
+
+    def call(stdin):
+        return sf_run_code(RunCodeRequest(code=PROGRAMS[language], language=language, stdin=stdin, run_timeout=30),
+                           endpoint=server.url, max_attempts=1, client_timeout=120)
+
+    hello = call("wörld")
+    assert hello.status == RunStatus.Success and hello.run_result.stdout == "héllo wörld ✓\n", hello
+    crashed = call("crash")
+    assert crashed.status == RunStatus.Failed and crashed.run_result.return_code == CRASH_EXIT[language], crashed
+    assert "boom" in crashed.run_result.stderr + crashed.run_result.stdout
+
+
+@pytest.mark.parametrize("language", _each(set(PROGRAMS) | set(TEST_RUNNERS)))
+def test_every_language_against_its_tests_in_one_batch(server, language):
+    if language in TEST_RUNNERS:  # a test runner's tests are in its program: stdin is not read
+        code = TEST_RUNNERS[language][0].replace("WANT", "2")
+        tests = [{"stdin": "", "expected": "unused"}]
+    else:
+        code = PROGRAMS[language]
+        tests = [{"stdin": "wörld", "expected": "héllo wörld ✓"}, {"stdin": "exit", "expected": ""}]
+    answer = server.client.post("/v1/batch", json={"code": code, "language": language, "tests": tests,
+                                                   "timeout": 60}, timeout=180)
+    records = sorted((json.loads(line) for line in answer.text.splitlines()), key=lambda r: r["id"])
+    if language in TEST_RUNNERS:
+        assert records[0]["status"] == "ok", records
+        return
+    assert [(r["passed"], r["status"], r["exit_code"]) for r in records] == [(True, "ok", 0), (False, "error", 3)]
+
+
+def test_v1_stream_runs_a_language_live(server):
+    events = []
+    with server.client.stream("POST", "/v1/stream", json={"language": "cpp", "code": PROGRAMS["cpp"],
+                                                          "stdin": "live"}) as answer:
+        for line in answer.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    outputs = "".join(e["text"] for e in events if e.get("type") == "tool_output")
+    record = events[-1]
+    assert outputs == "héllo live ✓\n" and record["status"] == "ok" and record["compile_status"] == "ok"
 
 
 def test_the_sandbox_fusion_client_runs_compiled_languages(server):

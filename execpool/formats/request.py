@@ -179,9 +179,11 @@ def _language(label: str, value: str, _defaults: Defaults) -> str:
 
 
 #: Language names a request may give -- the languages table's, and "shell"
-#: -- and the kind of job each is: python and bash (and its alias shell)
-#: the pool's PythonJob and ShellJob, the others a CodeJob in the language.
-LANGUAGES = {**{language.name: language.name for language in languages.TABLE}, "bash": "shell", "shell": "shell"}
+#: -- and the kind of job each is: python the pool's PythonJob, shell its
+#: ShellJob (``bash -c``), the others -- bash included, which SandboxFusion
+#: runs as ``bash FILE``: its ``$0``, line numbers and exit codes -- a
+#: CodeJob in the language.
+LANGUAGES = {**{language.name: language.name for language in languages.TABLE}, "shell": "shell"}
 
 Rule = Callable[[str, Any, Defaults], Any]
 
