@@ -418,6 +418,18 @@ def test_batch_lines_in_a_language_compile_once(tmp_path):
     assert "not in the languages table" in records[2]["error"]
 
 
+@pytest.mark.slow
+def test_programs_naming_their_entry_differently_ask_the_toolchain_once(pool):
+    """The entry name comes from the program: a flood of names must not
+    make a version probe (a JVM start) each."""
+    pool.run(CodeJob("junit", TEST_RUNNERS["junit"][0].replace("WANT", "2"), timeout=60))
+    probed = len(table._probed)
+    for n in range(3):
+        code = TEST_RUNNERS["junit"][0].replace("WANT", "2").replace("SumTest", f"Sum{n}Test")
+        assert pool.run(CodeJob("junit", code, timeout=60)).ok
+    assert len(table._probed) == probed
+
+
 def test_files_lie_beside_the_program(pool):
     code = '#include <stdio.h>\n#include "lib.h"\nint main(void){ FILE *f = fopen("data.txt", "r"); ' \
            'char s[32]; fgets(s, 32, f); printf("%d %s", TWICE(21), s); return 0; }\n'

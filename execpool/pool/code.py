@@ -281,7 +281,10 @@ class _CodeRun:
     def __init__(self, jobs: CodeJobs, job: CodeJob, future: JobFuture, on_event: Optional[OnEvent]) -> None:
         self.jobs = jobs
         self.job = job
-        self.language = jobs.language(job.language).for_program(job.code)
+        # The row as this pool runs it; its toolchain is asked of the row
+        # itself, never of a program's variant (one probe per language).
+        self.row = jobs.language(job.language)
+        self.language = self.row.for_program(job.code)
         self.future = future
         self.on_event = on_event
         self._lock = threading.Lock()
@@ -304,7 +307,7 @@ class _CodeRun:
     def begin(self, retries: int = _RETRIES) -> None:
         if self.future.done():
             return
-        toolchain = self.jobs.toolchain(self.language)
+        toolchain = self.jobs.toolchain(self.row)
         if not toolchain.runs:
             self.finish(Result(status=Status.INFRA,
                                error=f"language {self.language.name!r} does not run here: {toolchain.why_not}"))
