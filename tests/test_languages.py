@@ -558,6 +558,63 @@ def test_an_artifact_changed_in_the_cache_is_compiled_again(pool):
     assert pool.compile_cache.misses - before.misses == 1
 
 
+def test_a_run_in_the_caller_s_directory_recompiles_a_changed_artifact_there(pool, tmp_path):
+    """The retry after a failed check writes the caller's directory again:
+    what the first attempt wrote there is taken away first."""
+    code = _fresh(f"again {time.time_ns()}")
+    assert pool.run(CodeJob("cpp", code, timeout=30)).ok
+    for path in _cache_files(pool):
+        os.chmod(path, 0o755)
+        with open(path, "r+b") as f:
+            f.seek(200)
+            f.write(b"\xcc" * 16)
+    result = pool.run(CodeJob("cpp", code, timeout=30, cwd=tmp_path, files={"in.txt": b"x"}))
+    assert result.ok and result.output.startswith("again"), result.text
+
+
+def test_a_compile_that_leaves_too_much_fails_saying_so(pool, monkeypatch):
+    from execpool.pool import code as code_module
+
+    monkeypatch.setattr(code_module, "ARTIFACT_MAX_BYTES", 1000)
+    result = pool.run(CodeJob("c", f"int main(void) {{ return {time.time_ns() % 100}; }}\n", timeout=30))
+    assert result.status is Status.ERROR and result.compile_failed and result.exit_code is None
+    assert "execpool keeps at most 1000 files and 1000 bytes" in result.error, result.text
+    assert result.text.startswith("Compilation failed. Execution error: the compile left 1 files of ")
+    monkeypatch.setattr(code_module, "ARTIFACT_MAX_BYTES", 256 << 20)
+    monkeypatch.setattr(code_module, "ARTIFACT_MAX_FILES", 0)
+    many = pool.run(CodeJob("c", f"int main(void) {{ return {time.time_ns() % 100 + 1}; }}\n", timeout=30))
+    assert many.compile_failed and "execpool keeps at most 0 files" in many.error
+
+
+def test_removing_a_big_directory_holds_up_no_other_code_job(pool):
+    """Two programs leave 20 000 directories each; a cached C program sent
+    as they end gets its Result before their directories are gone."""
+    c_program = _fresh(f"quick {time.time_ns()}")
+    assert pool.run(CodeJob("cpp", c_program, timeout=30)).ok
+    flood = 'for my $i (1..20000) { mkdir "d$i" or last; } print "made\n";'
+    floods = [pool.submit(CodeJob("perl", flood, timeout=60)) for _ in range(2)]
+    assert all(f.result(timeout=60).output == "made\n" for f in floods)
+    quick = pool.submit(CodeJob("cpp", c_program, timeout=30))
+    runs = pool._code._root
+    def flood_dirs_left() -> bool:
+        return any(os.path.exists(os.path.join(runs, d, "d1")) for d in os.listdir(runs))
+    assert flood_dirs_left()  # their removal has begun, not ended
+    assert quick.result(timeout=30).ok
+    assert flood_dirs_left(), "the quick job waited for the removals"
+    assert wait_for(lambda: not flood_dirs_left(), 60)
+
+
+def test_a_compile_its_owner_and_then_its_last_waiter_left_is_cancelled(pool):
+    code = _slow_to_compile(1000)
+    owner = pool.submit(CodeJob("cpp", code, timeout=30))
+    waiter = pool.submit(CodeJob("cpp", code, timeout=30))
+    assert wait_for(lambda: pool._code.cache.waiters() == 1 and pool.running_jobs == 1, 10)
+    assert owner.cancel() and owner.result(timeout=5).status is Status.CANCELLED
+    assert pool.running_jobs == 1  # the compile goes on for the waiter
+    assert waiter.cancel() and waiter.result(timeout=5).status is Status.CANCELLED
+    assert wait_for(lambda: pool.running_jobs == 0, 2.5)  # not the compile's whole 3 s
+
+
 def _cache_files(pool) -> list:
     root = pool._code.cache.root
     return [os.path.join(d, f) for d, _, files in os.walk(root) for f in files]
@@ -580,7 +637,7 @@ def test_the_cache_stays_within_its_bytes():
         result = p.run(CodeJob("c", "int main(void){return 0;}", timeout=30))
         again = p.run(CodeJob("c", "int main(void){return 0;}", timeout=30))
         assert result.ok and again.ok and not again.compile_cached
-        assert _cache_files(p) == []
+        assert wait_for(lambda: _cache_files(p) == [], 5)
 
 
 # -- cancelling ----------------------------------------------------------------------------------------------

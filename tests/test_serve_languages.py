@@ -68,6 +68,12 @@ def test_a_compile_timeout_is_time_limit_exceeded(server):
     assert answer["compile_result"]["return_code"] is None
 
 
+def test_a_compile_timeout_over_the_server_s_limit_is_refused(server):
+    answer = run_code(server, code="int main(){}", language="cpp", compile_timeout=10 ** 6)
+    assert answer["status"] == "SandboxError" and "compile_timeout" in answer["message"]
+    assert "over this server's limit" in answer["message"]
+
+
 def test_a_run_timeout_of_a_compiled_program(server):
     answer = run_code(server, code=PROGRAMS["c"], language="c", stdin="hang", run_timeout=0.5)
     assert answer["status"] == "Failed"

@@ -167,7 +167,11 @@ def _memory_limit(label: str, value: int, defaults: Defaults) -> Optional[Limits
     return dataclasses.replace(limits, address_space=max(cap, MIN_ADDRESS_SPACE))
 
 
-def _seconds(label: str, value: float, _defaults: Defaults) -> float:
+def _compile_seconds(label: str, value: float, defaults: Defaults) -> float:
+    """A compile's timeout: bounded as a run's is (a compile nobody waits
+    for any more still runs until it ends)."""
+    if defaults.max_timeout is not None and value > defaults.max_timeout:
+        raise BadField(f"{label} is over this server's limit of {defaults.max_timeout:g} s")
     return checks.seconds(label, value)
 
 
@@ -221,7 +225,7 @@ FIELDS: Dict[str, Field] = {
                          "Relative paths of files to return, base64, in the answer's `files`.", _fetch),
     "memory_limit_MB": Field({"type": "integer"}, "A cap on the job's memory in MiB (-1: none).", _memory_limit),
     "compile_timeout": Field({"type": "number"}, "Seconds the compile step may take, apart from the run's timeout.",
-                             _seconds),
+                             _compile_seconds),
 }
 
 #: A schema type in a message: what the field must be.

@@ -67,6 +67,13 @@ FILE_THREADS = 2
 #: while being copied) or no longer matches its hash.
 _RETRIES = 1
 
+#: What one compile may leave for its run, in bytes (a sparse file counts
+#: whole: every run gets a full copy) and in files -- whatever the cache
+#: keeps. A real program's build is far below both; past them the compile
+#: fails, saying so, rather than filling the disk a copy per run.
+ARTIFACT_MAX_BYTES = 256 << 20
+ARTIFACT_MAX_FILES = 1_000
+
 
 @dataclasses.dataclass(frozen=True)
 class CompileCacheStats:
@@ -102,17 +109,24 @@ class Artifact:
 
 @dataclasses.dataclass
 class _Pending:
+    """A compile under way: the jobs waiting for it, its step, and whether
+    the job that started it has left (cancelled) -- then the compile lives
+    only as long as a waiter does."""
+
     future: "Future[Artifact]"
     waiters: int = 0
+    step: Optional[JobFuture] = None
+    owner_left: bool = False
 
 
 class CompileCache:
     """Artifacts by key, bounded in bytes, least recently used first out;
     one compile at a time per key, the others waiting for it."""
 
-    def __init__(self, root: str, max_bytes: int) -> None:
+    def __init__(self, root: str, max_bytes: int, remove: Callable[[Optional[str]], None]) -> None:
         self.root = root
         self.max_bytes = max_bytes
+        self._remove = remove
         self._lock = threading.Lock()
         self._entries: "OrderedDict[str, Artifact]" = OrderedDict()
         self._pending: Dict[str, _Pending] = {}
@@ -150,12 +164,35 @@ class CompileCache:
             pending = self._pending.get(key)
             return 0 if pending is None else pending.waiters
 
-    def leave(self, key: str) -> None:
-        """A waiter no longer waits (it was cancelled)."""
+    def compiling(self, key: str, step: JobFuture) -> None:
+        """The step that compiles ``key``."""
         with self._lock:
             pending = self._pending.get(key)
-            if pending is not None and pending.waiters:
-                pending.waiters -= 1
+            if pending is not None:
+                pending.step = step
+
+    def owner_leaves(self, key: str) -> bool:
+        """The job that started the compile of ``key`` was cancelled: True
+        if others wait for it (it goes on for them, and ends with the last
+        of them), False if none does (the caller cancels it)."""
+        with self._lock:
+            pending = self._pending.get(key)
+            if pending is None or not pending.waiters:
+                return False
+            pending.owner_left = True
+            return True
+
+    def leave(self, key: str) -> None:
+        """A waiter no longer waits (it was cancelled); the last one out of
+        a compile its owner left cancels it."""
+        with self._lock:
+            pending = self._pending.get(key)
+            if pending is None or not pending.waiters:
+                return
+            pending.waiters -= 1
+            orphan = pending.step if pending.owner_left and not pending.waiters else None
+        if orphan is not None:
+            orphan.cancel()
 
     def settle(self, key: str, artifact: Artifact) -> None:
         """The compile of ``key`` is done: keep it if it is definitive,
@@ -174,7 +211,7 @@ class CompileCache:
             elif artifact.directory is not None:
                 self._transient[artifact.directory] = 1 + pending.waiters
         for old in evicted:
-            _remove(old.directory)
+            self._remove(old.directory)
         pending.future.set_result(artifact)
 
     def release(self, artifact: Artifact) -> None:
@@ -188,7 +225,7 @@ class CompileCache:
                 self._transient[artifact.directory or ""] = left - 1
                 return
             del self._transient[artifact.directory or ""]
-        _remove(artifact.directory)
+        self._remove(artifact.directory)
 
     def drop(self, key: str, artifact: Artifact) -> None:
         """Forget ``artifact`` (its files went or changed): the next job
@@ -199,23 +236,31 @@ class CompileCache:
                 self._bytes -= artifact.size
             else:
                 return
-        _remove(artifact.directory)
+        self._remove(artifact.directory)
 
     def store(self, key: str, compiled: Result, directory: str, patterns: Tuple[str, ...]) -> Artifact:
         """What a successful compile left in ``directory`` that ``patterns``
-        match, copied into the cache with each file's hash and mode (made
-        read-only), as an Artifact."""
-        target = os.path.join(self.root, key)
-        _remove(target)
-        os.mkdir(target, 0o700)
-        files = []
+        match, copied into a directory of its own in the cache with each
+        file's hash and mode (made read-only), as an Artifact -- or, past
+        ARTIFACT_MAX_BYTES or ARTIFACT_MAX_FILES, a failed compile saying so."""
+        found = _matches(directory, patterns)
         size = len(compiled.output) + len(compiled.stderr)
-        for path in _matches(directory, patterns):
-            source = os.path.join(directory, path)
-            mode = stat.S_IMODE(os.lstat(source).st_mode) & 0o555
-            digest = _copy(source, os.path.join(target, path), mode)
-            files.append((path, digest, mode))
-            size += os.path.getsize(os.path.join(target, path))
+        size += sum(os.lstat(os.path.join(directory, path)).st_size for path in found)
+        if len(found) > ARTIFACT_MAX_FILES or size > ARTIFACT_MAX_BYTES:
+            failed = dataclasses.replace(compiled, status=Status.ERROR, exit_code=None, error=(
+                f"the compile left {len(found)} files of {size} bytes for the run; execpool keeps at most "
+                f"{ARTIFACT_MAX_FILES} files and {ARTIFACT_MAX_BYTES} bytes"))
+            return Artifact(failed, size=len(compiled.output) + len(compiled.stderr))
+        target = tempfile.mkdtemp(prefix=f"{key[:16]}-", dir=self.root)
+        files = []
+        try:
+            for path in found:
+                source = os.path.join(directory, path)
+                mode = stat.S_IMODE(os.lstat(source).st_mode) & 0o555
+                files.append((path, _copy(source, os.path.join(target, path), mode), mode))
+        except BaseException:
+            self._remove(target)
+            raise
         return Artifact(compiled, target, tuple(files), size)
 
 
@@ -228,9 +273,13 @@ class CodeJobs:
         self._root = root
         self._path = languages.toolchains_path(pool.env)
         self._python = pool.config.python or languages.PYTHON
-        self.cache = CompileCache(os.path.join(root, "compiled"), cache_bytes)
+        self.cache = CompileCache(os.path.join(root, "compiled"), cache_bytes, self.remove_later)
         os.mkdir(self.cache.root, 0o700)
         self._executor = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="execpool-code")
+        # Directories go on a thread of their own: a job can leave a tree
+        # that takes a minute to remove, and the steps of every other job
+        # must not wait behind it.
+        self._remover = ThreadPoolExecutor(1, thread_name_prefix="execpool-code-remove")
 
     def language(self, name: str) -> languages.Language:
         """The row of ``name`` as this pool runs it: Python is its own."""
@@ -260,10 +309,20 @@ class CodeJobs:
     def directory(self) -> str:
         return tempfile.mkdtemp(dir=self._root)
 
+    def remove_later(self, directory: Optional[str]) -> None:
+        if directory is None:
+            return
+        try:
+            self._remover.submit(_remove, directory)
+        except RuntimeError:
+            pass  # closing: the pool's scratch directory goes with it, this one inside
+
     def close(self) -> None:
         """After the pool's workers: the steps still queued run, find the
-        pool closed, and end their jobs INFRA -- none is dropped."""
+        pool closed, and end their jobs INFRA -- none is dropped. Removals
+        not begun are left to the pool's own, of its scratch directory."""
         self._executor.shutdown(wait=True)
+        self._remover.shutdown(wait=True, cancel_futures=True)
 
 
 class _Phase(enum.Enum):
@@ -334,13 +393,14 @@ class _CodeRun:
         try:
             self._write(directory)
             command = ShellJob(_command(self.language.compile), timeout=self.job.compile_timeout, cwd=directory,
-                               network=False, separate_stderr=True, sandbox=self.job.sandbox)
+                               network=self.job.network, separate_stderr=True, sandbox=self.job.sandbox)
             step = self.jobs.submit_step(command)
         except BaseException as exc:
-            _remove(directory)
+            self.jobs.remove_later(directory)
             failed = Result(status=Status.INFRA, error=f"the compile did not start: {exc}")
             self.jobs.cache.settle(key, Artifact(failed))
             raise
+        self.jobs.cache.compiling(key, step)
         self._started(step)
         step.add_done_callback(lambda done: self.jobs.later(self, self._stored, key, directory, done, retries))
 
@@ -353,14 +413,14 @@ class _CodeRun:
             else:
                 artifact = Artifact(compiled, size=len(compiled.output) + len(compiled.stderr))
         finally:
-            _remove(directory)
+            self.jobs.remove_later(directory)
             self.jobs.cache.settle(key, artifact)
         self.compiled(key, artifact, False, retries)
 
     def _waited(self, key: str, done: "Future[Artifact]", retries: int) -> None:
         artifact = done.result()
-        if artifact.result.status is Status.CANCELLED and retries > 0:
-            self.begin(retries - 1)  # its owner gave up on it: compile again, for this job
+        if artifact.result.status is Status.CANCELLED:
+            self.begin(retries)  # cancelled before this job came to wait: never another's outcome
             return
         self.compiled(key, artifact, True, retries)
 
@@ -383,14 +443,14 @@ class _CodeRun:
             if copied:
                 step = self.jobs.submit_step(self._run_job(directory), self.on_event)
         except BaseException:
-            self._remove_own(directory)
+            self._unwrite(directory, artifact)
             raise
         finally:
             if artifact is not None:
                 self.jobs.cache.release(artifact)
         if not copied:
             self.jobs.cache.drop(*compiled)  # type: ignore[misc]
-            self._remove_own(directory)
+            self._unwrite(directory, artifact)
             if retries > 0:
                 self.begin(retries - 1)
             else:
@@ -416,7 +476,8 @@ class _CodeRun:
             phase, step, key = self._phase, self._step, self._key
         if phase is _Phase.WAITING and key is not None:
             self.jobs.cache.leave(key)
-        elif step is not None and not (phase is _Phase.COMPILING and key is not None and self.jobs.cache.waiters(key)):
+        elif step is not None and not (phase is _Phase.COMPILING and key is not None
+                                       and self.jobs.cache.owner_leaves(key)):
             step.cancel()
             return
         self.finish(Result(status=Status.CANCELLED, cancelled=True, timeout=self.job.timeout))
@@ -448,14 +509,26 @@ class _CodeRun:
     def _remove_own(self, directory: Optional[str]) -> None:
         """The run's directory goes, unless it is the caller's."""
         if self.job.cwd is None:
-            _remove(directory)
+            self.jobs.remove_later(directory)
+
+    def _unwrite(self, directory: Optional[str], artifact: Optional[Artifact]) -> None:
+        """Undo a run's directory before it runs: ours goes; in the
+        caller's, what was written there goes, so a retry finds it as it was."""
+        if self.job.cwd is None or directory is None:
+            self._remove_own(directory)
+            return
+        names = [*(self.job.files or {}), self.language.source, *(name for name, _ in self.language.support),
+                 *(path for path, _, _ in (artifact.files if artifact is not None else ()))]
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
 
     def _cache_key(self, toolchain: languages.Toolchain) -> str:
         """What a compile depends on: the language, its toolchain's version,
         the compile command, the program and every file beside it."""
         digest = hashlib.sha256()
         for part in (self.language.name, toolchain.version or "", "\0".join(self.language.compile or ()),
-                     self.language.prologue, self.job.code):
+                     self.language.prologue, str(self.job.network), self.job.code):
             digest.update(part.encode("utf-8") + b"\0\1")
         for path, data in sorted((self.job.files or {}).items()):
             digest.update(path.encode("utf-8") + b"\0" + hashlib.sha256(data).digest())
