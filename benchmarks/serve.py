@@ -17,7 +17,7 @@ per client instead; see LeanHttpSide for why the lean one is the default:
 on this machine the client shares the server's CPUs). The baseline, in the
 same run, is the library in this process: ``pool.submit`` of the job the
 service makes of the body (``PythonJob(code, timeout=10,
-separate_stderr=True)``, a ``CodeJob("bash", ...)`` for bash) on an ``ExecPool`` of the
+separate_stderr=True)``, a ``ShellJob`` for bash) on an ``ExecPool`` of the
 same W workers, awaited through ``asyncio.wrap_future`` as the service
 awaits it, so that what differs is HTTP, the admission queue and the
 client. ``--sandbox-fusion URL`` sends the same requests, through the same
@@ -82,7 +82,7 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _common as C
-from execpool import CodeJob, ExecPool, PythonJob
+from execpool import ExecPool, PythonJob, ShellJob
 from execpool.serve.settings import DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT_S
 
 #: SandboxFusion's default ``run_timeout``, and the library job's timeout.
@@ -123,11 +123,10 @@ class Workload:
         """The ``/run_code`` request."""
         return json.dumps({"code": self.code, "language": self.language, "run_timeout": RUN_TIMEOUT_S}).encode()
 
-    def job(self, warm: bool) -> PythonJob | CodeJob:
-        """The job the service makes of that request: bash as SandboxFusion
-        runs it, ``bash FILE`` (a CodeJob)."""
+    def job(self, warm: bool) -> PythonJob | ShellJob:
+        """The job the service makes of that request."""
         if self.language == "bash":
-            return CodeJob("bash", self.code, timeout=RUN_TIMEOUT_S, separate_stderr=True)
+            return ShellJob(self.code, timeout=RUN_TIMEOUT_S, separate_stderr=True)
         return PythonJob(self.code, timeout=RUN_TIMEOUT_S, separate_stderr=True, warm=warm)
 
 
@@ -363,7 +362,7 @@ class LibrarySide:
     async def open(self, workload: Workload, concurrency: int):
         yield [functools.partial(self._send, workload.job(self.warm), workload.expected)] * concurrency
 
-    async def _send(self, job: PythonJob | CodeJob, expected: str) -> tuple[str, str]:
+    async def _send(self, job: PythonJob | ShellJob, expected: str) -> tuple[str, str]:
         try:
             # Cancelling the asyncio wrapper cancels the job (its tree dies).
             result = await asyncio.wait_for(asyncio.wrap_future(self.pool.submit(job)), self.timeout)

@@ -94,7 +94,7 @@ print "héllo $w ✓\n";
     "bash": r'''read -r w
 case "$w" in
   exit) exit 3 ;;
-  crash) : "${undefined_variable:?boom}" ;;
+  crash) echo boom >&2; kill -SEGV $$ ;;
   hang) sh -c HANG ;;
 esac
 echo "héllo $w ✓"
@@ -212,7 +212,7 @@ PROGRAMS = {language: program.replace("HANG", "'" + HANG.replace("''", '""') + "
             for language, program in PROGRAMS.items()}
 
 #: How each language's runtime error ends the program.
-CRASH_EXIT = {"c": -11, "cpp": -6, "java": 1, "rust": 101, "nodejs": 1, "javascript": 1, "perl": 255, "bash": 1,
+CRASH_EXIT = {"c": -11, "cpp": -6, "java": 1, "rust": 101, "nodejs": 1, "javascript": 1, "perl": 255, "bash": -11,
               "python": 1, "go": 2, "typescript": 1, "php": 255, "lua": 1, "R": 1, "ruby": 1, "scala": 1,
               "racket": 1, "kotlin_script": 3, "csharp": 1}
 

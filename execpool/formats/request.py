@@ -183,11 +183,11 @@ def _language(label: str, value: str, _defaults: Defaults) -> str:
 
 
 #: Language names a request may give -- the languages table's, and "shell"
-#: -- and the kind of job each is: python the pool's PythonJob, shell its
-#: ShellJob (``bash -c``), the others -- bash included, which SandboxFusion
-#: runs as ``bash FILE``: its ``$0``, line numbers and exit codes -- a
-#: CodeJob in the language.
-LANGUAGES = {**{language.name: language.name for language in languages.TABLE}, "shell": "shell"}
+#: -- and the kind of job each is: python the pool's PythonJob, bash (and
+#: shell) its ShellJob, ``bash -c`` -- half the cost of the table's ``bash
+#: main.sh`` through a directory of its own, and the same for ordinary
+#: scripts (the README says where they differ) -- the others a CodeJob.
+LANGUAGES = {**{language.name: language.name for language in languages.TABLE}, "bash": "shell", "shell": "shell"}
 
 Rule = Callable[[str, Any, Defaults], Any]
 
