@@ -12,15 +12,16 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from concurrent.futures import wait
 
 import pytest
+from helpers import run_as_nobody, wait_for
 
 from execpool import CodeJob, ExecPool, Status, languages
 from execpool.shared import languages as table
-from helpers import wait_for
 
 #: SandboxFusion's language names (its sandbox/runners), and the two added.
 SANDBOX_FUSION_NAMES = ("python", "pytest", "cpp", "go", "go_test", "java", "junit", "nodejs", "typescript", "jest",
@@ -187,7 +188,11 @@ class Program {
         string w = Console.ReadLine().Trim();
         if (w == "exit") return 3;
         if (w == "crash") throw new InvalidOperationException("boom");
-        if (w == "hang") { System.Diagnostics.Process.Start(new System.Diagnostics.ProcessStartInfo("sh", "-c \"" + HANG + "\"") { UseShellExecute = false }).WaitForExit(); }
+        if (w == "hang") {
+            var shell = new System.Diagnostics.ProcessStartInfo("sh", "-c \"" + HANG + "\"");
+            shell.UseShellExecute = false;
+            System.Diagnostics.Process.Start(shell).WaitForExit();
+        }
         Console.WriteLine($"héllo {w} ✓");
         return 0;
     }
@@ -239,7 +244,8 @@ TEST_RUNNERS = {
              "function add(a: number, b: number): number { return a + b; }\n"
              "describe('add', () => { test('adds', () => { expect(add(1, 1)).toBe(WANT); }); });\n",
              "Tests:       1 passed", "Tests:       1 failed"),
-    "D_ut": ("unittest { assert(1 + 1 == WANT); }\nvoid main() {}\n", "1 modules passed unittests", "1/1 modules FAILED unittests"),
+    "D_ut": ("unittest { assert(1 + 1 == WANT); }\nvoid main() {}\n", "1 modules passed unittests",
+             "1/1 modules FAILED unittests"),
 }
 
 RUNS_HERE = {toolchain.name for toolchain in languages() if toolchain.runs}
@@ -599,6 +605,27 @@ def test_a_compile_that_leaves_too_much_fails_saying_so(pool, monkeypatch):
     monkeypatch.setattr(code_module, "ARTIFACT_MAX_FILES", 0)
     many = pool.run(CodeJob("c", f"int main(void) {{ return {time.time_ns() % 100 + 1}; }}\n", timeout=30))
     assert many.compile_failed and "execpool keeps at most 0 files" in many.error
+
+
+@pytest.mark.nobody
+def test_a_run_directory_the_program_made_unreadable_is_still_removed():
+    """The pool's owner is nobody, so only its ownership, not a capability,
+    lets it remove what the program locked (mode 0 on a directory)."""
+    script = textwrap.dedent("""
+        import os, sys, time
+        from execpool import CodeJob, ExecPool
+        with ExecPool(workers=1) as pool:
+            code = 'mkdir -p locked/inner && touch locked/inner/f && chmod 0 locked && echo done'
+            result = pool.run(CodeJob("bash", code, timeout=30))
+            root = pool._code._root
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and [d for d in os.listdir(root) if d != "compiled"]:
+                time.sleep(0.02)
+            print(result.output.strip(), sorted(d for d in os.listdir(root) if d != "compiled"))
+    """)
+    done = run_as_nobody(script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "done []", done.stdout
 
 
 def test_removing_a_big_directory_holds_up_no_other_code_job(pool):

@@ -40,7 +40,6 @@ import hashlib
 import logging
 import os
 import shlex
-import shutil
 import stat
 import tempfile
 import threading
@@ -50,6 +49,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from ..shared import languages
 from ..shared.jobs import CodeJob, PythonJob, ShellJob
+from ..shared.kernel.dirs import remove_tree
 from ..shared.result import Result, Status
 from .files import write_files
 from .future import JobFuture, OnEvent
@@ -156,13 +156,10 @@ class CompileCache:
             self.misses += 1
             return None, None
 
-    def waiters(self, key: Optional[str] = None) -> int:
-        """Jobs waiting for the compile of ``key`` (of any key: None)."""
+    def waiters(self) -> int:
+        """Jobs waiting for a compile another job started."""
         with self._lock:
-            if key is None:
-                return sum(pending.waiters for pending in self._pending.values())
-            pending = self._pending.get(key)
-            return 0 if pending is None else pending.waiters
+            return sum(pending.waiters for pending in self._pending.values())
 
     def compiling(self, key: str, step: JobFuture) -> None:
         """The step that compiles ``key``."""
@@ -608,5 +605,7 @@ def _materialize(artifact: Artifact, directory: str) -> bool:
 
 
 def _remove(directory: Optional[str]) -> None:
+    """A directory a job wrote: it may have locked parts of it (mode 0),
+    which the pool's own remover undoes first."""
     if directory is not None:
-        shutil.rmtree(directory, ignore_errors=True)
+        remove_tree(directory)
