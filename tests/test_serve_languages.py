@@ -154,7 +154,10 @@ def test_every_language_through_the_sandbox_fusion_client(server, language):
     from sandbox_fusion import run_code as sf_run_code
 
     def call(stdin):
-        return sf_run_code(RunCodeRequest(code=PROGRAMS[language], language=language, stdin=stdin, run_timeout=30),
+        # The client's default compile_timeout is 10 s: scalac took that
+        # long here with two test suites sharing the two CPUs.
+        return sf_run_code(RunCodeRequest(code=PROGRAMS[language], language=language, stdin=stdin, run_timeout=30,
+                                          compile_timeout=120),
                            endpoint=server.url, max_attempts=1, client_timeout=120)
 
     hello = call("wörld")
