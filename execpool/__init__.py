@@ -30,10 +30,12 @@ if TYPE_CHECKING:
     from .agent.loop import chat_with_tools
     from .pool.config import PoolConfig
     from .pool.future import JobEvent, JobFuture, JobOutput, OutputCapped
+    from .pool.sessions import CellFuture, Session
     from .pool.stats import PoolStats
     from .pool.streams import AsyncJobStream, accepts_output_callback, drain_queue, stream_tool_execution
     from .pool.supervisor import ExecPool
-    from .shared.errors import ExecPoolError, PoolBrokenError, PoolClosedError
+    from .shared.cells import CellResult
+    from .shared.errors import ExecPoolError, PoolBrokenError, PoolClosedError, SessionClosedError
     from .shared.jobs import CodeJob, Limits, PythonJob, ShellJob
     from .shared.kernel.proctree import capture_process_group, drain_process_output, kill_process_tree
     from .shared.kernel.sandbox import Sandbox, SandboxSupport, sandbox_support
@@ -49,6 +51,10 @@ _EXPORTS = {
     "JobOutput": "pool.future",
     "OutputCapped": "pool.future",
     "PoolStats": "pool.stats",
+    "CellFuture": "pool.sessions",
+    "Session": "pool.sessions",
+    "CellResult": "shared.cells",
+    "SessionClosedError": "shared.errors",
     "AsyncJobStream": "pool.streams",
     "accepts_output_callback": "pool.streams",
     "drain_queue": "pool.streams",

@@ -167,6 +167,30 @@ def test_every_language_through_the_sandbox_fusion_client(server, language):
     assert "boom" in crashed.run_result.stderr + crashed.run_result.stdout
 
 
+#: pytest is the pool's Python with pytest: its tests as a test runner's.
+RUNNERS = dict(TEST_RUNNERS, pytest=("def test_sum():\n    assert 1 + 1 == WANT\n", "1 passed", "1 failed"))
+
+
+@pytest.mark.parametrize("language", _each(RUNNERS))
+def test_every_test_runner_through_the_sandbox_fusion_client(server, language):
+    """verl and SandboxFusion's datasets send a test file as the program:
+    the runner's verdict is the exit code, its report the output."""
+    from sandbox_fusion import RunCodeRequest, RunStatus
+    from sandbox_fusion import run_code as sf_run_code
+
+    code, passed, failed = RUNNERS[language]
+
+    def call(want):
+        return sf_run_code(RunCodeRequest(code=code.replace("WANT", want), language=language, run_timeout=60,
+                                          compile_timeout=120), endpoint=server.url, max_attempts=1,
+                           client_timeout=200)
+
+    good, bad = call("2"), call("3")
+    assert good.status == RunStatus.Success and passed in good.run_result.stdout + good.run_result.stderr, good
+    assert bad.status == RunStatus.Failed and failed in bad.run_result.stdout + bad.run_result.stderr, bad
+    assert bad.run_result.return_code != 0 and bad.run_result.status == "Finished"
+
+
 @pytest.mark.parametrize("language", _each(set(PROGRAMS) | set(TEST_RUNNERS)))
 def test_every_language_against_its_tests_in_one_batch(server, language):
     if language in TEST_RUNNERS:  # a test runner's tests are in its program: stdin is not read

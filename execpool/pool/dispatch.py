@@ -38,6 +38,7 @@ from typing import Optional
 
 from ..shared import channel
 from ..shared.kernel.proctree import is_stopped, stat_fields
+from .sessions import SessionHandle
 from .workers import WorkerProcess, Workers
 
 #: While jobs run, how often the dispatcher looks for a stopped worker (and
@@ -290,6 +291,11 @@ class Dispatcher:
             if handle is None:
                 raise channel.ChannelError(f"a result for job {msg.job_id}, which it does not run")
             handle.finish(msg.result)
+        elif isinstance(msg, channel.CellDone):
+            handle = worker.jobs.get(msg.job_id)
+            if not isinstance(handle, SessionHandle):
+                raise channel.ChannelError(f"a cell's end for job {msg.job_id}, which is no session it runs")
+            handle.cell_done(msg.reply, msg.interrupted, msg.printed)
         elif isinstance(msg, channel.Spawned):
             if msg.job_id not in worker.jobs:
                 raise channel.ChannelError(f"a tool for job {msg.job_id}, which it does not run")

@@ -36,12 +36,13 @@ import dataclasses
 import os
 import threading
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Mapping, Optional, Union
 
 from ..shared import channel, checks
 from ..shared.errors import PoolBrokenError, PoolClosedError
-from ..shared.jobs import CodeJob, Job, PythonJob, ShellJob
+from ..shared.jobs import CodeJob, Job, Limits, PythonJob, ShellJob
 from ..shared.kernel import linux
+from ..shared.kernel.sandbox import Sandbox
 from ..shared.languages import Toolchain
 from ..shared.output import TOOL_OUTPUT_STREAM_MAX_CHARS
 from ..shared.result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, Status
@@ -50,6 +51,7 @@ from .code import CodeJobs, CompileCacheStats
 from .config import PoolConfig
 from .dispatch import Dispatcher
 from .future import CancelWatcher, JobFuture, JobHandle, OnEvent
+from .sessions import DEFAULT_IDLE_TIMEOUT_S, Session, open_session
 from .stats import PoolStats, StatsRecorder
 from .workers import Workers
 
@@ -167,8 +169,7 @@ class ExecPool(JobRunner):
         if job.cwd is not None and not os.path.isdir(job.cwd):
             raise ValueError(f"cwd {job.cwd!r} is not an existing directory")
         self._check_open()
-        with self._ids_lock:
-            job_id = next(self._ids)
+        job_id = self._next_id()
         future = JobFuture(job_id)
         if isinstance(job, CodeJob):
             self._code_jobs().submit(job, future, on_event)
@@ -205,6 +206,26 @@ class ExecPool(JobRunner):
         if cancel_event is not None:
             self._watcher.watch(future, cancel_event)
         return future
+
+    def session(self, language: str = "python", *, sandbox: Union[None, bool, str, Sandbox] = None,
+                limits: Optional[Limits] = None, idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT_S,
+                cwd: Optional[Union[str, os.PathLike]] = None, env: Optional[Mapping[str, str]] = None,
+                network: bool = True) -> Session:
+        """A live ``"python"`` interpreter or ``"bash"`` shell that keeps its
+        state between cells (execpool/pool/sessions.py): ``session.run(code)``
+        gives a ``CellResult``. It starts at once (Python's from the warm
+        template) and lives until ``close()``, ``idle_timeout`` seconds
+        without a cell (None: no limit), its pool's close, or its owner's
+        death -- its whole tree with it. ``sandbox``, ``limits``, ``env``
+        and ``network`` are a job's, for the session's life; its directory
+        is a fresh private one, removed at its end, unless ``cwd`` names one."""
+        self._check_open()
+        return open_session(self, language, sandbox=sandbox, limits=limits, idle_timeout=idle_timeout, cwd=cwd,
+                            env=env, network=network)
+
+    def _next_id(self) -> int:
+        with self._ids_lock:
+            return next(self._ids)
 
     def languages(self) -> list[Toolchain]:
         """Each language of the table (execpool/shared/languages.py) and

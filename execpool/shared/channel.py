@@ -5,8 +5,15 @@ Messages are frozen dataclasses sent with ``multiprocessing.connection``
 (length-prefixed pickles), each naming the job it concerns by the
 supervisor-assigned ``job_id``.
 
-supervisor -> worker:  WorkerConfig (first, once), Start, Cancel, Shutdown
-worker -> supervisor:  Ready, Spawned, Output, Finished
+supervisor -> worker:  WorkerConfig (first, once), Start, Cancel, Shutdown,
+                       Cell, Interrupt (a session's)
+worker -> supervisor:  Ready, Spawned, Output, Finished, CellDone (a session's)
+
+A session (execpool/pool/sessions.py) is a job that lives until it is
+closed: its tool is a runtime that takes cells -- Python's
+(execpool/worker/sessions/python.py) or bash's -- on a socket the worker
+gives it as its stdin, and answers each on the same socket with a reply
+that the worker passes on as a ``CellDone`` once the cell's output went out.
 
 Both ends decode with an allow-list unpickler and then check every field
 against the dataclass's annotations: a tool runs as the same user as its
@@ -75,10 +82,33 @@ class Start:
     network: bool
     separate_stderr: bool = False  # stderr on a pipe of its own, not merged into stdout
     sandbox: Optional[Sandbox] = None  # the job's, or the pool's; None: none
+    #: A session: its stdin is its cell socket, ``timeout`` is None, and
+    #: it ends after ``idle_timeout`` seconds without a cell (None: never).
+    session: bool = False
+    idle_timeout: Optional[float] = None
 
 
 @dataclass(frozen=True)
 class Cancel:
+    job_id: int
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Run ``source`` in session ``job_id`` (one cell at a time): past
+    ``timeout`` it is interrupted (SIGINT to the session's group), and past
+    the grace after that the session is killed."""
+
+    job_id: int
+    source: str
+    timeout: Optional[float]
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """Interrupt session ``job_id``'s running cell, as its timeout would:
+    the cell's caller cancelled it."""
+
     job_id: int
 
 
@@ -120,8 +150,22 @@ class Finished:
     result: Result
 
 
-ToWorker = Union[WorkerConfig, Start, Cancel, Shutdown]
-FromWorker = Union[Ready, Spawned, Output, Finished]
+@dataclass(frozen=True)
+class CellDone:
+    """Session ``job_id``'s reply to its cell, as its runtime wrote it (the
+    caller reads it: the session's own code could have written it), sent
+    after every Output of the cell; ``interrupted``: its timeout or an
+    Interrupt came first; ``printed``: the characters of output the cell
+    printed, though past the cell's live cap no more went out."""
+
+    job_id: int
+    reply: bytes
+    interrupted: bool
+    printed: int
+
+
+ToWorker = Union[WorkerConfig, Start, Cancel, Shutdown, Cell, Interrupt]
+FromWorker = Union[Ready, Spawned, Output, Finished, CellDone]
 
 #: What each end accepts: a message going the other way is as wrong as garbage.
 TO_WORKER = typing.get_args(ToWorker)

@@ -24,3 +24,9 @@ class PoolBrokenError(ExecPoolError, RuntimeError):
     broken interpreter or package -- for good), or every worker died at
     once and none could be started again yet (a passing shortage of
     processes or descriptors). The message says which."""
+
+
+class SessionClosedError(ExecPoolError, RuntimeError):
+    """A cell was sent to a session that is closed or gone (closed by its
+    owner, idle past its timeout, killed after an ignored interrupt, its
+    worker dead, its pool closed). The message says which."""

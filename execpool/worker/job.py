@@ -23,6 +23,7 @@ from ..shared.kernel.cgroups import JobGroup
 from ..shared.output import LiveBudget
 from ..shared.result import Result, Status
 from .capture import MAX_ERROR_LINES, Capture
+from .sessions.link import SessionLink
 from .spawn import DEVNULL, memfd_holding
 from .view import View
 
@@ -141,6 +142,8 @@ class RunningJob:
         # while) until the kill's victims are reaped, so they count.
         self.swept = False
         self.victims: set[int] = set()
+        # A session's socket and cell (execpool/worker/sessions/link.py).
+        self.link: Optional[SessionLink] = SessionLink() if start.session else None
 
     # -- its life --------------------------------------------------------------------------
 
@@ -210,6 +213,8 @@ class RunningJob:
 
     def release(self) -> None:
         """Everything it holds for its tool's start, once its Result is out."""
+        if self.link is not None:
+            self.link.close()
         self.close_rulesets()
         if self.view is not None:
             self.view.close()
@@ -231,7 +236,9 @@ class RunningJob:
         fds: List[int] = []
         try:
             stdin_fd = DEVNULL
-            if self.start.stdin is not None:
+            if self.link is not None:
+                stdin_fd = self.link.runtime_fd
+            elif self.start.stdin is not None:
                 stdin_fd = memfd_holding("execpool-stdin", self.start.stdin.encode("utf-8"))
                 fds.append(stdin_fd)
             join_fds = [] if self.group is None else [os.open(path, os.O_WRONLY | os.O_CLOEXEC)

@@ -22,6 +22,7 @@ from .ahead import Ahead, Made
 from .job import RunningJob
 from .jobdirs import JobDirs
 from .rulesets import Confiner
+from .sessions import runtime_source
 from .spawn import RULESET_BUILDER, Setup, Tool, rlimit_values, start_tool
 from .view import HOME, TMP, Views
 
@@ -135,12 +136,17 @@ class Launcher:
                 job.env["TMPDIR"] = own[-1]  # the only temporary directory a sandboxed job may write
             if made is None:
                 job.rulesets = confiner.rulesets(start.python, start.sandbox, own, template)
+        source = runtime_source(start.argv_kind) if start.session else start.source
         if start.argv_kind == "python":
             fd, job.script = tempfile.mkstemp(prefix=".execpool-", suffix=".py", dir=job.cwd)
             with open(fd, "w", encoding="utf-8") as f:
-                f.write(start.source)
+                f.write(source)
             return [start.python, "-u", job.in_view(job.script)]
-        return [self.shell, "-c", start.source]
+        if start.session:
+            # --norc: a bash whose stdin is a socket takes itself for one
+            # started by a remote shell daemon and reads ~/.bashrc.
+            return [self.shell, "--norc", "-c", source]
+        return [self.shell, "-c", source]
 
     def _made_for(self, job: RunningJob) -> Optional[Made]:
         """What was made ahead for a job like this one (execpool/worker/ahead.py), if anything."""

@@ -52,10 +52,12 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from ..shared import channel
 from ..shared.kernel import linux
+from ..shared.output import LiveBudget
 from .capture import Stream
 from .job import Ending, Phase, RunningJob
 from .jobdirs import JobDirs, unlink
 from .launch import Launcher
+from .sessions.link import INTERRUPT_GRACE_S
 from .spawn import give_back_memory, keep_own_peak_resettable
 from .timers import Kind, Timers
 from .tree import Tree
@@ -64,7 +66,7 @@ from .warm.template import unfindable
 from .warm.wire import REHEARSE_WHEN_IDLE_S
 
 #: What the supervisor may send once the worker is configured.
-_JOB_MESSAGES = (channel.Start, channel.Cancel, channel.Shutdown)
+_JOB_MESSAGES = (channel.Start, channel.Cancel, channel.Shutdown, channel.Cell, channel.Interrupt)
 
 #: How long the jobs' interpreter may take to say which ``preload`` modules
 #: it lacks, when it is not the worker's.
@@ -104,6 +106,7 @@ class Worker:
         self.sel = selectors.DefaultSelector()
         self.jobs: Dict[int, RunningJob] = {}
         self.jobs_by_fd: Dict[int, RunningJob] = {}
+        self.sessions_by_fd: Dict[int, RunningJob] = {}
         self.timers = Timers()
         self.dirs = JobDirs(config.jobs_dir)
         self.launcher = Launcher(config.token, config.spawn_method, config.cgroups, self.dirs, self._reap)
@@ -175,7 +178,9 @@ class Worker:
             job = self.jobs.get(timer.job_id)
             if job is None:
                 continue
-            if timer.kind is Kind.REAP:
+            if timer.kind in (Kind.CELL, Kind.IDLE):
+                self._session_timer(job, timer.kind)
+            elif timer.kind is Kind.REAP:
                 if time.monotonic() >= job.killed_at + REAP_GRACE_S:
                     self._finish(job)
             elif job.ending is not None:
@@ -213,6 +218,13 @@ class Worker:
                     self._end(job, Ending.CANCEL)
             elif isinstance(msg, channel.Shutdown):
                 self.stopping = True
+            elif isinstance(msg, channel.Cell):
+                self._cell(msg)
+            elif isinstance(msg, channel.Interrupt):
+                job = self.jobs.get(msg.job_id)
+                if job is not None and job.link is not None and job.link.running and job.ending is None:
+                    job.link.cancelled = True
+                    self._interrupt(job)
 
     def _on_signal(self, fd: int) -> None:
         try:
@@ -275,20 +287,25 @@ class Worker:
         job = self.jobs_by_fd.get(fd)
         if job is None:
             return  # an event from the same select batch as the Cancel that closed it
+        self._read_output(job, fd)
+
+    def _read_output(self, job: RunningJob, fd: int) -> bool:
+        """One read of a job's output pipe; whether there may be more."""
         try:
             data = os.read(fd, READ_SIZE)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             data = b""
         capture = job.pipes[fd]
         if data:
             self._consume(job, capture.stream, capture.feed(data))
-            return
+            return True
         self._consume(job, capture.stream, capture.finish())
         self._close_pipe(job, fd)
         if job.eof:
             self._settle(job)
+        return False
 
     def _consume(self, job: RunningJob, stream: Stream, text: str) -> None:
         """Forward live output only up to the stream's cap plus one
@@ -297,6 +314,110 @@ class Worker:
             piece = job.live.take(text)
             if piece:
                 self._send(channel.Output(job.start.job_id, piece, stream))
+
+    # -- a session's cells ---------------------------------------------
+
+    def _cell(self, msg: channel.Cell) -> None:
+        """Send a cell down to its session's runtime. The pool sends one at
+        a time, and none to a session that ended: anything else is dropped."""
+        job = self.jobs.get(msg.job_id)
+        link = None if job is None else job.link
+        if job is None or link is None or link.running or job.ending is not None:
+            return
+        if job.start.live_cap is not None:  # the live cap is the cell's
+            job.live = LiveBudget(job.start.live_cap, slack=1)
+        link.begin(msg.source, sum(capture.total for capture in job.captures))
+        self._watch_session(job)
+        if msg.timeout is not None:
+            link.deadline = time.monotonic() + msg.timeout
+            self.timers.add(link.deadline, Kind.CELL, msg.job_id)
+
+    def _watch_session(self, job: RunningJob) -> None:
+        assert job.link is not None
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if job.link.wants_write else 0)
+        fd = job.link.sock.fileno()
+        if fd in self.sessions_by_fd:
+            self.sel.modify(fd, events, self._on_session)
+        else:
+            self.sessions_by_fd[fd] = job
+            self.sel.register(fd, events, self._on_session)
+
+    def _on_session(self, fd: int) -> None:
+        """The session's socket: the rest of a cell goes down as it drains,
+        each reply goes up as a CellDone -- after every byte the cell wrote
+        before it (the runtime flushed before replying, so what it wrote is
+        in the pipes by now)."""
+        job = self.sessions_by_fd.get(fd)
+        if job is None:
+            return
+        link = job.link
+        assert link is not None
+        try:
+            link.send_pending()
+            replies, closed = link.read()
+        except ValueError as exc:
+            job.error = str(exc)
+            self._end(job, Ending.LIMIT)
+            return
+        except OSError:
+            replies, closed = [], True
+        for reply in replies:
+            was_started = link.started
+            answer = link.answer(reply)
+            if answer is None:
+                if link.started and not was_started and link.interrupted:
+                    self._signal_cell(job)  # the interrupt that waited for the cell's start
+                continue  # or an earlier cell's, or written by the session's code: nobody asked
+            for pipe in list(job.pipes):
+                while pipe in job.pipes and self._read_output(job, pipe):
+                    pass
+            printed = sum(capture.total for capture in job.captures) - link.printed_before
+            self._send(channel.CellDone(job.start.job_id, answer, link.interrupted, printed))
+            link.done()
+            if job.start.idle_timeout is not None:
+                self.timers.add(link.idle_since + job.start.idle_timeout, Kind.IDLE, job.start.job_id)
+        if closed:
+            self._unwatch_session(job)  # the runtime is going: its job ends when it is reaped
+        else:
+            self._watch_session(job)
+
+    def _unwatch_session(self, job: RunningJob) -> None:
+        if job.link is not None and self.sessions_by_fd.pop(job.link.sock.fileno(), None) is not None:
+            self.sel.unregister(job.link.sock.fileno())
+
+    def _interrupt(self, job: RunningJob) -> None:
+        """SIGINT to the session's group, which its runtime turns into the
+        cell's end; if the cell is still running after the grace, the
+        session is killed (``_session_timer``)."""
+        link = job.link
+        assert link is not None
+        link.interrupted = True
+        if link.started:
+            self._signal_cell(job)
+        link.deadline = time.monotonic() + INTERRUPT_GRACE_S
+        self.timers.add(link.deadline, Kind.CELL, job.start.job_id)
+
+    def _signal_cell(self, job: RunningJob) -> None:
+        if job.pid is None:
+            return
+        try:
+            os.killpg(job.pid, signal.SIGINT)
+        except OSError:
+            pass  # the runtime is gone already: its reap ends the session
+
+    def _session_timer(self, job: RunningJob, kind: Kind) -> None:
+        link = job.link
+        if link is None or job.ending is not None:
+            return
+        now = time.monotonic()
+        if kind is Kind.IDLE:
+            if not link.running and now >= link.idle_since + (job.start.idle_timeout or 0.0):
+                self._end(job, Ending.TIMEOUT)
+        elif link.running and link.deadline is not None and now >= link.deadline:
+            if not link.interrupted:
+                self._interrupt(job)
+            else:
+                self._end(job, Ending.CANCEL if link.cancelled else Ending.TIMEOUT)
 
     # -- a job's life ----------------------------------------------------
 
@@ -319,6 +440,10 @@ class Worker:
             return
         if start.timeout is not None:
             self.timers.add(job.started + start.timeout, Kind.TIMEOUT, start.job_id)
+        if job.link is not None:
+            self._watch_session(job)
+            if start.idle_timeout is not None:
+                self.timers.add(job.started + start.idle_timeout, Kind.IDLE, start.job_id)
         if start.limits.processes is not None and job.group is None:
             self.timers.add(time.monotonic(), Kind.COUNT, start.job_id)
         if start.warm:
@@ -414,6 +539,7 @@ class Worker:
             trashed = self.dirs.discard(job.tmpdir)  # the script in it too
         elif job.script is not None:
             unlink(job.script)
+        self._unwatch_session(job)
         self._send(channel.Finished(job.start.job_id, job.result()))
         # A warm job keeps its rulesets and view until now (a requeue needs
         # them), a job's own namespace made ahead is torn down here, not on

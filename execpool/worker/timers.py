@@ -27,6 +27,11 @@ class Kind(enum.Enum):
     COUNT = "count"
     #: The moment an idle worker has its parked spares rehearse (no job).
     REHEARSE = "rehearse"
+    #: A session's running cell: its timeout (it is interrupted), then the
+    #: grace after that (the session is killed).
+    CELL = "cell"
+    #: A session without a cell for its idle timeout ends.
+    IDLE = "idle"
 
 
 class Timer(NamedTuple):

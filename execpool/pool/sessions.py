@@ -1,0 +1,363 @@
+"""Sessions, as the caller holds them: an interpreter or a shell that keeps
+its state between cells.
+
+::
+
+    caller threads                        dispatcher thread          worker
+    --------------                        -----------------          ------
+    pool.session() -> Session    Start(session=True) ------------->  runtime started (warm for
+    session.submit(code)  -> one cell at a time: Cell ------------>  Python), its stdin a socket
+      a CellFuture            Output  -> the running cell's output <-  the cell's stdout, stderr
+                              CellDone -> its CellResult;          <-  the runtime's reply
+                                          the next cell goes down
+    session.close()       -> Cancel: the session's tree dies; Finished ends it
+
+Runs in the caller. A session is one long job of the pool (its Result is
+the session's end) whose tool is a runtime of execpool's
+(execpool/worker/sessions/) -- sandboxed, limited and killed like any
+job's, with its worker, its pool and its owner (the lifeline's rules). The
+pool's dispatcher thread calls the session's handle; the session's lock
+keeps its queue of cells.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Deque, Mapping, Optional, Union
+
+from ..shared import channel, checks
+from ..shared.cells import SESSION_LANGUAGES, CellResult, Printed, read_reply
+from ..shared.errors import SessionClosedError
+from ..shared.jobs import Limits, Number
+from ..shared.kernel.sandbox import Sandbox, job_sandbox
+from ..shared.output import RESULT_HEAD_CHARS, LiveBudget
+from ..shared.result import Result, Status
+from .future import JobFuture, JobHandle, JobOutput, OnEvent, OutputCapped
+from .stats import StatsRecorder
+
+if TYPE_CHECKING:
+    from .supervisor import ExecPool
+    from .workers import WorkerProcess
+
+#: A cell's timeout unless the call says, as a job's.
+DEFAULT_CELL_TIMEOUT_S = 300.0
+
+#: A session without a cell this long ends, unless told otherwise.
+DEFAULT_IDLE_TIMEOUT_S = 600.0
+
+#: Past a running cell's timeout, how long the pool waits for its worker to
+#: have interrupted it (and, past the grace, killed the session) before the
+#: watchdog treats the worker as wedged.
+_CELL_SLACK_S = 5.0
+
+
+class CellFuture(Future):
+    """A cell's future: its result is a CellResult. ``cancel()`` takes a
+    queued cell off the queue, or interrupts a running one -- which then
+    ends ``cancelled`` with the session alive, or, if it does not stop
+    within the grace, with the session killed."""
+
+    def __init__(self, session: "Session") -> None:
+        super().__init__()
+        self._session = session
+
+    def cancel(self) -> bool:
+        if self.done():
+            return False
+        return self._session._cancel(self)
+
+
+@dataclass
+class _Cell:
+    code: str
+    timeout: Optional[float]
+    future: CellFuture
+    on_event: Optional[OnEvent]
+    printed: Printed
+    started: float = 0.0
+    cancelled: bool = False
+
+
+class SessionHandle(JobHandle):
+    """The dispatcher's side of a session: its output, replies and end go
+    to the Session."""
+
+    __slots__ = ("session",)
+
+    def __init__(self, future: JobFuture, session: "Session", stats: StatsRecorder) -> None:
+        super().__init__(future, None, "session", stats)
+        self.session = session
+
+    def output(self, text: str, stream: str = "stdout") -> None:
+        self.session._output(text, stream)
+
+    def cell_done(self, reply: bytes, interrupted: bool, printed: int) -> None:
+        self.session._cell_done(reply, interrupted, printed)
+
+    def finish(self, result: Result) -> None:
+        super().finish(result)
+        self.session._ended(result)
+
+
+class Session:
+    """A Python interpreter or a bash shell of the pool's that keeps its
+    state -- variables, imports, functions; the shell's directory, exports
+    and functions; the files in its directory -- from one cell to the next.
+
+    Made by ``ExecPool.session`` (see there); a context manager that closes
+    it. ``run`` and ``submit`` send cells, one running at a time in the
+    order sent. ``SessionClosedError`` for a cell sent to a session that is
+    closed or gone.
+    """
+
+    def __init__(self, pool: "ExecPool", language: str, *, sandbox: Union[None, bool, str, Sandbox],
+                 limits: Optional[Limits], idle_timeout: Optional[Number], cwd: Optional[str],
+                 env: Optional[Mapping[str, str]], network: bool) -> None:
+        #: Unguessable: a service hands it to its client as the session's name.
+        self.id = secrets.token_urlsafe(16)
+        self.language = language
+        self.created = time.time()
+        self.last_used = self.created
+        self._lock = threading.Lock()
+        self._queue: Deque[_Cell] = deque()
+        self._running: Optional[_Cell] = None
+        self._count = 0
+        self._gone: Optional[str] = None  # why, once it is
+        self._closing = False
+        self._ended_event = threading.Event()
+        self._live = LiveBudget()
+        config = pool.config
+        env_all = dict(config.tool_env)
+        env_all.update(env or {})
+        job_id = pool._next_id()
+        self._future = JobFuture(job_id)
+        handle = self._handle = SessionHandle(self._future, self, pool._stats)
+        start = channel.Start(
+            job_id=job_id, argv_kind="python" if language == "python" else "shell", source="", cwd=cwd,
+            env=env_all, timeout=None, limits=limits or config.limits, live_cap=RESULT_HEAD_CHARS,
+            max_output_chars=config.max_output_chars, keep_background=False, python=config.python,  # type: ignore[arg-type]
+            stdin=None,
+            warm=language == "python", network=network, separate_stderr=True,
+            sandbox=config.sandbox if sandbox is None else sandbox or None,  # type: ignore[arg-type]
+            session=True, idle_timeout=None if idle_timeout is None else float(idle_timeout))
+        self._worker: WorkerProcess = pool._workers.assign(handle, None)
+        self._future._cancel = self._kill
+        self._worker.send(start)
+
+    # -- the caller's calls ------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        """False once the session is closed or gone."""
+        with self._lock:
+            return self._gone is None
+
+    def submit(self, code: str, *, timeout: Optional[Number] = DEFAULT_CELL_TIMEOUT_S,
+               on_event: Optional[OnEvent] = None) -> CellFuture:
+        """Queue a cell; its future's result is its CellResult. ``on_event``
+        gets its output live (``JobOutput``, with ``stream``; past
+        TOOL_OUTPUT_STREAM_MAX_CHARS one ``OutputCapped``), on the pool's
+        dispatcher thread, as ``ExecPool.submit``'s does."""
+        checks.text("code", code)
+        if timeout is not None:
+            checks.seconds("timeout", timeout)
+        if on_event is not None and not callable(on_event):
+            raise TypeError(f"on_event must be callable, not {type(on_event).__name__}")
+        future = CellFuture(self)
+        cell = _Cell(code, None if timeout is None else float(timeout), future, on_event, Printed())
+        with self._lock:
+            if self._gone is not None:
+                raise SessionClosedError(self._gone)
+            self._queue.append(cell)
+            self.last_used = time.time()
+            self._next()
+        return future
+
+    def run(self, code: str, *, timeout: Optional[Number] = DEFAULT_CELL_TIMEOUT_S) -> CellResult:
+        """Run a cell to its end; its CellResult. If the wait is interrupted
+        (Ctrl-C), the cell is interrupted."""
+        future = self.submit(code, timeout=timeout)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    def interrupt(self) -> bool:
+        """Interrupt the running cell, as its timeout would; False if none runs."""
+        with self._lock:
+            cell = self._running
+        return cell is not None and self._cancel(cell.future)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """End the session and everything it started; returns once its tree
+        is dead (at most ``timeout`` seconds)."""
+        with self._lock:
+            if self._gone is None:
+                self._gone = "this session was closed"
+                self._closing = True
+            self._drop_queue()
+        self._future.cancel()
+        self._ended_event.wait(timeout)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Session {self.language} {self.id[:8]} {'alive' if self.alive else 'gone'}>"
+
+    # -- inside: under the lock, or on the dispatcher thread ---------------------
+
+    def _next(self) -> None:
+        """(Under the lock.) Send the next queued cell, if none runs."""
+        if self._running is not None or self._gone is not None:
+            return
+        while self._queue:
+            cell = self._queue.popleft()
+            if cell.future.set_running_or_notify_cancel():  # else cancelled while it waited
+                break
+        else:
+            return
+        self._running = cell
+        cell.started = time.monotonic()
+        self._live = LiveBudget()
+        slack = None if cell.timeout is None else cell.timeout + _CELL_SLACK_S
+        self._handle.deadline = None if slack is None else time.monotonic() + slack
+        self._worker.send(channel.Cell(self._future.job_id, cell.code, cell.timeout))
+
+    def _cancel(self, future: CellFuture) -> bool:
+        with self._lock:
+            running = self._running
+            if running is not None and running.future is future:
+                if running.cancelled:
+                    return True
+                running.cancelled = True
+                self._worker.send(channel.Interrupt(self._future.job_id))
+                return True
+            for cell in self._queue:
+                if cell.future is future:
+                    self._queue.remove(cell)
+                    break
+            else:
+                return False
+        return Future.cancel(future)
+
+    def _kill(self) -> None:
+        if self._future.job_id in self._worker.jobs:
+            self._worker.send(channel.Cancel(self._future.job_id))
+
+    def _output(self, text: str, stream: str) -> None:
+        with self._lock:
+            cell = self._running
+        if cell is None:
+            return  # a process the session started printed between cells: nobody's
+        cell.printed.add(text, stream)
+        if cell.on_event is None or self._live.capped:
+            return
+        piece = self._live.take(text)
+        try:
+            if piece:
+                cell.on_event(JobOutput(piece, stream))
+            if self._live.capped:
+                cell.on_event(OutputCapped(self._live.sent))
+        except Exception:  # noqa: BLE001 - a consumer's failure is its own (SPEC §2.2)
+            pass
+
+    def _cell_done(self, reply: bytes, interrupted: bool, printed: int) -> None:
+        with self._lock:
+            cell, self._running = self._running, None
+            self._handle.deadline = None
+            if cell is not None:
+                self._count += 1
+        if cell is None:
+            return
+        fields = read_reply(self.language, reply)
+        if interrupted:
+            fields["status"] = Status.CANCELLED if cell.cancelled else Status.TIMEOUT
+        fields.setdefault("execution_count", self._count)
+        self._settle(cell, CellResult(**fields, **cell.printed.fields(printed), duration_s=self._took(cell),
+                                      timeout=cell.timeout))
+        with self._lock:
+            self._next()
+
+    def _ended(self, result: Result) -> None:
+        """The session's job ended: the cell running, if any, ends with it;
+        queued ones, and every later call, raise SessionClosedError."""
+        with self._lock:
+            cell, self._running = self._running, None
+            if self._gone is None:
+                self._gone = _why_gone(result, cell is not None)
+            why = self._gone
+            self._drop_queue()
+        if cell is not None:
+            status = result.status if result.status in (Status.TIMEOUT, Status.CANCELLED, Status.INFRA) else (
+                Status.ERROR)
+            if cell.cancelled and status is not Status.INFRA:
+                status = Status.CANCELLED
+            self._settle(cell, CellResult(status=status, **cell.printed.fields(cell.printed.total), alive=False,
+                                          message=why, exit_code=result.exit_code, duration_s=self._took(cell),
+                                          timeout=cell.timeout))
+        self._ended_event.set()
+
+    def _drop_queue(self) -> None:
+        """(Under the lock.) The queued cells will never run."""
+        while self._queue:
+            cell = self._queue.popleft()
+            if not cell.future.done():
+                cell.future.set_exception(SessionClosedError(self._gone or "the session is gone"))
+
+    @staticmethod
+    def _took(cell: _Cell) -> float:
+        return round(time.monotonic() - cell.started, 6)
+
+    @staticmethod
+    def _settle(cell: _Cell, result: CellResult) -> None:
+        try:
+            cell.future.set_result(result)
+        except InvalidStateError:
+            pass  # cancelled while queued, a moment before it was sent
+
+
+def _why_gone(result: Result, in_cell: bool) -> str:
+    """What ended a session that its owner did not close, in words for the
+    caller (and a model): its job's Result says."""
+    if result.status is Status.INFRA:
+        return f"the session is gone: {result.error or 'its worker died'}"
+    if result.status is Status.TIMEOUT:
+        if in_cell:
+            return "the cell did not stop when interrupted; the session was killed with its processes"
+        return "the session was idle past its idle timeout and was closed"
+    if result.status is Status.CANCELLED:
+        return "the cell did not stop when cancelled; the session was killed with its processes"
+    if result.error:
+        return f"the session was killed: {result.error}"
+    return f"the session's process exited ({result.exit_code})"
+
+
+def open_session(pool: "ExecPool", language: str, *, sandbox: Union[None, bool, str, Sandbox],
+                 limits: Optional[Limits], idle_timeout: Optional[Number], cwd: Optional[Union[str, os.PathLike]],
+                 env: Optional[Mapping[str, str]], network: bool) -> Session:
+    """``ExecPool.session``'s arguments checked, then the session started."""
+    if language not in SESSION_LANGUAGES:
+        raise ValueError(f"language must be one of {', '.join(SESSION_LANGUAGES)}, not {language!r}")
+    if limits is not None and not isinstance(limits, Limits):
+        raise TypeError(f"limits must be an execpool.Limits, not {type(limits).__name__}")
+    if idle_timeout is not None:
+        checks.seconds("idle_timeout", idle_timeout)
+    checks.flag("network", network)
+    directory = None
+    if cwd is not None:
+        directory = os.path.abspath(os.fspath(cwd))
+        if not os.path.isdir(directory):
+            raise ValueError(f"cwd {directory!r} is not an existing directory")
+    return Session(pool, language, sandbox=job_sandbox(sandbox), limits=limits, idle_timeout=idle_timeout,
+                   cwd=directory, env=None if env is None else checks.environment("env", env), network=network)

@@ -1,0 +1,243 @@
+"""A Python session's runtime: the interpreter that keeps a session's
+state, taking one cell at a time.
+
+Runs in the session's own process -- a warm spare that became the
+session's tool (execpool/worker/warm/spare.py), sandboxed, limited and
+watched like any job's -- and nowhere else: it imports nothing of
+execpool's, so what a cell sees loaded is what a warm job sees. Its stdin
+is the session's socket (execpool/worker/sessions/link.py); it moves that
+off fd 0 (a cell's ``input()`` reads an empty stdin) to a descriptor that no
+program the cell starts inherits.
+
+A cell runs as Jupyter runs one: its statements in the session's
+``__main__``, the last one's value, when it is an expression, kept as the
+cell's value -- its ``text/plain`` and the richer types the object offers
+(``_repr_html_`` and the rest, a matplotlib figure's PNG) -- and in ``_``;
+``display(obj)`` adds to the cell's displays, as does every matplotlib
+figure still open when the cell ends (then closed, as the inline backend
+does); an exception is the cell's error, with a traceback of the cell's
+frames only. Its stdout and stderr go where the session's go, the worker's
+pipes, live. SIGINT (a timeout, a cancel) is a KeyboardInterrupt in the
+cell; between cells it is ignored.
+
+A cell comes as its number, a newline and its source; the runtime says
+the number and ``!`` once SIGINT would interrupt it, and its reply, after
+the cell's output is flushed, is the number, a colon, one JSON object --
+``{"value", "data", "display", "error", "execution_count"}`` -- and a NUL.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import builtins
+import io
+import json
+import linecache
+import os
+import signal
+import socket
+import sys
+import traceback
+import types
+from typing import Any, Dict, List, Optional
+
+#: The richer representations an object may offer, Jupyter's names.
+_REPR_METHODS = (("text/html", "_repr_html_"), ("text/markdown", "_repr_markdown_"),
+                 ("image/svg+xml", "_repr_svg_"), ("image/png", "_repr_png_"), ("image/jpeg", "_repr_jpeg_"),
+                 ("text/latex", "_repr_latex_"), ("application/json", "_repr_json_"))
+_BINARY = {"image/png", "image/jpeg"}
+
+_in_cell = False
+
+
+def _on_sigint(_signum: int, _frame: object) -> None:
+    if _in_cell:
+        raise KeyboardInterrupt
+
+
+def bundle(obj: Any) -> Dict[str, Any]:
+    """An object's MIME bundle, as Jupyter's display would make it: its
+    repr, and each richer type it offers (a method that raises, or answers
+    None, offers nothing)."""
+    data: Dict[str, Any] = {"text/plain": _plain(obj)}
+    figure = _figure_png(obj)
+    if figure is not None:
+        data["image/png"] = figure
+    for mime, name in _REPR_METHODS:
+        method = getattr(type(obj), name, None)
+        if method is None or mime in data:
+            continue
+        try:
+            value = method(obj)
+        except Exception:  # noqa: BLE001 - an object's broken representation is not the cell's error
+            continue
+        if isinstance(value, tuple):  # (data, metadata)
+            value = value[0]
+        if value is None:
+            continue
+        if mime in _BINARY and isinstance(value, bytes):
+            value = base64.b64encode(value).decode("ascii")
+        elif mime == "application/json":
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError):
+                continue
+        elif not isinstance(value, str):
+            continue
+        data[mime] = value
+    return data
+
+
+def _plain(obj: Any) -> str:
+    try:
+        return repr(obj)
+    except Exception as exc:  # noqa: BLE001 - a broken __repr__ still shows something
+        return f"<{type(obj).__name__} object (repr failed: {type(exc).__name__})>"
+
+
+def _figure_png(obj: Any) -> Optional[str]:
+    """A matplotlib Figure as PNG, base64; None for anything else."""
+    figure_module = sys.modules.get("matplotlib.figure")
+    if figure_module is None or not isinstance(obj, figure_module.Figure):
+        return None
+    out = io.BytesIO()
+    try:
+        obj.savefig(out, format="png", bbox_inches="tight")
+    except Exception:  # noqa: BLE001 - a figure that cannot draw shows as its repr
+        return None
+    return base64.b64encode(out.getvalue()).decode("ascii")
+
+
+class _Cell:
+    """What one cell produced besides its output."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.value: Any = None
+        self.has_value = False
+        self.display: List[Dict[str, Any]] = []
+        self.error: Optional[Dict[str, Any]] = None
+
+    def show(self, *objs: Any) -> None:
+        for obj in objs:
+            self.display.append(bundle(obj))
+
+    def reply(self) -> bytes:
+        data = bundle(self.value) if self.has_value else None
+        return json.dumps({"value": None if data is None else data["text/plain"], "data": data,
+                           "display": self.display, "error": self.error,
+                           "execution_count": self.count}).encode("utf-8") + b"\0"
+
+
+class Runtime:
+    def __init__(self, channel: socket.socket) -> None:
+        self.channel = channel
+        self.count = 0
+        self.cell: Optional[_Cell] = None
+        self.main = types.ModuleType("__main__")
+        self.main.__dict__["__builtins__"] = builtins
+        sys.modules["__main__"] = self.main
+        builtins.display = self._display  # type: ignore[attr-defined]
+
+    def _display(self, *objs: Any) -> None:
+        """``display(obj, ...)``, as in Jupyter: each object's bundle among
+        the cell's displays (printed as its repr outside a cell)."""
+        if self.cell is None:
+            print(*map(_plain, objs))
+        else:
+            self.cell.show(*objs)
+
+    def serve(self) -> None:
+        buffer = bytearray()
+        while True:
+            end = buffer.find(b"\0")
+            if end < 0:
+                try:
+                    data = self.channel.recv(1 << 16)
+                except InterruptedError:
+                    continue
+                if not data:
+                    return  # the worker closed the session
+                buffer += data
+                continue
+            number, _, source = buffer[:end].decode("utf-8", "replace").partition("\n")
+            del buffer[:end + 1]
+            tag = number.encode("ascii", "replace")
+            self.channel.sendall(tag + b":" + self.run(source, tag + b"!\0"))
+
+    def run(self, source: str, started: bytes) -> bytes:
+        """The cell's reply; ``started`` is said once SIGINT would interrupt it."""
+        global _in_cell
+        self.count += 1
+        cell = self.cell = _Cell(self.count)
+        name = f"<cell {self.count}>"
+        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+        try:
+            _in_cell = True
+            self.channel.sendall(started)
+            try:
+                self._execute(source, name, cell)
+            finally:
+                _in_cell = False
+        except BaseException as exc:  # noqa: BLE001 - the cell's error, SystemExit and KeyboardInterrupt too
+            cell.error = _error(exc)
+        try:
+            self._show_figures(cell)
+        except BaseException as exc:  # noqa: BLE001
+            cell.error = cell.error or _error(exc)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        self.cell = None
+        return cell.reply()
+
+    def _execute(self, source: str, name: str, cell: _Cell) -> None:
+        tree = ast.parse(source, name, "exec")
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        assert last is None or isinstance(last, ast.Expr)
+        namespace = self.main.__dict__
+        if tree.body:
+            exec(compile(tree, name, "exec"), namespace)
+        if last is not None:
+            value = eval(compile(ast.Expression(last.value), name, "eval"), namespace)
+            if value is not None:
+                cell.value, cell.has_value = value, True
+                builtins._ = value  # type: ignore[attr-defined]
+
+    def _show_figures(self, cell: _Cell) -> None:
+        """Every matplotlib figure still open is shown, then closed, as the
+        inline backend does; the cell's value, if it is one, only once."""
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is None:
+            return
+        for number in pyplot.get_fignums():
+            figure = pyplot.figure(number)
+            if not (cell.has_value and cell.value is figure):
+                cell.show(figure)
+        pyplot.close("all")
+
+
+def _error(exc: BaseException) -> Dict[str, Any]:
+    """Jupyter's error: the exception's name and value, and a traceback of
+    the cell's own frames (the runtime's are cut off)."""
+    tb = exc.__traceback__
+    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell "):
+        tb = tb.tb_next
+    if isinstance(exc, SyntaxError):
+        tb = None
+    lines = traceback.format_exception(type(exc), exc, tb)
+    return {"ename": type(exc).__name__, "evalue": str(exc), "traceback": [line.rstrip("\n") for line in lines]}
+
+
+def main() -> None:
+    channel = socket.socket(fileno=os.dup(0))  # dup: close-on-exec, unlike fd 0
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = open(0, encoding="utf-8", closefd=False)
+    signal.signal(signal.SIGINT, _on_sigint)
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    Runtime(channel).serve()

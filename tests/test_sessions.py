@@ -1,0 +1,357 @@
+"""Sessions (SPEC §8): a Python interpreter or a bash shell that keeps its
+state between cells, interrupted by a timeout without losing it, killed
+with its tree when it ignores the interrupt, and gone -- its whole tree
+with it -- on close, idle, the pool's close, its worker's death and its
+owner's SIGKILL. The sessions run in the strict sandbox (the service's
+and the tool layer's default) unless a test says otherwise; the pool runs
+as root here."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+from helpers import all_dead, pids_in, remember, wait_for
+
+from execpool import CellResult, ExecPool, JobOutput, Limits, SessionClosedError, Status
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: A daemon in a session of its own, orphaned at once, announcing its pid.
+DAEMON = "setsid sh -c 'sleep 300 </dev/null >/dev/null 2>&1 & echo \"PIDS $!\"'"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ExecPool(workers=2, sandbox="strict") as p:
+        yield p
+
+
+@pytest.fixture
+def py(pool):
+    with pool.session("python") as s:
+        yield s
+
+
+@pytest.fixture
+def sh(pool):
+    with pool.session("bash") as s:
+        yield s
+
+
+# -- Python: state, values, output, errors ---------------------------------------------
+
+def test_state_stays_between_cells_and_the_last_expression_is_the_value(py):
+    first = py.run("import math\nx = 41\nx + 1", timeout=30)
+    assert isinstance(first, CellResult)
+    assert (first.status, first.value, first.data, first.execution_count) == (Status.OK, "42", {"text/plain": "42"},
+                                                                             1)
+    second = py.run("def f(n):\n    return math.sqrt(n) + x\nf(16)")
+    assert (second.value, second.execution_count, second.alive) == ("45.0", 2, True)
+    assert py.run("_ * 2").value == "90.0"  # the last value, as Jupyter keeps it
+    assert py.run("y = 1").value is None and py.run("None").value is None
+
+
+def test_stdout_and_stderr_come_apart_and_in_the_order_printed(py):
+    result = py.run("import sys\nprint('out 1')\nprint('err', file=sys.stderr)\nprint('out 2')\n'value'")
+    assert (result.stdout, result.stderr) == ("out 1\nout 2\n", "err\n")
+    # Two pipes: each stream keeps its order, the two interleave as they were read.
+    assert sorted(result.output.splitlines()) == ["err", "out 1", "out 2"]
+    assert result.text == result.output + "'value'"
+
+
+def test_what_a_cell_starts_prints_into_the_cell(py):
+    result = py.run("import subprocess\nsubprocess.run(['echo', 'from a child'])\nNone")
+    assert result.stdout == "from a child\n"
+
+
+def test_an_exception_is_the_cell_s_error_with_the_cell_s_frames_only(py):
+    py.run("def inner():\n    return 1 / 0\n")
+    result = py.run("print('before')\ninner()")
+    assert result.status is Status.ERROR and result.alive
+    assert (result.error["ename"], result.error["evalue"]) == ("ZeroDivisionError", "division by zero")
+    traceback = "\n".join(result.error["traceback"])
+    assert 'File "<cell 2>", line 2' in traceback and 'File "<cell 1>", line 2, in inner' in traceback
+    assert "return 1 / 0" in traceback and "execpool" not in traceback
+    assert result.text.startswith("before\nTraceback (most recent call last):")
+    syntax = py.run("def (")
+    assert syntax.error["ename"] == "SyntaxError" and "execpool" not in "\n".join(syntax.error["traceback"])
+    assert py.run("raise SystemExit(3)").error["ename"] == "SystemExit" and py.alive
+
+
+def test_a_cell_s_output_arrives_live_before_it_ends(py, tmp_path):
+    """The cell prints, then waits for a file the test writes only once
+    that line reached it."""
+    gate = tmp_path / "gate"
+    seen = []
+    arrived = threading.Event()
+
+    def on_event(event):
+        seen.append(event)
+        if isinstance(event, JobOutput) and "first" in event.text:
+            arrived.set()
+
+    future = py.submit(f"import os, time, sys\nprint('first')\nprint('to err', file=sys.stderr)\n"
+                       f"deadline = time.time() + 20\n"
+                       f"while not os.path.exists({str(gate)!r}) and time.time() < deadline:\n"
+                       f"    time.sleep(0.01)\nprint('second')", timeout=30, on_event=on_event)
+    assert arrived.wait(20), seen
+    assert not future.done()
+    gate.write_text("go")
+    result = future.result(30)
+    assert result.stdout == "first\nsecond\n"
+    assert "".join(e.text for e in seen if e.stream == "stdout") == "first\nsecond\n"
+    assert "".join(e.text for e in seen if e.stream == "stderr") == "to err\n"
+
+
+# -- Python: what Jupyter shows ------------------------------------------------------------
+
+def test_a_matplotlib_figure_is_shown_as_png_and_closed(py):
+    result = py.run("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('t')\nNone", timeout=120)
+    assert result.status is Status.OK, result.text
+    (shown,) = result.display
+    assert base64.b64decode(shown["image/png"]).startswith(b"\x89PNG\r\n\x1a\n")
+    assert shown["text/plain"].startswith("<Figure size")
+    assert py.run("plt.get_fignums()").value == "[]"  # closed, as the inline backend does
+    as_value = py.run("fig = plt.figure()\nplt.plot([1])\nfig")
+    assert "image/png" in as_value.data and as_value.display == ()  # shown once, as the value
+
+
+def test_a_dataframe_s_value_carries_its_html(py):
+    result = py.run("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})", timeout=120)
+    assert result.status is Status.OK, result.text
+    assert result.value.split() == ["a", "b", "0", "1", "x", "1", "2", "y"]
+    assert "<table" in result.data["text/html"] and "<td>x</td>" in result.data["text/html"]
+
+
+def test_display_adds_bundles_and_objects_offer_their_own_types(py):
+    result = py.run(textwrap.dedent("""\
+        class Rich:
+            def _repr_html_(self): return '<b>rich</b>'
+            def _repr_markdown_(self): return None
+            def _repr_png_(self): return b'png bytes'
+            def _repr_svg_(self): raise RuntimeError('broken')
+            def __repr__(self): return 'Rich()'
+        display(Rich(), 'plain')
+        """))
+    assert result.display == ({"text/plain": "Rich()", "text/html": "<b>rich</b>",
+                               "image/png": base64.b64encode(b"png bytes").decode()},
+                              {"text/plain": "'plain'"})
+
+
+# -- interrupts and timeouts -----------------------------------------------------------------
+
+def test_a_timeout_interrupts_the_cell_and_the_session_keeps_its_state(py):
+    py.run("kept = 'yes'")
+    result = py.run("import time\nprint('started')\nwhile True:\n    time.sleep(0.01)", timeout=0.5)
+    assert (result.status, result.alive) == (Status.TIMEOUT, True)
+    assert result.error["ename"] == "KeyboardInterrupt" and result.stdout == "started\n"
+    assert result.text == "started\nExecution timed out after 0.5 seconds."
+    assert py.run("kept").value == "'yes'"
+
+
+def test_a_cell_that_ignores_the_interrupt_is_killed_and_the_session_is_gone(py):
+    started = time.monotonic()
+    result = py.run("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n"
+                    "    time.sleep(0.01)", timeout=0.3)
+    assert (result.status, result.alive) == (Status.TIMEOUT, False)
+    assert "did not stop when interrupted" in result.message and time.monotonic() - started < 10
+    assert not py.alive
+    with pytest.raises(SessionClosedError, match="did not stop when interrupted"):
+        py.run("1")
+
+
+def test_cancelling_a_running_cell_interrupts_it_and_a_queued_one_never_runs(py, tmp_path):
+    marker = tmp_path / "ran"
+    running = py.submit("import time\nwhile True:\n    time.sleep(0.01)", timeout=60)
+    queued = py.submit(f"open({str(marker)!r}, 'w').close()")
+    assert queued.cancel() and queued.cancelled()
+    assert wait_for(lambda: py._running is not None, 5)
+    assert running.cancel()
+    result = running.result(10)
+    assert (result.status, result.alive, result.text) == (Status.CANCELLED, True, "Execution cancelled.")
+    assert py.run("1 + 1").value == "2" and not marker.exists()
+
+
+# -- bash ------------------------------------------------------------------------------------
+
+def test_bash_keeps_its_directory_exports_and_functions(sh):
+    assert sh.run("cd /etc && export A=1 && greet() { echo \"hi $1\"; }").exit_code == 0
+    result = sh.run("pwd; echo $A; greet you")
+    assert (result.status, result.stdout, result.exit_code) == (Status.OK, "/etc\n1\nhi you\n", 0)
+    failed = sh.run("echo out; echo err >&2; false")
+    assert (failed.status, failed.exit_code, failed.stdout, failed.stderr) == (Status.ERROR, 1, "out\n", "err\n")
+    assert failed.text == "Exit code 1:\nout\nerr\n" and sh.alive
+
+
+def test_bash_reads_an_empty_stdin_and_cannot_see_the_session_s_socket(sh):
+    result = sh.run("cat; ls -l /proc/self/fd/ | grep -c socket || true")
+    assert result.stdout == "0\n"
+
+
+def test_bash_interrupt_ends_the_foreground_command_and_the_shell_lives(sh):
+    sh.run("export KEPT=1")
+    result = sh.run("echo before; sleep 60; echo after", timeout=0.5)
+    assert (result.status, result.alive, result.stdout, result.exit_code) == (Status.TIMEOUT, True, "before\n", 130)
+    assert sh.run("echo $KEPT").stdout == "1\n"
+
+
+def test_bash_that_ignores_the_interrupt_is_killed(sh):
+    result = sh.run("trap '' INT; sleep 60", timeout=0.3)
+    assert (result.status, result.alive) == (Status.TIMEOUT, False)
+
+
+def test_bash_exit_ends_the_session(sh):
+    result = sh.run("echo bye; exit 4")
+    assert (result.status, result.alive, result.exit_code, result.stdout) == (Status.ERROR, False, 4, "bye\n")
+    with pytest.raises(SessionClosedError, match="exited"):
+        sh.run("echo")
+
+
+# -- lifetime ------------------------------------------------------------------------------
+
+def test_close_kills_everything_the_session_started(pool, doomed):
+    session = pool.session("bash")
+    pids = pids_in(session.run(DAEMON + "; sleep 300 & echo PIDS $!").stdout)
+    remember(doomed, pids)
+    assert len(pids) == 2 and all(psutil.pid_exists(pid) for pid in pids)
+    session.close()
+    assert all_dead(pids) and not session.alive
+    with pytest.raises(SessionClosedError, match="closed"):
+        session.submit("echo")
+
+
+def test_an_idle_session_ends_after_its_idle_timeout(pool):
+    session = pool.session("python", idle_timeout=0.3)
+    assert session.run("1").ok
+    assert wait_for(lambda: not session.alive, 10)
+    with pytest.raises(SessionClosedError, match="idle"):
+        session.run("1")
+
+
+def test_a_cell_longer_than_the_idle_timeout_is_not_cut_short(pool):
+    with pool.session("python", idle_timeout=0.2) as session:
+        assert session.run("import time\ntime.sleep(0.6)\n'done'").value == "'done'"
+
+
+def test_the_pool_s_close_ends_its_sessions_and_their_trees(doomed):
+    with ExecPool(workers=1, sandbox="strict") as own:
+        session = own.session("python")
+        pids = pids_in(session.run(f"import subprocess\nprint(subprocess.run({DAEMON!r}, shell=True, "
+                                   "capture_output=True, text=True).stdout)").stdout)
+        remember(doomed, pids)
+        running = session.submit("import time\ntime.sleep(60)", timeout=120)
+        assert wait_for(lambda: session._running is not None, 5)
+    result = running.result(10)
+    assert (result.status, result.alive) == (Status.INFRA, False) and "closed" in result.text
+    assert all_dead(pids)
+    with pytest.raises(SessionClosedError):
+        session.run("1")
+
+
+def test_a_dead_worker_takes_its_sessions_and_their_next_call_says_so(doomed):
+    with ExecPool(workers=1, sandbox="strict") as own:
+        session = own.session("python")
+        worker = own.worker_pids[0]
+        inside = threading.Event()
+        running = session.submit("import time\nprint('in')\ntime.sleep(60)", timeout=120,
+                                 on_event=lambda event: inside.set())
+        assert inside.wait(20)
+        os.kill(worker, signal.SIGKILL)
+        result = running.result(20)
+        assert (result.status, result.alive) == (Status.INFRA, False), result
+        assert result.text.startswith("Execution error: ")
+        with pytest.raises(SessionClosedError):
+            session.run("1")
+        with own.session("python") as again:  # the pool goes on with a new worker
+            assert again.run("2").value == "2"
+
+
+def test_the_owner_s_sigkill_leaves_nothing_of_its_sessions(tmp_path, doomed):
+    script = tmp_path / "owner.py"
+    script.write_text(textwrap.dedent(f"""\
+        import sys, time
+        sys.path.insert(0, {REPO!r})
+        from execpool import ExecPool
+        pool = ExecPool(workers=1, sandbox="strict")
+        session = pool.session("bash")
+        print(session.run({DAEMON!r} + "; sleep 300 & echo PIDS $!").stdout.replace("\\n", " "), flush=True)
+        time.sleep(300)
+        """))
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = owner.stdout.readline()
+        pids = pids_in(line)
+        remember(doomed, pids)
+        assert len(pids) == 2, line
+        owner.kill()
+        owner.wait(10)
+        assert all_dead(pids, timeout=10)
+    finally:
+        owner.kill()
+        owner.wait()
+        owner.stdout.close()
+
+
+# -- limits, sandbox, the socket --------------------------------------------------------
+
+def test_a_session_s_limits_hold_and_it_lives_on(pool):
+    with pool.session("python", limits=Limits(address_space=1 << 30)) as session:
+        result = session.run("block = bytearray(2 << 30)")
+        assert (result.status, result.error["ename"], result.alive) == (Status.ERROR, "MemoryError", True)
+        assert session.run("len(bytearray(1 << 20))").value == "1048576"
+
+
+def test_sessions_are_tenants_of_their_own(pool):
+    with pool.session("python") as one, pool.session("bash") as other:
+        one.run("import os\nopen('/tmp/mine', 'w').write('secret')\nopen('here', 'w').write('x')")
+        seen = other.run("ls -a /tmp; ls -a; ls /root | wc -l")
+        assert "mine" not in seen.stdout and "here" not in seen.stdout and seen.stdout.endswith("0\n")
+        assert other.run("cat /tmp/mine").exit_code == 1
+        assert one.run("open('/tmp/mine').read()").value == "'secret'"  # its own /tmp, for its life
+        escape = one.run("open('/etc/passwd', 'a')")
+        assert escape.error["ename"] in ("PermissionError", "OSError")
+
+
+def test_a_garbled_reply_is_the_cell_s_error_and_the_session_goes_on(py):
+    """The session's own code can write on its socket: the reply is read as
+    untrusted (execpool/shared/cells.py)."""
+    result = py.run("import gc, socket\n"
+                    "[s for s in gc.get_objects() if isinstance(s, socket.socket)][0].sendall(b'1:{\"x\": 1}\\0')")
+    assert (result.status, result.error["ename"], result.alive) == (Status.ERROR, "SessionError", True)
+    assert py.run("6 * 7").value == "42"
+
+
+def test_misuse_is_refused_with_a_precise_error(pool):
+    with pytest.raises(ValueError, match="language must be one of python, bash, not 'ruby'"):
+        pool.session("ruby")
+    with pytest.raises(ValueError, match="idle_timeout"):
+        pool.session("python", idle_timeout=-1)
+    with pytest.raises(TypeError, match="limits"):
+        pool.session("python", limits={"memory": 1})
+    with pool.session("python") as session:
+        with pytest.raises(TypeError, match="code"):
+            session.run(b"1")
+        with pytest.raises(ValueError, match="timeout"):
+            session.run("1", timeout=-2)
+
+
+def test_many_sessions_at_once(pool):
+    sessions = [pool.session("python" if n % 2 else "bash") for n in range(20)]
+    try:
+        futures = [s.submit(f"x{n} = {n}" if s.language == "python" else f"export X={n}")
+                   for n, s in enumerate(sessions)]
+        assert all(f.result(60).ok for f in futures)
+        answers = [s.run(f"x{n}" if s.language == "python" else "echo $X") for n, s in enumerate(sessions)]
+        assert [a.value or a.stdout.strip() for a in answers] == [str(n) for n in range(20)]
+    finally:
+        for s in sessions:
+            s.close()
