@@ -20,7 +20,7 @@ from concurrent.futures import wait
 import pytest
 from helpers import run_as_nobody, wait_for
 
-from execpool import CodeJob, ExecPool, Status, languages
+from execpool import CodeJob, ExecPool, Result, ShellJob, Status, languages
 from execpool.shared import languages as table
 
 #: SandboxFusion's language names (its sandbox/runners), and the two added.
@@ -500,13 +500,84 @@ def test_jobs_asking_at_once_wait_for_one_compile(pool):
     assert all(f.result().status is Status.OK for f in futures)
 
 
-def test_a_compile_error_is_kept_too(pool):
+def test_a_compile_error_is_kept_once_a_second_compile_failed_alike(pool):
+    """A first failure may be the machine's (a disk another job filled, an
+    out-of-memory kill): it is served from the cache only once a second
+    compile failed the same way."""
     before = pool.compile_cache
     code = f"int main() {{ nope_{time.time_ns()}(); }}\n"
-    first, second = (pool.run(CodeJob("cpp", code, timeout=30)) for _ in range(2))
-    assert first.compile_status is second.compile_status is Status.ERROR
-    assert (first.compile_cached, second.compile_cached) == (False, True)
-    assert pool.compile_cache.misses - before.misses == 1
+    results = [pool.run(CodeJob("cpp", code, timeout=30)) for _ in range(3)]
+    assert all(r.compile_status is Status.ERROR for r in results)
+    assert [r.compile_cached for r in results] == [False, False, True]
+    assert pool.compile_cache.misses - before.misses == 2
+    assert results[2].text == results[0].text
+
+
+def _artifact(status=Status.ERROR, exit_code=1, output="error: nope", **fields):
+    from execpool.pool.code import Artifact, failed_artifact
+    result = Result(status=status, exit_code=exit_code, output=output, **fields)
+    return Artifact(result, size=100) if status is Status.OK else failed_artifact(result)
+
+
+def _cache(tmp_path, max_bytes=1 << 20):
+    from execpool.pool.code import CompileCache
+    removed = []
+    return CompileCache(str(tmp_path), max_bytes, removed.append), removed
+
+
+def test_a_failure_is_served_only_when_confirmed_and_a_killed_compiler_never(tmp_path):
+    cache, _ = _cache(tmp_path)
+    assert cache.claim("k") == (None, None)
+    cache.settle("k", _artifact(output="ld: final link failed: No space left on device"))
+    assert cache.claim("k") == (None, None)  # tentative: compiled again
+    cache.settle("k", _artifact(status=Status.OK, exit_code=0, output=""))  # the disk was the machine's
+    assert cache.claim("k")[0].compiled
+    assert cache.claim("j") == (None, None)
+    cache.settle("j", _artifact(exit_code=-9, output="Killed signal terminated program cc1plus"))
+    assert cache.claim("j") == (None, None)
+    cache.settle("j", _artifact(exit_code=-9, output="Killed signal terminated program cc1plus"))
+    assert cache.claim("j") == (None, None)  # a signal's work, never kept
+    cache.settle("j", _artifact())
+    assert cache.claim("j") == (None, None)
+    cache.settle("j", _artifact(output="error: other"))  # not the same failure: still tentative
+    assert cache.claim("j") == (None, None)
+    cache.settle("j", _artifact(output="error: other"))
+    served, _ = cache.claim("j")
+    assert served is not None and served.confirmed and served.result.output == "error: other"
+
+
+def test_failed_compiles_keep_a_head_of_their_output_within_a_memory_budget(tmp_path):
+    from execpool.pool.code import FAILED_MAX_BYTES, FAILED_OUTPUT_CHARS
+    huge = "é✓ error line\n" * 100_000
+    artifact = _artifact(output=huge)
+    assert len(artifact.result.output) == FAILED_OUTPUT_CHARS and artifact.result.output_chars == len(huge)
+    assert "truncated" in artifact.result.text and artifact.size >= 4 * FAILED_OUTPUT_CHARS
+    cache, _ = _cache(tmp_path, max_bytes=1 << 40)
+    for n in range(2 * FAILED_MAX_BYTES // artifact.size):
+        cache.claim(f"k{n}")
+        cache.settle(f"k{n}", _artifact(output=huge + str(n)))
+    assert cache._failed_bytes <= FAILED_MAX_BYTES and len(cache._entries) < n
+
+
+def test_what_a_compile_left_counts_as_copied_not_as_listed(tmp_path, monkeypatch):
+    """A file that grew after it was listed (a process the compile left,
+    where no cgroup ended it) is not kept past the bound."""
+    from execpool.pool import code as code_module
+    cache, removed = _cache(tmp_path / "cache")
+    (tmp_path / "cache").mkdir()
+    made = tmp_path / "made"
+    made.mkdir()
+    (made / "test").write_bytes(b"x" * 4096)
+    monkeypatch.setattr(code_module, "ARTIFACT_MAX_BYTES", 1024)
+    real_lstat = os.lstat
+    monkeypatch.setattr(code_module.os, "lstat", lambda path, *a, **k: os.stat_result(
+        (*real_lstat(path)[:6], 10, *real_lstat(path)[7:])) if str(path).endswith("test") else real_lstat(path))
+    artifact = cache.store("k", Result(status=Status.OK, exit_code=0), str(made), ("test",))
+    assert not artifact.compiled and "execpool keeps at most" in artifact.result.error
+    assert [os.path.dirname(path) for path in removed] == [str(tmp_path / "cache")]  # its copy goes
+    (made / "test").write_bytes(b"x" * 512)
+    kept = cache.store("k", Result(status=Status.OK, exit_code=0), str(made), ("test",))
+    assert kept.compiled and kept.size == 512
 
 
 def test_another_language_version_or_program_compiles_again():
@@ -514,15 +585,15 @@ def test_another_language_version_or_program_compiles_again():
     command, the program and the files."""
     from execpool.pool.code import _CodeRun
 
-    def key(language="cpp", code="int main(){}", files=None, version="12.2.0"):
+    def key(language="cpp", code="int main(){}", files=None, version="12.2.0", sandbox="Sandbox()"):
         run = _CodeRun.__new__(_CodeRun)
         run.job = CodeJob(language, code, files=files)
         run.language = run.job.spec
-        return run._cache_key(table.Toolchain(language, True, True, f"x {version}", None, version))
+        return run._cache_key(table.Toolchain(language, True, True, f"x {version}", None, version), sandbox)
 
     keys = {key(), key(language="c"), key(version="12.3.0"), key(code="int main(){ }"),
-            key(files={"a.h": b"1"}), key(files={"a.h": b"2"})}
-    assert len(keys) == 6 and key() == key()
+            key(files={"a.h": b"1"}), key(files={"a.h": b"2"}), key(sandbox="None")}
+    assert len(keys) == 7 and key() == key()
 
 
 def _slow_to_compile(n: int) -> str:
@@ -726,3 +797,104 @@ def test_closing_the_pool_ends_every_code_job():
     closer.join(30)
     assert not closer.is_alive()
     assert all(f.result(timeout=5).status in (Status.INFRA, Status.CANCELLED) for f in futures)
+
+
+def test_a_waiter_gives_up_at_its_own_compile_timeout_and_the_compile_goes_on(pool):
+    code = _slow_to_compile(1000)
+    owner = pool.submit(CodeJob("cpp", code, timeout=30, compile_timeout=120))
+    assert wait_for(lambda: pool.running_jobs == 1, 10)
+    waiter = pool.run(CodeJob("cpp", code, timeout=30, compile_timeout=0.5))
+    assert not owner.done()  # the waiter left at its own 0.5 s, the compile (3 s) goes on
+    assert (waiter.status, waiter.compile_status, waiter.compile_result.timeout) == (Status.TIMEOUT,
+                                                                                      Status.TIMEOUT, 0.5)
+    assert owner.result(120).status is Status.OK
+
+
+def test_a_waiter_that_allows_longer_compiles_again_when_the_owner_timed_out(pool):
+    """A job sending the same program with a tiny compile_timeout cannot
+    make another's compile time out."""
+    before = pool.compile_cache
+    code = _slow_to_compile(1000)
+    owner = pool.submit(CodeJob("cpp", code, timeout=30, compile_timeout=0.5))
+    waiter = pool.submit(CodeJob("cpp", code, timeout=30, compile_timeout=120))
+    assert owner.result(30).compile_status is Status.TIMEOUT
+    result = waiter.result(120)
+    assert (result.status, result.compile_status) == (Status.OK, Status.OK), result.text
+    assert pool.compile_cache.misses - before.misses == 2
+
+
+def test_a_cancelled_waiter_does_not_take_an_uncached_artifact_from_the_others():
+    """Past the cache's bytes (here: none kept) a compiled program lives
+    as long as its jobs still copy it; a waiter that left is not one."""
+    with ExecPool(workers=2, sandbox="strict", compile_cache_mb=0) as own:
+        code = _slow_to_compile(700)
+        jobs = [own.submit(CodeJob("cpp", code, timeout=30)) for _ in range(3)]
+        assert wait_for(lambda: own._code.cache.waiters() == 2, 10)
+        assert jobs[1].cancel() and jobs[1].result(5).status is Status.CANCELLED
+        assert [jobs[n].result(60).status for n in (0, 2)] == [Status.OK, Status.OK]
+        assert own.compile_cache.misses == 1
+        assert wait_for(lambda: not own._code.cache._transient and not _cache_files(own), 5)
+
+
+def test_files_cannot_take_the_program_s_own_names_as_directories():
+    with pytest.raises(ValueError, match="files must not hold 'main.cpp/x': execpool writes 'main.cpp'"):
+        CodeJob("cpp", "int main(){}", files={"main.cpp/x": b""})
+    with pytest.raises(ValueError, match="longer than 255 bytes"):
+        CodeJob("junit", "public class " + "A" * 300 + "Test { }")
+
+
+def test_the_sandbox_a_compile_had_is_in_its_key():
+    """A compile with wider rights may have read what a strict one may not."""
+    from execpool import Sandbox
+    with ExecPool(workers=1, sandbox="strict") as own:
+        program = _fresh(f"sandbox key {time.time_ns()}")
+        first = own.run(CodeJob("cpp", program, timeout=30))
+        wider = own.run(CodeJob("cpp", program, timeout=30, sandbox=Sandbox(read=("/root",))))
+        unconfined = own.run(CodeJob("cpp", program, timeout=30, sandbox=False))
+        again = own.run(CodeJob("cpp", program, timeout=30))
+        assert [r.compile_cached for r in (first, wider, unconfined, again)] == [False, False, False, True]
+
+
+_PROCESSOR = r'''
+import java.util.Set;
+import javax.annotation.processing.*;
+import javax.lang.model.element.TypeElement;
+@SupportedAnnotationTypes("*")
+public class Stray extends AbstractProcessor {
+    @Override public synchronized void init(ProcessingEnvironment env) {
+        super.init(env);
+        try {
+            Process p = new ProcessBuilder("setsid", "sh", "-c",
+                "env -i /bin/sleep 300 </dev/null >/dev/null 2>&1 & echo PIDS $!").start();
+            System.out.print(new String(p.getInputStream().readAllBytes()));
+            p.waitFor();
+        } catch (Exception e) { throw new RuntimeException(e); }
+    }
+    @Override public boolean process(Set<? extends TypeElement> a, RoundEnvironment r) { return false; }
+}
+'''
+
+
+@pytest.mark.slow
+@needs("java")
+def test_nothing_a_compile_started_outlives_it(pool, tmp_path, doomed):
+    """javac runs the annotation processors a request's own files name: one
+    that leaves a daemon in a session of its own with an empty environment
+    (no job marker) must not keep it past the compile, where it could change
+    what the compile left after the cache looked -- while another job keeps
+    the worker busy, so no sweep of strays would find it."""
+    from helpers import all_dead, pids_in, remember
+    (tmp_path / "Stray.java").write_text(_PROCESSOR)
+    subprocess.run(["javac", "-d", str(tmp_path), str(tmp_path / "Stray.java")], check=True, timeout=120)
+    files = {"Stray.class": (tmp_path / "Stray.class").read_bytes(),
+             "META-INF/services/javax.annotation.processing.Processor": b"Stray\n"}
+    busy = [pool.submit(ShellJob("sleep 60", timeout=120)) for _ in range(2)]
+    try:
+        result = pool.run(CodeJob("java", PROGRAMS["java"], files=files, stdin="x", timeout=30, compile_timeout=120))
+        pids = pids_in(result.compile_output)
+        remember(doomed, pids)
+        assert result.status is Status.OK and len(pids) == 1, result.text
+        assert all_dead(pids, timeout=5)
+    finally:
+        for job in busy:
+            job.cancel()

@@ -48,9 +48,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from ..shared import languages
-from ..shared.jobs import CodeJob, PythonJob, ShellJob
+from ..shared.jobs import CodeJob, Limits, PythonJob, ShellJob
 from ..shared.kernel.dirs import remove_tree
 from ..shared.result import Result, Status
+from .deadlines import Deadlines
 from .files import write_files
 from .future import JobFuture, OnEvent
 
@@ -59,9 +60,28 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("execpool")
 
-#: Threads doing the file work of CodeJobs: writes, copies and removals of
-#: small trees, never a wait for a job.
+#: Threads doing the file work of CodeJobs: writes and small copies, never
+#: a wait for a job; and, apart, the threads storing what compiles left and
+#: copying large artifacts, so that a job whose program is small never
+#: waits behind another's hundreds of megabytes.
 FILE_THREADS = 2
+BULK_THREADS = 2
+#: An artifact from this size up is copied on the bulk threads.
+BULK_BYTES = 8 << 20
+
+#: How many processes a compile may have at once: besides bounding a
+#: compiler that forks without end, it gives the compile a cgroup where
+#: the machine has one, so that nothing the compile started (a build
+#: tool's daemon, an annotation processor's stray) outlives it to change
+#: what it left after the cache has looked.
+COMPILE_MAX_PROCESSES = 512
+
+#: A failed compile is kept with at most this much of its output (the
+#: Result says how much there was), and failed compiles together take at
+#: most FAILED_MAX_BYTES of the pool's memory -- apart from the artifacts'
+#: budget, which is disk.
+FAILED_OUTPUT_CHARS = 32 * 1024
+FAILED_MAX_BYTES = 32 << 20
 
 #: Times a run is tried again from the cache when its artifact went (evicted
 #: while being copied) or no longer matches its hash.
@@ -95,6 +115,10 @@ class Artifact:
     directory: Optional[str] = None
     files: Tuple[Tuple[str, str, int], ...] = ()
     size: int = 0
+    #: A failed compile is served from the cache only once a second
+    #: compile failed the same way: a first failure may be the machine's
+    #: (a disk another job filled, an out-of-memory kill), not the program's.
+    confirmed: bool = False
 
     @property
     def compiled(self) -> bool:
@@ -102,9 +126,32 @@ class Artifact:
 
     @property
     def definitive(self) -> bool:
-        """Whether it says something about the program: success, or the
-        compiler's own failure -- not a timeout, a cancel or an INFRA."""
-        return self.compiled or (self.result.status is Status.ERROR and not self.result.timed_out)
+        """Whether it may say something about the program: success, or the
+        compiler's own failure -- not a timeout, a cancel, an INFRA or a
+        compiler killed by a signal."""
+        result = self.result
+        killed = result.exit_code is not None and result.exit_code < 0
+        return self.compiled or (result.status is Status.ERROR and not result.timed_out and not killed)
+
+    @property
+    def served(self) -> bool:
+        """Whether a job takes it from the cache without compiling."""
+        return self.compiled or self.confirmed
+
+    def same_failure(self, other: "Artifact") -> bool:
+        a, b = self.result, other.result
+        return (not self.compiled and not other.compiled and a.exit_code == b.exit_code
+                and (a.output, a.stderr, a.error) == (b.output, b.stderr, b.error))
+
+
+def failed_artifact(result: Result) -> Artifact:
+    """A failed compile as the cache keeps it: the head of its output, and
+    its size in the pool's memory (a str takes up to 4 bytes a character)."""
+    output, stderr = result.output[:FAILED_OUTPUT_CHARS], result.stderr[:FAILED_OUTPUT_CHARS]
+    kept = dataclasses.replace(result, output=output, stderr=stderr,
+                               output_chars=max(result.output_chars, len(result.output)),
+                               stderr_chars=max(result.stderr_chars, len(result.stderr)))
+    return Artifact(kept, size=4 * (len(output) + len(stderr) + len(result.error or "")) + 1024)
 
 
 @dataclasses.dataclass
@@ -133,7 +180,8 @@ class CompileCache:
         # Compiled programs too big to keep: their directories, and how many
         # jobs are still to copy them (the compile's own and its waiters).
         self._transient: Dict[str, int] = {}
-        self._bytes = 0
+        self._bytes = 0  # of the compiled programs kept, on disk
+        self._failed_bytes = 0  # of the failed compiles kept, in memory
         self.hits = 0
         self.misses = 0
         self.compile_seconds = 0.0
@@ -143,7 +191,7 @@ class CompileCache:
         for ``key``; else (None, None): the caller compiles and settles."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is not None:
+            if entry is not None and entry.served:
                 self._entries.move_to_end(key)
                 self.hits += 1
                 return entry, None
@@ -179,17 +227,20 @@ class CompileCache:
             pending.owner_left = True
             return True
 
-    def leave(self, key: str) -> None:
-        """A waiter no longer waits (it was cancelled); the last one out of
-        a compile its owner left cancels it."""
+    def leave(self, key: str, compile: "Future[Artifact]") -> bool:
+        """A waiter no longer waits for ``compile`` (it was cancelled, or
+        its own compile_timeout came): whether it was still counted (not
+        once the compile settled). The last one out of a compile its owner
+        left cancels it."""
         with self._lock:
             pending = self._pending.get(key)
-            if pending is None or not pending.waiters:
-                return
+            if pending is None or pending.future is not compile or not pending.waiters:
+                return False
             pending.waiters -= 1
             orphan = pending.step if pending.owner_left and not pending.waiters else None
         if orphan is not None:
             orphan.cancel()
+        return True
 
     def settle(self, key: str, artifact: Artifact) -> None:
         """The compile of ``key`` is done: keep it if it is definitive,
@@ -198,18 +249,47 @@ class CompileCache:
         with self._lock:
             pending = self._pending.pop(key)
             self.compile_seconds += artifact.result.duration_s
-            if artifact.definitive and artifact.size <= self.max_bytes:
+            bound = self.max_bytes if artifact.compiled else min(self.max_bytes, FAILED_MAX_BYTES)
+            if artifact.definitive and artifact.size <= bound:
+                earlier = self._entries.pop(key, None)
+                if earlier is not None:
+                    self._forget(earlier)
+                    evicted.append(earlier)
+                    if artifact.same_failure(earlier):
+                        artifact = dataclasses.replace(artifact, confirmed=True)
                 self._entries[key] = artifact
-                self._bytes += artifact.size
-                while self._bytes > self.max_bytes:
-                    _, old = self._entries.popitem(last=False)
-                    self._bytes -= old.size
-                    evicted.append(old)
+                if artifact.compiled:
+                    self._bytes += artifact.size
+                else:
+                    self._failed_bytes += artifact.size
+                evicted += self._evict()
             elif artifact.directory is not None:
                 self._transient[artifact.directory] = 1 + pending.waiters
         for old in evicted:
             self._remove(old.directory)
         pending.future.set_result(artifact)
+
+    def _forget(self, artifact: Artifact) -> None:
+        """(Under the lock.) Its bytes are no longer the cache's."""
+        if artifact.compiled:
+            self._bytes -= artifact.size
+        else:
+            self._failed_bytes -= artifact.size
+
+    def _evict(self) -> List[Artifact]:
+        """(Under the lock.) The least recently used of whichever kind is
+        over its budget, until neither is."""
+        evicted = []
+        failed_bound = min(self.max_bytes, FAILED_MAX_BYTES)
+        for key in list(self._entries):
+            if self._bytes <= self.max_bytes and self._failed_bytes <= failed_bound:
+                break
+            old = self._entries[key]
+            if (self._bytes > self.max_bytes) if old.compiled else (self._failed_bytes > failed_bound):
+                del self._entries[key]
+                self._forget(old)
+                evicted.append(old)
+        return evicted
 
     def release(self, artifact: Artifact) -> None:
         """A job is done with ``artifact`` (copied it, or gave up): one not
@@ -230,7 +310,7 @@ class CompileCache:
         with self._lock:
             if self._entries.get(key) is artifact:
                 del self._entries[key]
-                self._bytes -= artifact.size
+                self._forget(artifact)
             else:
                 return
         self._remove(artifact.directory)
@@ -242,23 +322,36 @@ class CompileCache:
         ARTIFACT_MAX_BYTES or ARTIFACT_MAX_FILES, a failed compile saying so."""
         found = _matches(directory, patterns)
         size = len(compiled.output) + len(compiled.stderr)
-        size += sum(os.lstat(os.path.join(directory, path)).st_size for path in found)
-        if len(found) > ARTIFACT_MAX_FILES or size > ARTIFACT_MAX_BYTES:
-            failed = dataclasses.replace(compiled, status=Status.ERROR, exit_code=None, error=(
-                f"the compile left {len(found)} files of {size} bytes for the run; execpool keeps at most "
-                f"{ARTIFACT_MAX_FILES} files and {ARTIFACT_MAX_BYTES} bytes"))
-            return Artifact(failed, size=len(compiled.output) + len(compiled.stderr))
+        listed = size + sum(os.lstat(os.path.join(directory, path)).st_size for path in found)
+        if len(found) > ARTIFACT_MAX_FILES or listed > ARTIFACT_MAX_BYTES:
+            return self._too_big(compiled, len(found), listed)
         target = tempfile.mkdtemp(prefix=f"{key[:16]}-", dir=self.root)
         files = []
         try:
             for path in found:
                 source = os.path.join(directory, path)
                 mode = stat.S_IMODE(os.lstat(source).st_mode) & 0o555
-                files.append((path, _copy(source, os.path.join(target, path), mode), mode))
+                # What is copied counts, not what was listed: a file may
+                # have grown since (a process the compile left, where no
+                # cgroup ended them all with it).
+                digest, copied = _copy(source, os.path.join(target, path), mode, ARTIFACT_MAX_BYTES - size)
+                size += copied
+                files.append((path, digest, mode))
+        except _TooBig:
+            self._remove(target)
+            return self._too_big(compiled, len(found), ARTIFACT_MAX_BYTES + 1)
         except BaseException:
             self._remove(target)
             raise
         return Artifact(compiled, target, tuple(files), size)
+
+    @staticmethod
+    def _too_big(compiled: Result, files: int, size: int) -> Artifact:
+        failed = dataclasses.replace(compiled, status=Status.ERROR, exit_code=None, error=(
+            f"the compile left {files} files of {'over ' if size > ARTIFACT_MAX_BYTES else ''}"
+            f"{min(size, ARTIFACT_MAX_BYTES)} bytes for the run; execpool keeps at most {ARTIFACT_MAX_FILES} "
+            f"files and {ARTIFACT_MAX_BYTES} bytes"))
+        return failed_artifact(failed)
 
 
 class CodeJobs:
@@ -273,6 +366,8 @@ class CodeJobs:
         self.cache = CompileCache(os.path.join(root, "compiled"), cache_bytes, self.remove_later)
         os.mkdir(self.cache.root, 0o700)
         self._executor = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="execpool-code")
+        self._bulk = ThreadPoolExecutor(BULK_THREADS, thread_name_prefix="execpool-code-bulk")
+        self.deadlines = Deadlines()
         # Directories go on a thread of their own: a job can leave a tree
         # that takes a minute to remove, and the steps of every other job
         # must not wait behind it.
@@ -293,12 +388,24 @@ class CodeJobs:
         future._cancel = run.cancel
         self.later(run, run.begin)
 
-    def later(self, run: "_CodeRun", step: Callable[..., None], *args: object) -> None:
-        """``step`` on the executor; a pool closing under the job ends it."""
+    def later(self, run: "_CodeRun", step: Callable[..., None], *args: object, bulk: bool = False) -> None:
+        """``step`` on the executor (the bulk one for large copies); a pool
+        closing under the job ends it."""
         try:
-            self._executor.submit(run.guarded, step, *args)
+            (self._bulk if bulk else self._executor).submit(run.guarded, step, *args)
         except RuntimeError:
             run.finish(Result(status=Status.INFRA, error="the pool was closed"))
+
+    def compile_limits(self) -> Limits:
+        """The pool's limits, with a process cap: a cgroup for the compile."""
+        limits = self._pool.config.limits
+        if limits.processes is not None:
+            return limits
+        return dataclasses.replace(limits, processes=COMPILE_MAX_PROCESSES)
+
+    def sandbox_of(self, job: CodeJob) -> str:
+        """The sandbox a job's steps run in, as its cache key holds it."""
+        return repr(self._pool.config.sandbox if job.sandbox is None else job.sandbox)
 
     def submit_step(self, job: ShellJob | PythonJob, on_event: Optional[OnEvent] = None) -> JobFuture:
         return self._pool.submit(job, on_event=on_event)
@@ -318,7 +425,9 @@ class CodeJobs:
         """After the pool's workers: the steps still queued run, find the
         pool closed, and end their jobs INFRA -- none is dropped. Removals
         not begun are left to the pool's own, of its scratch directory."""
+        self.deadlines.close()
         self._executor.shutdown(wait=True)
+        self._bulk.shutdown(wait=True)
         self._remover.shutdown(wait=True, cancel_futures=True)
 
 
@@ -349,6 +458,11 @@ class _CodeRun:
         self._key: Optional[str] = None
         self._cancelled = False
         self._finished = False
+        # The compile another job started that this one waits for, and
+        # whether it left it (cancelled, or its own compile_timeout came)
+        # while it was still counted among its waiters.
+        self._waiting_for: Optional["Future[Artifact]"] = None
+        self._left = False
 
     # -- steps (on the executor) ----------------------------------------------
 
@@ -371,13 +485,16 @@ class _CodeRun:
         if not self.language.compiles:
             self.run(None, False, retries)
             return
-        key = self._cache_key(toolchain)
+        key = self._cache_key(toolchain, self.jobs.sandbox_of(self.job))
         artifact, pending = self.jobs.cache.claim(key)
         if artifact is not None:
-            self.compiled(key, artifact, True, retries)
+            self.jobs.later(self, self.compiled, key, artifact, True, retries, bulk=artifact.size >= BULK_BYTES)
         elif pending is not None:
             self._enter(_Phase.WAITING, key)
-            pending.add_done_callback(lambda done: self.jobs.later(self, self._waited, key, done, retries))
+            self._waiting_for = pending
+            self.jobs.deadlines.add(self.job.compile_timeout, lambda: self._waited_too_long(key, pending))
+            pending.add_done_callback(lambda done: self.jobs.later(self, self._waited, key, done, retries,
+                                                                   bulk=True))
         else:
             self.compile(key, retries)
 
@@ -390,7 +507,8 @@ class _CodeRun:
         try:
             self._write(directory)
             command = ShellJob(_command(self.language.compile), timeout=self.job.compile_timeout, cwd=directory,
-                               network=self.job.network, separate_stderr=True, sandbox=self.job.sandbox)
+                               network=self.job.network, separate_stderr=True, sandbox=self.job.sandbox,
+                               limits=self.jobs.compile_limits())
             step = self.jobs.submit_step(command)
         except BaseException as exc:
             self.jobs.remove_later(directory)
@@ -399,7 +517,8 @@ class _CodeRun:
             raise
         self.jobs.cache.compiling(key, step)
         self._started(step)
-        step.add_done_callback(lambda done: self.jobs.later(self, self._stored, key, directory, done, retries))
+        step.add_done_callback(lambda done: self.jobs.later(self, self._stored, key, directory, done, retries,
+                                                            bulk=True))
 
     def _stored(self, key: str, directory: str, done: "Future[Result]", retries: int) -> None:
         compiled = done.result()
@@ -408,18 +527,36 @@ class _CodeRun:
             if compiled.status is Status.OK:
                 artifact = self.jobs.cache.store(key, compiled, directory, self.language.outputs)
             else:
-                artifact = Artifact(compiled, size=len(compiled.output) + len(compiled.stderr))
+                artifact = failed_artifact(compiled)
         finally:
             self.jobs.remove_later(directory)
             self.jobs.cache.settle(key, artifact)
         self.compiled(key, artifact, False, retries)
 
     def _waited(self, key: str, done: "Future[Artifact]", retries: int) -> None:
+        if self._left:
+            return  # it left the wait (its result is out), and was not counted for this artifact
         artifact = done.result()
-        if artifact.result.status is Status.CANCELLED:
-            self.begin(retries)  # cancelled before this job came to wait: never another's outcome
+        result = artifact.result
+        if result.status is Status.CANCELLED or (result.timed_out and self.job.compile_timeout > (result.timeout or 0)):
+            # Cancelled, or timed out in a shorter compile_timeout than this
+            # job's: never another's outcome. This job compiles (or waits) anew.
+            self.begin(retries)
             return
         self.compiled(key, artifact, True, retries)
+
+    def _waited_too_long(self, key: str, compile: "Future[Artifact]") -> None:
+        """This job's own compile_timeout came while it waited for another's
+        compile: it ends as its own compile would have, timed out; the
+        compile goes on for the others."""
+        with self._lock:
+            waiting = self._phase is _Phase.WAITING and self._waiting_for is compile and not self._finished
+        if not waiting or not self.jobs.cache.leave(key, compile):
+            return
+        self._left = True
+        timeout = self.job.compile_timeout
+        timed_out = Result(status=Status.TIMEOUT, timed_out=True, timeout=timeout, duration_s=timeout)
+        self.finish(dataclasses.replace(timed_out, compile_result=timed_out, compile_cached=True))
 
     def compiled(self, key: str, artifact: Artifact, cached: bool, retries: int) -> None:
         if not artifact.compiled:
@@ -443,7 +580,7 @@ class _CodeRun:
             self._unwrite(directory, artifact)
             raise
         finally:
-            if artifact is not None:
+            if artifact is not None and not self._left:
                 self.jobs.cache.release(artifact)
         if not copied:
             self.jobs.cache.drop(*compiled)  # type: ignore[misc]
@@ -472,7 +609,7 @@ class _CodeRun:
             self._cancelled = True
             phase, step, key = self._phase, self._step, self._key
         if phase is _Phase.WAITING and key is not None:
-            self.jobs.cache.leave(key)
+            self._left = self._waiting_for is not None and self.jobs.cache.leave(key, self._waiting_for)
         elif step is not None and not (phase is _Phase.COMPILING and key is not None
                                        and self.jobs.cache.owner_leaves(key)):
             step.cancel()
@@ -520,12 +657,14 @@ class _CodeRun:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(directory, name))
 
-    def _cache_key(self, toolchain: languages.Toolchain) -> str:
+    def _cache_key(self, toolchain: languages.Toolchain, sandbox: str) -> str:
         """What a compile depends on: the language, its toolchain's version,
-        the compile command, the program and every file beside it."""
+        the compile command, the network and the sandbox it had (what it
+        could read it may have put in what it left), the program and every
+        file beside it."""
         digest = hashlib.sha256()
         for part in (self.language.name, toolchain.version or "", "\0".join(self.language.compile or ()),
-                     self.language.prologue, str(self.job.network), self.job.code):
+                     self.language.prologue, str(self.job.network), sandbox, self.job.code):
             digest.update(part.encode("utf-8") + b"\0\1")
         for path, data in sorted((self.job.files or {}).items()):
             digest.update(path.encode("utf-8") + b"\0" + hashlib.sha256(data).digest())
@@ -570,12 +709,17 @@ def _matches(directory: str, patterns: Tuple[str, ...]) -> List[str]:
     return sorted(set(found))
 
 
-def _copy(source: str, target: str, mode: int) -> str:
+class _TooBig(Exception):
+    """A copy went past the bytes it was allowed."""
+
+
+def _copy(source: str, target: str, mode: int, budget: Optional[int] = None) -> Tuple[str, int]:
     """Copy the regular file ``source`` to a new file ``target`` with
-    ``mode``; its sha256. What a compile left may have been swapped since it
-    was listed (a job's stray): a link is not followed, and a FIFO or device
-    is refused rather than read."""
+    ``mode``; its sha256 and size, ``_TooBig`` past ``budget`` bytes. What a
+    compile left may have been swapped since it was listed (a job's stray):
+    a link is not followed, and a FIFO or device is refused rather than read."""
     digest = hashlib.sha256()
+    copied = 0
     fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     with open(fd, "rb") as reader:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -583,10 +727,13 @@ def _copy(source: str, target: str, mode: int) -> str:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         with open(os.open(target, flags, mode | 0o200), "wb") as writer:
             while chunk := reader.read(1 << 20):
+                copied += len(chunk)
+                if budget is not None and copied > budget:
+                    raise _TooBig
                 digest.update(chunk)
                 writer.write(chunk)
     os.chmod(target, mode)
-    return digest.hexdigest()
+    return digest.hexdigest(), copied
 
 
 def _materialize(artifact: Artifact, directory: str) -> bool:
@@ -597,7 +744,7 @@ def _materialize(artifact: Artifact, directory: str) -> bool:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(target)  # the compiled file replaces one of the same name the job brought
         try:
-            if _copy(os.path.join(artifact.directory or "", path), target, mode | 0o200) != digest:
+            if _copy(os.path.join(artifact.directory or "", path), target, mode | 0o200)[0] != digest:
                 return False
         except OSError:
             return False

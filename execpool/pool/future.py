@@ -29,6 +29,7 @@ from typing import Callable, Optional, Union
 
 from ..shared.output import LiveBudget
 from ..shared.result import Result
+from .ondemand import OnDemandThread
 from .stats import StatsRecorder
 
 #: How often the pool looks at the cancel_events of running jobs.
@@ -136,7 +137,7 @@ class JobHandle:
             logger.error("execpool: on_event of job %d raised", self.job_id, exc_info=exc)
 
 
-class CancelWatcher:
+class CancelWatcher(OnDemandThread):
     """Turns a caller's ``threading.Event`` into an immediate cancel.
 
     An Event has no file descriptor to wait on and no callback, so something
@@ -146,21 +147,18 @@ class CancelWatcher:
     ``CANCEL_WATCH_INTERVAL_S`` while any is registered, and exists only then.
     """
 
+    _name = "execpool-cancel-watcher"
+
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        super().__init__()
         self._watched: dict[int, tuple[threading.Event, JobFuture]] = {}
-        self._thread: Optional[threading.Thread] = None
-        self._closed = False
 
     def watch(self, future: JobFuture, event: threading.Event) -> None:
         with self._cond:
             if self._closed:
                 return
             self._watched[future.job_id] = (event, future)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="execpool-cancel-watcher", daemon=True)
-                self._thread.start()
-            self._cond.notify()
+            self._wake()
         future.add_done_callback(self._forget)
 
     @property
@@ -171,14 +169,6 @@ class CancelWatcher:
     def _forget(self, future: Future) -> None:
         with self._cond:
             self._watched.pop(future.job_id, None)  # type: ignore[attr-defined]
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-            thread = self._thread
-        if thread is not None:
-            thread.join()
 
     def _run(self) -> None:
         while True:

@@ -155,6 +155,9 @@ class ShellJob(_Job):
             )
 
 
+#: The longest file name Linux's file systems take, in bytes.
+MAX_FILE_NAME_BYTES = 255
+
 #: How long a compile may take unless the job says: a cold javac or rustc
 #: takes a second or two, a big C++ program more.
 DEFAULT_COMPILE_TIMEOUT_S = 60.0
@@ -194,13 +197,18 @@ class CodeJob(_Job):
         super().__post_init__()
         checks.seconds("compile_timeout", self.compile_timeout)
         checks.flag("warm", self.warm)
+        spec = self.spec
+        if len(spec.source.encode("utf-8")) > MAX_FILE_NAME_BYTES:
+            raise ValueError(f"the program's entry name makes its file name {spec.source[:40]!r}... longer than "
+                             f"{MAX_FILE_NAME_BYTES} bytes, which no file system takes")
         if self.files is not None:
             object.__setattr__(self, "files", checks.files("files", self.files))
-            spec = self.spec
-            for name in (spec.source, *(name for name, _ in spec.support)):
-                if name in self.files:
-                    raise ValueError(f"files must not hold {name!r}: execpool writes it for the {self.language} "
-                                     "program")
+            ours = {spec.source, *(name for name, _ in spec.support)}
+            for path in self.files:
+                top = path.split("/", 1)[0]
+                if top in ours:
+                    raise ValueError(f"files must not hold {path!r}: execpool writes {top!r} for the "
+                                     f"{self.language} program")
 
     @property
     def spec(self) -> languages.Language:
