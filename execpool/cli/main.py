@@ -192,6 +192,12 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "reset and the answer's slot freed, so clients that do not read cannot hold the "
                              f"service (default {settings.DEFAULT_WRITE_TIMEOUT_S:g}, the default job timeout: a "
                              "client that stops reading holds a slot no longer than a job may run)")
+    parser.add_argument("--max-sessions", type=_count("--max-sessions"), default=settings.DEFAULT_MAX_SESSIONS,
+                        help=f"sessions open at once; past it 503 (default {settings.DEFAULT_MAX_SESSIONS})")
+    parser.add_argument("--session-idle-timeout", type=_seconds("--session-idle-timeout"),
+                        default=settings.DEFAULT_SESSION_IDLE_S,
+                        help="seconds a session may go without a cell before it ends; also the longest a request "
+                             f"may ask (default {settings.DEFAULT_SESSION_IDLE_S:g})")
     parser.add_argument("--grace", type=_seconds("--grace"), default=settings.DEFAULT_GRACE_S,
                         help=f"seconds running jobs get at shutdown (default {settings.DEFAULT_GRACE_S:g})")
     parser.add_argument("--timeout", type=_seconds("--timeout"), default=settings.DEFAULT_TIMEOUT_S,

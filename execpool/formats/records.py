@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping
 
+from ..shared.cells import CellResult
 from ..shared.result import Result, Status
 
 #: Statuses of records: a Result's (execpool.Status), or "invalid" for a
@@ -108,3 +109,11 @@ def schema(extra: Mapping[str, tuple] = {}) -> dict:
     keys = {**RECORD, **extra}
     return {"type": "object", "required": list(RECORD),
             "properties": {key: {**shape, "description": doc} for key, (shape, doc) in keys.items()}}
+
+
+def cell_record(result: CellResult) -> Dict[str, Any]:
+    """A session's cell, as ``/v1/sessions/{id}/run`` answers it (shared/SERVE.md §8)."""
+    return {"status": result.status.value, "stdout": result.stdout, "stderr": result.stderr, "value": result.value,
+            "data": result.data, "display": list(result.display), "error": result.error,
+            "exit_code": result.exit_code, "alive": result.alive, "message": result.message,
+            "duration_s": result.duration_s, "execution_count": result.execution_count, "text": result.text}

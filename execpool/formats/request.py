@@ -28,6 +28,7 @@ import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from ..shared import checks, languages
+from ..shared.cells import SESSION_LANGUAGES
 from ..shared.checks import MAX_FILES
 from ..shared.jobs import DEFAULT_COMPILE_TIMEOUT_S, CodeJob, Job, Limits, PythonJob, ShellJob
 
@@ -72,6 +73,8 @@ class Defaults:
     #: Whether ``memory_limit_MB`` can be a cgroup cap here (else it becomes
     #: an address-space limit).
     memory_by_cgroup: bool = False
+    #: A session's longest idle timeout, a server's (None: no bound).
+    max_idle: Optional[float] = None
 
 
 # -- the rules: the library's checks, given the caller's name for the field ----------------
@@ -182,6 +185,49 @@ def _language(label: str, value: str, _defaults: Defaults) -> str:
     return LANGUAGES[value]
 
 
+def _session_language(label: str, value: str, _defaults: Defaults) -> str:
+    if value not in SESSION_LANGUAGES:
+        raise BadField(f"{label} must be one of {', '.join(SESSION_LANGUAGES)}, not {json.dumps(value)}")
+    return value
+
+
+def _idle(label: str, value: Optional[float], defaults: Defaults) -> float:
+    """A session's idle timeout: always one on a server (a forgotten session
+    would hold its memory for ever), at most the server's longest."""
+    if value is None:
+        raise BadField(f"{label} must be a number of seconds")
+    if defaults.max_idle is not None and value > defaults.max_idle:
+        raise BadField(f"{label} is over this server's limit of {defaults.max_idle:g} s")
+    return checks.seconds(label, value)
+
+
+def _cells(label: str, value: List[Any], _defaults: Defaults) -> Tuple[str, ...]:
+    if len(value) > MAX_BATCH_JOBS:
+        raise BadField(f"{label} has more than {MAX_BATCH_JOBS} cells")
+    for number, cell in enumerate(value):
+        if not isinstance(cell, str):
+            raise BadField(f"{label}[{number}] must be a string, not {json_type(cell)}")
+        checks.text(f"{label}[{number}]", cell)
+    return tuple(value)
+
+
+def _seconds_or_zero(label: str, value: float, defaults: Defaults) -> Optional[float]:
+    """SandboxFusion's cell and total timeouts: 0 is none (then the server's
+    longest), and no more than that."""
+    if value == 0:
+        return defaults.max_timeout
+    checks.seconds(label, value)
+    if defaults.max_timeout is not None and value > defaults.max_timeout:
+        raise BadField(f"{label} is over this server's limit of {defaults.max_timeout:g} s")
+    return value
+
+
+def _kernel(label: str, value: str, _defaults: Defaults) -> str:
+    if value != "python3":
+        raise BadField(f'{label} must be "python3", not {json.dumps(value)}')
+    return value
+
+
 #: Language names a request may give -- the languages table's, and "shell"
 #: -- and the kind of job each is: python the pool's PythonJob, bash (and
 #: shell) its ShellJob, ``bash -c`` -- half the cost of the table's ``bash
@@ -226,6 +272,16 @@ FIELDS: Dict[str, Field] = {
     "memory_limit_MB": Field({"type": "integer"}, "A cap on the job's memory in MiB (-1: none).", _memory_limit),
     "compile_timeout": Field({"type": "number"}, "Seconds the compile step may take, apart from the run's timeout.",
                              _compile_seconds),
+    "session_language": Field({"type": "string", "enum": list(SESSION_LANGUAGES)}, "What the session keeps alive.",
+                              _session_language),
+    "idle_timeout": Field({"type": "number"}, "Seconds the session may go without a cell before it ends.", _idle),
+    "cells": Field({"type": "array", "items": {"type": "string"}}, "The cells to run, in order, in one session.",
+                   _cells),
+    "cell_timeout": Field({"type": "number"}, "Seconds each cell may run (0: no limit of its own).",
+                          _seconds_or_zero),
+    "total_timeout": Field({"type": "number"}, "Seconds all the cells may take together (0: the server's limit).",
+                           _seconds_or_zero),
+    "kernel": Field({"type": "string", "enum": ["python3"]}, "The kernel: Python.", _kernel),
 }
 
 #: A schema type in a message: what the field must be.
@@ -288,6 +344,17 @@ RUN_CODE = Dialect("the request", ("code", "language", "compile_timeout", "run_t
 TESTS = Dialect("a tests body", ("code", "language", "compile_timeout", "timeout", "tests"), sources=("code",),
                 required=("code", "tests"), separate_stderr=True)
 
+#: ``POST /v1/sessions``: a session to open.
+SESSION = Dialect("a session", ("language", "idle_timeout", "files", "memory_limit_MB"), sources=(),
+                  fills={"language": "session_language"})
+
+#: ``POST /v1/sessions/{id}/run`` and ``/stream``: one cell.
+CELL = Dialect("a cell", ("code", "timeout"), sources=(), required=("code",))
+
+#: SandboxFusion's ``RunJupyterRequest``: its names and defaults (45 s in all).
+RUN_JUPYTER = Dialect("the request", ("cells", "cell_timeout", "total_timeout", "kernel", "files", "fetch_files",
+                                      "memory_limit_MB"), sources=(), required=("cells",), strict=False)
+
 #: The command line: ``execpool run``'s flags, named as typed.
 COMMAND_LINE = Dialect("the command", ("python", "shell", "timeout", "cwd"), sources=("python", "shell"),
                        label=lambda key: f"--{key}")
@@ -338,21 +405,8 @@ def _checked(label: str, field: Field, value: object, defaults: Defaults) -> Any
 
 def parse(obj: object, dialect: Dialect, defaults: Defaults = Defaults()) -> JobRequest:
     """The job ``obj`` asks for in ``dialect``; BadField if it asks for none."""
-    if not isinstance(obj, dict):
-        raise BadField(f"{dialect.title} must be a JSON object, not {json_type(obj)}")
-    if dialect.strict:
-        unknown = sorted(set(obj) - set(dialect.keys))
-        if unknown:
-            shown = ", ".join(map(dialect.label, unknown))
-            raise BadField(f"unknown field{'s' if len(unknown) > 1 else ''} {shown} "
-                           f"({dialect.title} has {', '.join(map(dialect.label, dialect.keys))})")
-    for key in dialect.required:
-        if key not in obj:
-            raise BadField(f"missing {dialect.label(key)}")
-    # null is "not given" -- but for a timeout (no limit) and a required field (an error).
-    values = {dialect.fills.get(key, key): check(dialect, key, value, defaults)
-              for key, value in obj.items() if key in dialect.keys and key != "tests"
-              and (value is not None or key in dialect.required or dialect.fills.get(key, key) == "timeout")}
+    values = read(obj, dialect, defaults)
+    assert isinstance(obj, dict)
     kind, source = _program(obj, dialect, values)
     timeout = values.get("timeout", defaults.timeout if dialect.timeout is None else dialect.timeout)
     options: Dict[str, Any] = {"timeout": timeout, "network": defaults.network,
@@ -375,6 +429,26 @@ def parse(obj: object, dialect: Dialect, defaults: Defaults = Defaults()) -> Job
     except (TypeError, ValueError) as exc:
         raise BadField(str(exc)) from None
     return JobRequest(job, values.get("id"), files, values.get("fetch_files", ()))
+
+
+def read(obj: object, dialect: Dialect, defaults: Defaults = Defaults()) -> Dict[str, Any]:
+    """The fields ``obj`` gives in ``dialect``, each checked and by the
+    field's name (``fills``); BadField for a body that is not one."""
+    if not isinstance(obj, dict):
+        raise BadField(f"{dialect.title} must be a JSON object, not {json_type(obj)}")
+    if dialect.strict:
+        unknown = sorted(set(obj) - set(dialect.keys))
+        if unknown:
+            shown = ", ".join(map(dialect.label, unknown))
+            raise BadField(f"unknown field{'s' if len(unknown) > 1 else ''} {shown} "
+                           f"({dialect.title} has {', '.join(map(dialect.label, dialect.keys))})")
+    for key in dialect.required:
+        if key not in obj:
+            raise BadField(f"missing {dialect.label(key)}")
+    # null is "not given" -- but for a timeout (no limit) and a required field (an error).
+    return {dialect.fills.get(key, key): check(dialect, key, value, defaults)
+            for key, value in obj.items() if key in dialect.keys and key != "tests"
+            and (value is not None or key in dialect.required or dialect.fills.get(key, key) == "timeout")}
 
 
 def _program(obj: dict, dialect: Dialect, values: dict) -> Tuple[str, str]:

@@ -9,8 +9,9 @@ Runs in the service's process (execpool/serve). The request side is the
 from __future__ import annotations
 
 import base64
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
+from ..shared.cells import CellResult
 from ..shared.result import Result, Status
 
 
@@ -77,3 +78,34 @@ RESPONSE_SCHEMA = {"type": "object", "properties": {
     "status": {"type": "string", "enum": ["Success", "Failed", "SandboxError"]}, "message": {"type": "string"},
     "compile_result": RUN_RESULT_SCHEMA, "run_result": RUN_RESULT_SCHEMA, "executor_pod_name": {"type": "null"},
     "files": {"type": "object", "additionalProperties": {"type": "string", "contentEncoding": "base64"}}}}
+
+
+def jupyter_cell(result: CellResult) -> Dict[str, Any]:
+    """One cell of a ``RunJupyterResponse``, as SandboxFusion's kernel
+    driver fills it: its streams, the MIME bundles it showed (the value's
+    among them, after what ``display()`` showed), and its errors."""
+    display = list(result.display)
+    if result.data is not None:
+        display.append(result.data)
+    errors = [result.error] if result.error is not None else []
+    if not result.alive and result.message:
+        errors.append({"ename": "SessionError", "evalue": result.message, "traceback": [result.message]})
+    return {"stdout": result.stdout, "stderr": result.stderr, "display": display, "error": errors}
+
+
+def jupyter_answer(status: str, seconds: float, cells: List[CellResult], files: Mapping[str, bytes],
+                   message: str = "") -> Dict[str, Any]:
+    """The ``RunJupyterResponse``: ``status`` is the driver's (``Finished``
+    when every cell ran, ``TimeLimitExceeded`` past ``total_timeout``,
+    ``Error`` when the session died); SandboxFusion gives the cells only
+    when every cell ran."""
+    finished = status == "Finished"
+    driver = _run_result(status, seconds, None, 0 if finished else None, "", "")
+    return {"status": "Success" if finished else "Failed", "message": message, "driver": driver,
+            "cells": [jupyter_cell(cell) for cell in cells] if finished else [], "executor_pod_name": None,
+            "files": encoded(files) if finished else {}}
+
+
+def jupyter_error(message: str) -> Dict[str, Any]:
+    return {"status": "SandboxError", "message": message, "driver": None, "cells": [], "executor_pod_name": None,
+            "files": {}}

@@ -29,7 +29,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Deque, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Deque, Mapping, Optional, Union
 
 from ..shared import channel, checks
 from ..shared.cells import SESSION_LANGUAGES, CellResult, Printed, read_reply
@@ -101,8 +101,8 @@ class SessionHandle(JobHandle):
         self.session._cell_done(reply, interrupted, printed)
 
     def finish(self, result: Result) -> None:
+        self.session._ended(result)  # first: the session's own callbacks find it ended
         super().finish(result)
-        self.session._ended(result)
 
 
 class Session:
@@ -205,6 +205,12 @@ class Session:
             self._drop_queue()
         self._future.cancel()
         self._ended_event.wait(timeout)
+
+    def add_done_callback(self, fn: Callable[["Session"], object]) -> None:
+        """``fn(session)`` once the session has ended, whatever ended it (at
+        once if it has), on the thread that saw the end: hand it on and
+        return, as ``on_event`` does."""
+        self._future.add_done_callback(lambda _: fn(self))
 
     def __enter__(self) -> "Session":
         return self

@@ -30,6 +30,7 @@ class Reason(str, enum.Enum):
     QUEUE_TIMEOUT = "queue_timeout"
     NO_WORKERS = "no_workers"  # the pool has no worker right now (one is being replaced)
     NO_DIRECTORY = "no_directory"  # no directory could be made for the request's files
+    SESSIONS_FULL = "sessions_full"  # --max-sessions are open
     TOO_LARGE = "too_large"
     READ_TIMEOUT = "read_timeout"
     WRITE_TIMEOUT = "write_timeout"  # the client took none of its answer in time: dropped, slot freed

@@ -56,14 +56,17 @@ from .admission import Admission, ClientGone, Reason, Rejected
 from .jobs import ServiceJobs, Settings
 from .metrics import ServiceMetrics
 from .routes import Routes, TooLarge, TooSlow
+from .sessions import NoSuchSession, ServiceSessions, SessionRoutes
 from .settings import (
     DEFAULT_FETCH_MAX_BYTES,
     DEFAULT_HEARTBEAT_S,
     DEFAULT_MAX_BODY_MB,
     DEFAULT_MAX_QUEUE,
+    DEFAULT_MAX_SESSIONS,
     DEFAULT_MAX_TIMEOUT_S,
     DEFAULT_QUEUE_TIMEOUT_S,
     DEFAULT_READ_TIMEOUT_S,
+    DEFAULT_SESSION_IDLE_S,
     DEFAULT_TIMEOUT_S,
 )
 
@@ -85,7 +88,8 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
                queue_timeout: float = DEFAULT_QUEUE_TIMEOUT_S, token: Optional[str] = None,
                max_body_mb: int = DEFAULT_MAX_BODY_MB, defaults: Defaults = SERVICE_DEFAULTS,
                heartbeat_s: float = DEFAULT_HEARTBEAT_S, read_timeout: float = DEFAULT_READ_TIMEOUT_S,
-               allowed_hosts: Optional[Sequence[str]] = None) -> Starlette:
+               allowed_hosts: Optional[Sequence[str]] = None, max_sessions: int = DEFAULT_MAX_SESSIONS,
+               session_idle_timeout: float = DEFAULT_SESSION_IDLE_S) -> Starlette:
     """The ASGI app around ``pool``, for mounting in your own server. The
     pool stays yours: close it after the app is done (that also removes
     the app's directories). ``defaults`` is what a request does not say
@@ -97,11 +101,14 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
     gives headers the same limit, and resets a connection whose answer
     makes no progress for ``--write-timeout`` seconds.
     ``allowed_hosts``: the names (no port) a request's ``Host`` may say;
-    ``LOOPBACK_NAMES`` for a server on loopback, None for any."""
+    ``LOOPBACK_NAMES`` for a server on loopback, None for any.
+    ``max_sessions`` and ``session_idle_timeout``: how many sessions may be
+    open at once, and the longest (and default) idle timeout of one."""
     max_body_bytes = max_body_mb << 20
     admission = Admission(max_in_flight or 2 * (os.cpu_count() or 2), max_queue, queue_timeout)
     jobs = ServiceJobs(pool, admission, Settings(defaults, heartbeat_s, min(max_body_bytes, DEFAULT_FETCH_MAX_BYTES)))
     routes = Routes(jobs, max_body_bytes=max_body_bytes, read_timeout=read_timeout)
+    sessions = SessionRoutes(ServiceSessions(jobs, max_sessions, session_idle_timeout), routes.body)
     metrics = jobs.metrics
 
     async def bad_request(request: Request, exc: Exception) -> Response:
@@ -119,6 +126,9 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
         return _refused(metrics, Reason.READ_TIMEOUT, 408, f"the body did not arrive within {read_timeout:g} s",
                         {"Connection": "close"})
 
+    async def no_session(request: Request, exc: Exception) -> Response:
+        return JSONResponse({"detail": "no such session (closed, expired, or never opened)"}, status_code=404)
+
     async def gone(request: Request, exc: Exception) -> Response:
         return Response(status_code=499)  # nobody reads it: the client left while waiting or sending
 
@@ -130,8 +140,13 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
         Route("/run_code", routes.run_code, methods=["POST"]),
         Route("/v1/run", routes.v1_run, methods=["POST"]), Route("/v1/stream", routes.v1_stream, methods=["POST"]),
         Route("/v1/batch", routes.v1_batch, methods=["POST"]),
+        Route("/v1/sessions", sessions.create, methods=["POST"]), Route("/v1/sessions", sessions.listed),
+        Route("/v1/sessions/{ident}", sessions.delete, methods=["DELETE"]),
+        Route("/v1/sessions/{ident}/run", sessions.run, methods=["POST"]),
+        Route("/v1/sessions/{ident}/stream", sessions.stream, methods=["POST"]),
+        Route("/run_jupyter", sessions.run_jupyter, methods=["POST"]),
     ], exception_handlers={BadField: bad_request, TooLarge: too_large, TooSlow: too_slow, Rejected: busy,
-                           ClientGone: gone, ClientDisconnect: gone})
+                           ClientGone: gone, ClientDisconnect: gone, NoSuchSession: no_session})
     app.state.jobs = jobs
     app.add_middleware(_Guard, metrics=metrics, token=token, allowed_hosts=allowed_hosts)
     return app

@@ -106,7 +106,8 @@ def main(args: argparse.Namespace) -> int:
             app = create_app(pool, max_in_flight=args.max_in_flight, max_queue=args.max_queue,
                              queue_timeout=args.queue_timeout, token=token, max_body_mb=args.max_body_mb,
                              defaults=defaults, heartbeat_s=args.heartbeat, read_timeout=args.read_timeout,
-                             allowed_hosts=LOOPBACK_NAMES if _loopback(args.host) else None)
+                             allowed_hosts=LOOPBACK_NAMES if _loopback(args.host) else None,
+                             max_sessions=args.max_sessions, session_idle_timeout=args.session_idle_timeout)
             _InTime.timeout = args.read_timeout
             _InTime.write_timeout = args.write_timeout
             _InTime.dropped = app.state.jobs.metrics.rejected.labels(Reason.WRITE_TIMEOUT)

@@ -20,7 +20,8 @@ import logging
 import os
 import tempfile
 import threading
-from typing import AsyncIterator, Dict, Optional, Set, Tuple, Union
+from concurrent.futures import Future
+from typing import Any, AsyncIterator, Dict, Iterator, Optional, Set, Tuple, Union
 
 from starlette.requests import Request
 
@@ -77,7 +78,7 @@ class ServiceJobs:
         # For stop_jobs(), on the loop: the jobs that run now, and for the
         # streams (their jobs are pool.astream's) an event apiece that
         # cancels one -- apiece, as a stream whose client leaves sets its own.
-        self._jobs: Set[JobFuture] = set()
+        self._jobs: Set[Future] = set()
         self._streams: Set[threading.Event] = set()
         self._stopping = False
 
@@ -120,7 +121,7 @@ class ServiceJobs:
         if not job_request.needs_directory:
             yield job_request.job, None
             return
-        directory = self._new_directory()
+        directory = self.new_directory()
         try:
             try:
                 await asyncio.to_thread(write_files, directory, job_request.files)
@@ -131,7 +132,7 @@ class ServiceJobs:
             # Shielded: a cancelled request still has its directory removed.
             await asyncio.shield(asyncio.to_thread(remove_tree, directory))
 
-    def _new_directory(self) -> str:
+    def new_directory(self) -> str:
         """A job's directory under the root; a job that ran as this
         process's user may have moved the root away: it is made again (the
         lifeline knows its path), and failing that the request is refused."""
@@ -164,10 +165,26 @@ class ServiceJobs:
         except ExecPoolError as exc:
             logger.warning("execpool serve: cannot start a job: %s", exc)
             raise Rejected(Reason.NO_WORKERS, 1) from None
+        self.running_add(future)
+        return future
+
+    def running_add(self, future: Future) -> None:
+        """A future of the pool's running for a request (a job, a session's
+        cell): cancelled by ``stop_jobs``, at once if it is already under way."""
         self._jobs.add(future)
         if self._stopping:
             future.cancel()
-        return future
+
+    def running_discard(self, future: Future) -> None:
+        self._jobs.discard(future)
+
+    @contextlib.contextmanager
+    def running(self, future: Future) -> Iterator[None]:
+        self.running_add(future)
+        try:
+            yield
+        finally:
+            self.running_discard(future)
 
     async def run(self, job_request: JobRequest, route: Route, request: Optional[Request]
                   ) -> Tuple[Result, Dict[str, bytes]]:
@@ -178,7 +195,7 @@ class ServiceJobs:
             try:
                 result = await until_done_or_gone(future, request)
             finally:
-                self._jobs.discard(future)
+                self.running_discard(future)
             self.metrics.job(route, kind_of(job), result)
             return result, await self.fetched(job_request, directory)
 
@@ -218,7 +235,7 @@ async def disconnected(request: Request) -> None:
             return
 
 
-async def until_done_or_gone(future: JobFuture, request: Optional[Request]) -> Result:
+async def until_done_or_gone(future: Future, request: Optional[Request]) -> Any:
     """The job's Result; if the client goes away first, or this request's
     task is cancelled (server shutdown), the job is cancelled -- its tree
     killed -- and its (cancelled) Result returned."""

@@ -35,6 +35,9 @@ class ServiceMetrics:
             lambda: admission.queue_depth)
         self.rejected = Counter("execpool_rejected", "Requests refused, and answers dropped, by reason", ["reason"],
                                 registry=r)
+        self.sessions_open = Gauge("execpool_sessions_open", "Sessions open now", registry=r)
+        self.session_cells = Counter("execpool_session_cells", "Cells of sessions ended, by status", ["status"],
+                                     registry=r)
         r.register(_PoolCollector(pool))
 
     def job(self, route: str, kind: str, result: Result) -> None:

@@ -65,6 +65,33 @@ def document() -> dict:
                                                  "version, or why not",
                                       "responses": {"200": {"description": "the languages", **_json({
                                           "type": "array", "items": LANGUAGE_SCHEMA})}}}},
+            "/v1/sessions": {
+                "post": {"summary": "Open a session (a Python interpreter or a bash shell that keeps its state); "
+                                    "answer its unguessable id",
+                         "requestBody": _json({"$ref": "#/components/schemas/Session"}),
+                         "responses": {"201": {"description": "{id, language, created, last_used, alive}"},
+                                       **refused}},
+                "get": {"summary": "The open sessions: id, language, created, last_used, alive"}},
+            "/v1/sessions/{ident}": {"delete": {"summary": "Close a session: its whole tree dies",
+                                                "responses": {"204": {"description": "closed"},
+                                                              "404": {"description": "no such session"}}}},
+            "/v1/sessions/{ident}/run": {"post": {"summary": "Run a cell; answer its record (status, stdout, stderr, "
+                                                             "value, data, display, error, exit_code, alive, ...)",
+                                                  "requestBody": _json({"$ref": "#/components/schemas/Cell"}),
+                                                  "responses": {"200": {"description": "the cell's record"},
+                                                                "404": {"description": "no such session"},
+                                                                **refused}}},
+            "/v1/sessions/{ident}/stream": {"post": {"summary": "Run a cell; answer Server-Sent Events as "
+                                                                "/v1/stream, ending with 'event: result' and the "
+                                                                "cell's record",
+                                                     "requestBody": _json({"$ref": "#/components/schemas/Cell"}),
+                                                     "responses": {"200": {"description": "text/event-stream"},
+                                                                   "404": {"description": "no such session"},
+                                                                   **refused}}},
+            "/run_jupyter": {"post": {"summary": "SandboxFusion's run_jupyter: the cells in one session of their own",
+                                      "requestBody": _json({"$ref": "#/components/schemas/RunJupyterRequest"}),
+                                      "responses": {"200": {"description": "RunJupyterResponse"},
+                                                    "504": {"description": "overloaded: retry"}}}},
             "/healthz": {"get": {"summary": "the process answers"}},
             "/readyz": {"get": {"summary": "workers are alive and the queue is not full (else 503)"}},
             "/metrics": {"get": {"summary": "Prometheus metrics"}},
@@ -75,5 +102,8 @@ def document() -> dict:
             "RunCodeRequest": request.schema(request.RUN_CODE),
             "Record": records.schema({**records.FILES_KEYS, **records.TEST_KEYS}),
             "RunCodeResponse": sandbox_fusion.RESPONSE_SCHEMA,
+            "Session": request.schema(request.SESSION),
+            "Cell": request.schema(request.CELL),
+            "RunJupyterRequest": request.schema(request.RUN_JUPYTER),
         }},
     }

@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import importlib.resources
 import json
-from typing import Any, AsyncIterator, Dict, List, Optional, Union
+from typing import Any, AsyncIterator, Dict, List, Optional, Tuple, Union
 
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -29,7 +29,7 @@ from ..shared.result import Result, Status
 from .admission import ClientGone, Rejected
 from .jobs import Route, ServiceJobs
 from .openapi import document
-from .slots import Held, SlotStream, json_answer, off_loop
+from .slots import Held, SlotStream, json_answer, off_loop, server_sent
 
 #: The page may run only its own inline script and talk only to this
 #: server: the output it shows is a tool's, so nothing else may load.
@@ -207,17 +207,14 @@ class Routes:
     async def _events(self, job_request: JobRequest, held: Held) -> AsyncIterator[str]:
         """The SSE body. A client that goes away makes Starlette cancel this
         generator: the stream's cleanup cancels the job (its tree dies)."""
+        async def record(outcome: Tuple[Result, Dict[str, bytes]]) -> Dict[str, Any]:
+            result, files = outcome
+            return await off_loop(sum(map(len, files.values())), _record, job_request, result, files)
+
         held.take()
         try:
-            async for item in self.jobs.stream(job_request):
-                if isinstance(item, tuple):
-                    result, files = item
-                    answer = await off_loop(sum(map(len, files.values())), _record, job_request, result, files)
-                    yield f"event: result\ndata: {json.dumps(answer)}\n\n"
-                elif item["type"] == "heartbeat":
-                    yield ": keep-alive\n\n"
-                else:
-                    yield f"data: {json.dumps(item)}\n\n"
+            async for line in server_sent(self.jobs.stream(job_request), record):
+                yield line
         finally:
             self.jobs.admission.release()
 

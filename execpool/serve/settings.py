@@ -43,6 +43,11 @@ DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_MAX_QUEUE = 256
 DEFAULT_QUEUE_TIMEOUT_S = 5.0
 
+#: Sessions open at once (shared/SERVE.md §8), and how long one may go
+#: without a cell -- the longest a request may ask, too.
+DEFAULT_MAX_SESSIONS = 64
+DEFAULT_SESSION_IDLE_S = 600.0
+
 #: Bytes of the files one answer brings back, in all: those of one file
 #: (execpool/pool/files.py) -- what a JSON answer can carry without the
 #: service holding much more than a Result already does.

@@ -11,7 +11,8 @@ client to take the one before.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable
+import json
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from starlette.responses import Response, StreamingResponse
 
@@ -90,3 +91,16 @@ async def _pieces(content: bytes) -> AsyncIterator[memoryview]:
     view = memoryview(content)
     for start in range(0, len(view), OFF_LOOP_BYTES):
         yield view[start:start + OFF_LOOP_BYTES]
+
+
+async def server_sent(items: AsyncIterator[Any], record: Callable[[Any], Awaitable[dict]]) -> AsyncIterator[str]:
+    """A stream's SSE body: each event dict as a ``data:`` line, heartbeats
+    as ``: keep-alive`` comments, and the last item -- the outcome, not a
+    dict -- as ``event: result`` with ``record(outcome)``."""
+    async for item in items:
+        if not isinstance(item, dict):
+            yield f"event: result\ndata: {json.dumps(await record(item))}\n\n"
+        elif item["type"] == "heartbeat":
+            yield ": keep-alive\n\n"
+        else:
+            yield f"data: {json.dumps(item)}\n\n"

@@ -1,0 +1,310 @@
+"""The service's sessions (shared/SERVE.md §8): ``/v1/sessions`` and
+SandboxFusion's ``/run_jupyter``.
+
+Runs in the service's process, on its event loop. A session is the pool's
+(``pool.session``, execpool/pool/sessions.py), kept here by its id -- the
+pool's unguessable one, which is all a client has to name it -- with a
+directory of its own under the service's root (its files, removed when
+it ends). A cell takes a slot as a job does, so sessions share
+``--max-in-flight`` with everything else; the number of sessions open is
+bounded apart (``--max-sessions``). A session that ends on its own (idle,
+killed) leaves the registry as it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import threading
+import time
+from typing import Any, AsyncIterator, Dict, List, Optional
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..formats import records, sandbox_fusion
+from ..formats.request import CELL, RUN_JUPYTER, SESSION, BadField, Defaults, read
+from ..pool.files import JobFileError, read_files, write_files
+from ..pool.future import JobOutput
+from ..pool.sessions import Session
+from ..shared.cells import CellResult
+from ..shared.errors import ExecPoolError, SessionClosedError
+from ..shared.kernel.dirs import remove_tree
+from ..shared.result import Status
+from .admission import ClientGone, Reason, Rejected
+from .jobs import ServiceJobs, until_done_or_gone
+from .slots import Held, SlotStream, off_loop, server_sent
+
+logger = logging.getLogger("execpool")
+
+
+class NoSuchSession(Exception):
+    """An id that names no open session (404)."""
+
+
+@dataclasses.dataclass
+class _Open:
+    session: Session
+    directory: str
+
+
+class ServiceSessions:
+    """The sessions of one app."""
+
+    def __init__(self, jobs: ServiceJobs, max_sessions: int, idle_timeout: float) -> None:
+        self.jobs = jobs
+        self.max_sessions = max_sessions
+        self.idle_timeout = idle_timeout
+        self._open: Dict[str, _Open] = {}
+        self._lock = threading.Lock()  # ends come on the pool's thread
+        metrics = jobs.metrics
+        self.cells = metrics.session_cells
+        metrics.sessions_open.set_function(lambda: len(self._open))
+
+    @property
+    def defaults(self) -> Defaults:
+        return dataclasses.replace(self.jobs.settings.defaults, max_idle=max(self.idle_timeout, 0.001))
+
+    # -- a session's life ---------------------------------------------------------------------
+
+    async def open(self, values: Dict[str, Any], language: str) -> Session:
+        """A new session with its files; Rejected past ``--max-sessions``."""
+        with self._lock:
+            if len(self._open) >= self.max_sessions:
+                raise Rejected(Reason.SESSIONS_FULL, 5)
+        directory = self.jobs.new_directory()
+        try:
+            try:
+                await asyncio.to_thread(write_files, directory, values.get("files", {}))
+            except JobFileError as exc:
+                raise BadField(f'"files": {exc}') from None
+            try:
+                session = self.jobs.pool.session(language, cwd=directory,
+                                                 limits=values.get("memory_limit_MB") or self.defaults.limits,
+                                                 idle_timeout=values.get("idle_timeout", self.idle_timeout),
+                                                 network=self.defaults.network)
+            except ExecPoolError as exc:
+                logger.warning("execpool serve: cannot open a session: %s", exc)
+                raise Rejected(Reason.NO_WORKERS, 1) from None
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(remove_tree, directory))
+            raise
+        with self._lock:
+            self._open[session.id] = _Open(session, directory)
+        loop = asyncio.get_running_loop()
+        session.add_done_callback(lambda ended: loop.call_soon_threadsafe(self._ended, ended))
+        return session
+
+    def _ended(self, session: Session) -> None:
+        with self._lock:
+            entry = self._open.pop(session.id, None)
+        if entry is not None:
+            asyncio.ensure_future(asyncio.to_thread(remove_tree, entry.directory))
+
+    def get(self, ident: str) -> _Open:
+        with self._lock:
+            entry = self._open.get(ident)
+        if entry is None or not entry.session.alive:
+            raise NoSuchSession(ident)
+        return entry
+
+    async def close(self, ident: str) -> None:
+        entry = self.get(ident)
+        await asyncio.to_thread(entry.session.close)
+
+    async def close_all(self) -> None:
+        """At shutdown: every session goes, with its tree."""
+        with self._lock:
+            entries = list(self._open.values())
+        await asyncio.gather(*(asyncio.to_thread(entry.session.close) for entry in entries))
+
+    def listed(self) -> List[Dict[str, Any]]:
+        with self._lock:
+            entries = list(self._open.values())
+        return [_described(entry.session) for entry in entries]
+
+    # -- cells --------------------------------------------------------------------------------
+
+    def cell(self, body: bytes) -> Dict[str, Any]:
+        values = read(_json(body), CELL, self.defaults)
+        values.setdefault("timeout", self.defaults.timeout)
+        return values
+
+    async def run(self, session: Session, code: str, timeout: Optional[float],
+                  request: Optional[Request]) -> CellResult:
+        """One cell, on a slot the caller holds; a client that goes away
+        interrupts it (the session lives on)."""
+        try:
+            future = session.submit(code, timeout=timeout)
+        except SessionClosedError as exc:
+            raise NoSuchSession(str(exc)) from None
+        with self.jobs.running(future):
+            result = await until_done_or_gone(future, request)
+        self.cells.labels(result.status.value).inc()
+        return result
+
+    async def stream(self, session: Session, code: str, timeout: Optional[float]) -> AsyncIterator[Any]:
+        """The cell's output as events, then its CellResult last. Closing
+        the generator (the client left) interrupts the cell."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        def on_event(event: object) -> None:
+            if isinstance(event, JobOutput):
+                loop.call_soon_threadsafe(queue.put_nowait, {"type": "tool_output", "stream": event.stream,
+                                                             "text": event.text})
+
+        try:
+            future = session.submit(code, timeout=timeout, on_event=on_event)
+        except SessionClosedError as exc:
+            raise NoSuchSession(str(exc)) from None
+        done = asyncio.wrap_future(future)
+        try:
+            self.jobs.running_add(future)
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                finished, _ = await asyncio.wait({getter, done}, timeout=self.jobs.settings.heartbeat_s,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                if getter in finished:
+                    yield getter.result()
+                    continue
+                getter.cancel()
+                if done in finished:
+                    break
+                yield {"type": "heartbeat"}
+            while not queue.empty():
+                yield queue.get_nowait()
+            result = done.result()
+            self.cells.labels(result.status.value).inc()
+            yield result
+        finally:
+            self.jobs.running_discard(future)
+            if not future.done():
+                future.cancel()
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise BadField(f"the body is not JSON: {exc}") from None
+
+
+def _described(session: Session) -> Dict[str, Any]:
+    return {"id": session.id, "language": session.language, "created": round(session.created, 3),
+            "last_used": round(session.last_used, 3), "alive": session.alive}
+
+
+class SessionRoutes:
+    """The route handlers of ``/v1/sessions`` and ``/run_jupyter``."""
+
+    def __init__(self, sessions: ServiceSessions, read_body) -> None:
+        self.sessions = sessions
+        self.jobs = sessions.jobs
+        self.body = read_body
+
+    async def create(self, request: Request) -> Response:
+        body = await self.body(request)
+        values = await off_loop(len(body), lambda: read(_json(body), SESSION, self.sessions.defaults))
+        session = await self.sessions.open(values, values.get("session_language", "python"))
+        return JSONResponse(_described(session), status_code=201)
+
+    async def listed(self, request: Request) -> Response:
+        return JSONResponse(self.sessions.listed())
+
+    async def delete(self, request: Request) -> Response:
+        await self.sessions.close(request.path_params["ident"])
+        return Response(status_code=204)
+
+    async def run(self, request: Request) -> Response:
+        entry = self.sessions.get(request.path_params["ident"])
+        values = self.sessions.cell(await self.body(request))
+        await self.jobs.slot(request)
+        try:
+            result = await self.sessions.run(entry.session, values["code"], values["timeout"], request)
+        finally:
+            self.jobs.admission.release()
+        return JSONResponse(records.cell_record(result))
+
+    async def stream(self, request: Request) -> Response:
+        entry = self.sessions.get(request.path_params["ident"])
+        values = self.sessions.cell(await self.body(request))
+        await self.jobs.slot(request)
+        held = Held(self.jobs.admission)
+        return SlotStream(held, self._events(entry.session, values, held), media_type="text/event-stream",
+                          headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    async def _events(self, session: Session, values: Dict[str, Any], held: Held) -> AsyncIterator[str]:
+        async def record(result: CellResult) -> Dict[str, Any]:
+            return records.cell_record(result)
+
+        held.take()
+        try:
+            async for line in server_sent(self.sessions.stream(session, values["code"], values["timeout"]), record):
+                yield line
+        finally:
+            self.jobs.admission.release()
+
+    async def run_jupyter(self, request: Request) -> Response:
+        """SandboxFusion's ``/run_jupyter``: the request's cells in one
+        session of their own, closed at the end. A cell past its own
+        ``cell_timeout`` is interrupted (a KeyboardInterrupt among its
+        errors) and the next runs; past ``total_timeout`` the driver's
+        status is ``TimeLimitExceeded``."""
+        try:
+            body = await self.body(request)
+            obj = await off_loop(len(body), _json, body)
+            defaults = self.sessions.defaults
+            if isinstance(obj, dict) and isinstance(obj.get("memory_limit_MB"), int) and obj["memory_limit_MB"] > 0:
+                defaults = dataclasses.replace(defaults, memory_by_cgroup=await asyncio.to_thread(
+                    self.jobs.memory_by_cgroup))
+            values = await off_loop(len(body), read, obj, RUN_JUPYTER, defaults)
+        except BadField as exc:
+            return JSONResponse(sandbox_fusion.jupyter_error(str(exc)))
+        total = values.get("total_timeout", 45.0) or self.jobs.settings.defaults.max_timeout or 45.0
+        cell_timeout = values.get("cell_timeout")
+        try:
+            session = await self.sessions.open(values, "python")
+        except Rejected as exc:
+            return JSONResponse({"detail": f"execpool is busy ({exc.reason}); retry"}, status_code=504)
+        except BadField as exc:
+            return JSONResponse(sandbox_fusion.jupyter_error(str(exc)))
+        started = time.monotonic()
+        results: List[CellResult] = []
+        status = "Finished"
+        try:
+            for code in values["cells"]:
+                left = total - (time.monotonic() - started)
+                if left <= 0:
+                    status = "TimeLimitExceeded"
+                    break
+                timeout = left if cell_timeout is None else min(cell_timeout, left)
+                await self.jobs.slot(request)
+                try:
+                    result = await self.sessions.run(session, code, timeout, request)
+                finally:
+                    self.jobs.admission.release()
+                if result.status is Status.TIMEOUT and timeout == left:
+                    status = "TimeLimitExceeded"
+                    break
+                results.append(result)
+                if result.status is Status.CANCELLED:
+                    return Response(status_code=499)
+                if not result.alive:
+                    status = "Error"
+                    break
+            files = {}
+            if status == "Finished" and values.get("fetch_files"):
+                entry = self.sessions.get(session.id)
+                try:
+                    files = await asyncio.to_thread(read_files, entry.directory, values["fetch_files"],
+                                                    max_total_bytes=self.jobs.settings.fetch_bytes)
+                except JobFileError as exc:
+                    return JSONResponse(sandbox_fusion.jupyter_error(f"fetch_files: {exc}"))
+        except (ClientGone, NoSuchSession):
+            return Response(status_code=499)
+        finally:
+            await asyncio.shield(asyncio.to_thread(session.close))
+        return JSONResponse(sandbox_fusion.jupyter_answer(status, time.monotonic() - started, results, files))
