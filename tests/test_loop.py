@@ -687,6 +687,21 @@ def test_default_tools_run_real_code_with_results_identical_to_execute_tool(fake
     assert done_event(events)["stopped"] is None
 
 
+def test_a_session_keeps_the_python_tool_s_state_across_calls_and_turns(fake, pool, tools):
+    """One argument makes the python tool a stateful interpreter for the
+    whole conversation: a later turn still has what an earlier one defined."""
+    with tools.python_session(pool=pool) as session:
+        fake.script(tool_reply(("call_a", "python", json.dumps({"code": "rows = [1, 2, 3]"}))),
+                    tool_reply(("call_b", "python", json.dumps({"code": "sum(rows)"}))), text_reply("six"))
+        first = done_event(list(chat_with_tools(fake.base_url, USER, pool=pool, session=session, timeout=30)))
+        fake.script(tool_reply(("call_c", "python", json.dumps({"code": "rows.append(4)\nlen(rows)"}))),
+                    text_reply("four"))
+        history = first["messages"] + [{"role": "user", "content": "and now?"}]
+        second = done_event(list(chat_with_tools(fake.base_url, history, pool=pool, session=session, timeout=30)))
+    results = [m["content"] for m in second["messages"] if m["role"] == "tool"]
+    assert results == ["(no output)", "6", "4"]
+
+
 def test_default_tools_malformed_arguments_give_a_one_line_message(fake, pool, tools):
     fake.script(tool_reply(("call_a", "python", '{"code": "print(1)'), pieces=4), text_reply("retrying"))
     events = list(chat_with_tools(fake.base_url, USER, pool=pool))

@@ -607,3 +607,48 @@ def test_the_pool_pythonpath_and_a_shadowed_sitecustomize_survive(tmp_path):
     assert text.startswith("site hook ran\n") and f"from mylib {lib}\n" in text
     assert text.count(MNT_NOTICE) == 1
     assert os.path.exists(os.path.join(get_sandbox_workdir(), "f.txt"))
+
+
+# -- a session per conversation (SPEC §8: the tool layer) ---------------------------------------
+
+def test_python_exec_in_a_session_keeps_state_and_files_of_the_conversation(tool_pool, sandbox):
+    with tools.python_session("conv-1", pool=tool_pool) as session:
+        assert python_exec("import math\nr = 2", session=session) == "(no output)"
+        assert python_exec("print('area'); math.pi * r * r", session=session) == "area\n12.566370614359172"
+        remapped = python_exec("open('/mnt/data/kept.txt', 'w').write('x')", session=session)
+        assert remapped.startswith("[execpool] " + MNT_NOTICE) and remapped.endswith("\n1")
+        assert (sandbox / "conv-1" / "kept.txt").read_text() == "x"  # the conversation's directory, remapped
+        assert bash_exec("cat kept.txt", pool=tool_pool, session_id="conv-1") == "x"
+        error = python_exec("open('/workspace/nope.csv')", session=session)
+        assert "FileNotFoundError" in error and "'nope.csv', not '/workspace/nope.csv'" in error
+        assert "sitecustomize" not in error  # the shim's frames are left out, as a job's are
+        assert python_exec("import time\ntime.sleep(30)", session=session, timeout=0.3) == (
+            "Execution timed out after 0.3 seconds.")
+        assert python_exec("r", session=session) == "2"
+
+
+def test_a_session_call_streams_and_cancels(tool_pool):
+    with tools.python_session(pool=tool_pool) as session:
+        seen = []
+        assert python_exec("print('a')\nprint('b')", session=session, output_callback=seen.append) == "a\nb\n"
+        assert "".join(seen) == "a\nb\n"
+        cancel = threading.Event()
+        started = threading.Event()
+        threading.Thread(target=lambda: started.wait(20) and cancel.set(), daemon=True).start()
+        text = python_exec("print('go', flush=True)\nimport time\ntime.sleep(60)", session=session,
+                           cancel_event=cancel, output_callback=lambda _: started.set())
+        assert text == "go\nExecution cancelled." and session.alive
+
+
+def test_execute_tool_binds_the_python_tool_to_the_session_only(tool_pool):
+    with tools.python_session(pool=tool_pool) as session:
+        assert execute_tool("python", {"code": "n = 5"}, session=session, pool=tool_pool) == "(no output)"
+        assert execute_tool("python", '{"code": "n * 2"}', session=session, pool=tool_pool) == "10"
+        assert execute_tool("terminal", {"command": "echo $n"}, session=session, pool=tool_pool) == "(no output)"
+    shell = tool_pool.session("bash")
+    try:
+        assert python_exec("1", session=shell).startswith("Execution error: this tool runs python")
+    finally:
+        shell.close()
+    assert python_exec("1", session=session).startswith("Execution error: this session was closed")
+    assert python_exec("", session=session) == "No code provided."

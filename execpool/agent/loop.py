@@ -72,7 +72,7 @@ READER_THREAD_NAME = "chat-completion-reader"
 #: Tool kwargs the loop can offer an ``execute_tool``; each is passed only if
 #: the callable declares it (or takes ``**kwargs``), and the optional ones only
 #: when the caller gave a value, so a callable's own defaults stay in force.
-TOOL_KEYWORDS = ("output_callback", "cancel_event", "timeout", "session_id", "pool")
+TOOL_KEYWORDS = ("output_callback", "cancel_event", "timeout", "session_id", "pool", "session")
 
 Event = dict
 ExecuteTool = Callable[..., str]
@@ -101,6 +101,7 @@ def chat_with_tools(
     session_id: Optional[str] = None,
     timeout: Optional[float] = None,
     extra_body: Optional[dict] = None,
+    session: Any = None,
 ) -> Generator[Event, None, None]:
     """Chat with a model that may call tools, as a generator of events.
 
@@ -109,6 +110,10 @@ def chat_with_tools(
     ``execpool.tools.execute_tool`` on ``pool`` in ``session_id``'s working
     directory with ``timeout`` seconds per call; a caller's ``execute_tool``
     replaces it (and gets those values too if it declares them).
+    ``session`` (``execpool.tools.python_session(session_id)``, kept by the
+    caller for the whole conversation and closed at its end) makes the
+    python tool a stateful interpreter: what one call defines, the next
+    call -- in this turn or a later one -- still has.
     ``max_tool_iterations`` bounds the rounds in which tools run; one more,
     tool-less completion then asks for the answer.
 
@@ -161,7 +166,7 @@ def chat_with_tools(
             tools = [tool_layer.PYTHON_TOOL, tool_layer.TERMINAL_TOOL]
         if execute_tool is None:
             execute_tool = tool_layer.execute_tool
-    offered = {"timeout": timeout, "session_id": session_id, "pool": pool}
+    offered = {"timeout": timeout, "session_id": session_id, "pool": pool, "session": session}
     runner = _ToolRunner(execute_tool, {k: v for k, v in offered.items() if v is not None},
                          heartbeat_interval_s)
     return _chat(url, history, list(tools), model, extra, runner, max_tool_iterations, cancel_event,

@@ -25,14 +25,16 @@ import json
 import os
 import re
 import threading
-from typing import Any, Callable, Generator, Mapping, Optional, Union
+from typing import Any, Callable, Generator, List, Mapping, Optional, Union
 
+from ..pool.future import JobOutput
+from ..pool.sessions import Session
 from ..pool.supervisor import ExecPool
 from ..shared import checks
 from ..shared.jobs import PythonJob, ShellJob
 from ..shared.kernel.sandbox import Sandbox
 from ..shared.output import FILES_ADVICE, TOOL_RESULT_CHARS, truncation_notice
-from ..shared.result import ERROR_LINE_MARKERS, ERROR_PREFIX, Result
+from ..shared.result import ERROR_LINE_MARKERS, ERROR_PREFIX, NO_CODE_TEXT, NO_COMMAND_TEXT, Result
 
 
 def env_int(name: str, default: int) -> int:
@@ -298,24 +300,77 @@ def _shared_pool() -> ExecPool:
 
 def python_exec(code: str, cancel_event: Optional[threading.Event] = None,
                 timeout: Optional[float] = DEFAULT_TIMEOUT_S, output_callback: Optional[OutputCallback] = None,
-                session_id: Optional[str] = None, pool: Optional[ExecPool] = None) -> str:
+                session_id: Optional[str] = None, pool: Optional[ExecPool] = None,
+                session: Optional[Session] = None) -> str:
     """Run ``code`` as a Python script in the session's working directory
     and return the model-facing string (SPEC §2); never raises.
 
     ``output_callback(text)`` receives live output as it is produced; if it
     raises, it is not called again and the job runs on. ``cancel_event``
     set from another thread ends the job with ``Execution cancelled.``;
-    ``timeout=None`` means no limit.
+    ``timeout=None`` means no limit. With ``session`` (a Python session,
+    :func:`python_session`), the code runs as a cell of it, keeping its
+    state from one call to the next; the string is the cell's, its last
+    expression's value included.
     """
+    if session is not None:
+        return _run_cell("python", session, code, cancel_event, timeout, output_callback)
     return _run_tool("python", code, cancel_event, timeout, output_callback, session_id, pool)
 
 
 def bash_exec(command: str, cancel_event: Optional[threading.Event] = None,
               timeout: Optional[float] = DEFAULT_TIMEOUT_S, output_callback: Optional[OutputCallback] = None,
-              session_id: Optional[str] = None, pool: Optional[ExecPool] = None) -> str:
+              session_id: Optional[str] = None, pool: Optional[ExecPool] = None,
+              session: Optional[Session] = None) -> str:
     """Run ``command`` with bash in the session's working directory; the
-    same contract as :func:`python_exec`."""
+    same contract as :func:`python_exec` (``session``: a bash session)."""
+    if session is not None:
+        return _run_cell("bash", session, command, cancel_event, timeout, output_callback)
     return _run_tool("terminal", command, cancel_event, timeout, output_callback, session_id, pool)
+
+
+def python_session(session_id: Optional[str] = None, pool: Optional[ExecPool] = None,
+                   language: str = "python", idle_timeout: Optional[float] = 3600.0) -> Session:
+    """A session for a conversation's tool calls (``session=`` of
+    :func:`python_exec`, :func:`execute_tool` and the loop): in the working
+    directory of ``session_id``, so files the calls write persist as they do
+    without a session, in the tool layer's sandbox and with its
+    ``/mnt/data`` remap. Close it when the conversation ends (it also ends
+    after ``idle_timeout`` seconds without a call, and with the pool)."""
+    if pool is None:
+        pool = _shared_pool()
+    env = {"PYTHONPATH": _python_path(pool)} if language == "python" else None
+    return pool.session(language, cwd=get_sandbox_workdir(session_id), sandbox=_sandbox(pool), env=env,
+                        idle_timeout=idle_timeout)
+
+
+def _run_cell(language: str, session: Session, source: str, cancel_event: Optional[threading.Event],
+              timeout: Optional[float], output_callback: Optional[OutputCallback]) -> str:
+    """A tool call as a cell of ``session``: the cell's string, capped like
+    a job's, with the missing-path hint."""
+    try:
+        if not isinstance(session, Session):
+            raise TypeError(f"session must be an execpool.Session, not {type(session).__name__}")
+        if session.language != language:
+            raise ValueError(f"this tool runs {language}, and the session given is a {session.language} session")
+        if not source.strip():
+            return NO_CODE_TEXT if language == "python" else NO_COMMAND_TEXT
+        callback: List[Optional[OutputCallback]] = [output_callback]
+
+        def on_event(event: object) -> None:
+            if isinstance(event, JobOutput) and callback[0] is not None:
+                try:
+                    callback[0](event.text)
+                except Exception:  # noqa: BLE001 - a broken consumer is dropped; the cell runs on
+                    callback[0] = None
+
+        result = session.submit(source, timeout=timeout, cancel_event=cancel_event,
+                                on_event=None if output_callback is None else on_event).result()
+        text = truncate(result.text, MAX_OUTPUT_CHARS)
+        hint = missing_path_hint(result.text, session.cwd)
+        return text if not hint else text + ("\n" if text.endswith("\n") else "\n\n") + hint
+    except Exception as exc:  # noqa: BLE001 - the model reads every failure as text
+        return ERROR_PREFIX + _one_line(str(exc) or type(exc).__name__)
 
 
 def _run_tool(tool_name: str, source: str, cancel_event: Optional[threading.Event],
@@ -423,9 +478,11 @@ _TOOLS: Mapping[str, tuple[str, Callable[..., str]]] = {
 def execute_tool(name: str, arguments: Union[str, Mapping[str, Any], None], *,
                  cancel_event: Optional[threading.Event] = None, timeout: Optional[float] = None,
                  output_callback: Optional[OutputCallback] = None, session_id: Optional[str] = None,
-                 pool: Optional[ExecPool] = None) -> str:
+                 pool: Optional[ExecPool] = None, session: Optional[Session] = None) -> str:
     """Run the model's call of tool ``name`` with ``arguments`` (the JSON
     string of a tool call, or a dict) and return the string the model reads.
+    ``session`` (a Python session, :func:`python_session`) keeps the python
+    tool's state between calls; the terminal tool runs as before.
 
     Mistakes the model can fix -- an unknown tool, malformed JSON, a missing
     or non-string argument -- get a one-line message saying what to send;
@@ -456,7 +513,8 @@ def execute_tool(name: str, arguments: Union[str, Mapping[str, Any], None], *,
                     f"got {type(value).__name__}.")
         return run(value, cancel_event=cancel_event,
                    timeout=DEFAULT_TIMEOUT_S if timeout is None else timeout,
-                   output_callback=output_callback, session_id=session_id, pool=pool)
+                   output_callback=output_callback, session_id=session_id, pool=pool,
+                   session=session if run is python_exec else None)
     except Exception as exc:  # noqa: BLE001 - the model reads every failure as text
         return ERROR_PREFIX + _one_line(str(exc) or type(exc).__name__)
 

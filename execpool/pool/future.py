@@ -151,13 +151,15 @@ class CancelWatcher(OnDemandThread):
 
     def __init__(self) -> None:
         super().__init__()
-        self._watched: dict[int, tuple[threading.Event, JobFuture]] = {}
+        # By the future's id(): a job's or a session's cell; each is
+        # forgotten once done, so no id is reused while it is here.
+        self._watched: dict[int, tuple[threading.Event, Future]] = {}
 
-    def watch(self, future: JobFuture, event: threading.Event) -> None:
+    def watch(self, future: Future, event: threading.Event) -> None:
         with self._cond:
             if self._closed:
                 return
-            self._watched[future.job_id] = (event, future)
+            self._watched[id(future)] = (event, future)
             self._wake()
         future.add_done_callback(self._forget)
 
@@ -168,7 +170,7 @@ class CancelWatcher(OnDemandThread):
 
     def _forget(self, future: Future) -> None:
         with self._cond:
-            self._watched.pop(future.job_id, None)  # type: ignore[attr-defined]
+            self._watched.pop(id(future), None)
 
     def _run(self) -> None:
         while True:
@@ -178,8 +180,8 @@ class CancelWatcher(OnDemandThread):
                     # beyond its dispatcher; the next watch() starts another.
                     self._thread = None
                     return
-                fired = [job_id for job_id, (event, _) in self._watched.items() if event.is_set()]
-                futures = [self._watched.pop(job_id)[1] for job_id in fired]
+                fired = [key for key, (event, _) in self._watched.items() if event.is_set()]
+                futures = [self._watched.pop(key)[1] for key in fired]
             for future in futures:
                 future.cancel()
             with self._cond:

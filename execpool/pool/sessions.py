@@ -132,6 +132,10 @@ class Session:
         self._closing = False
         self._ended_event = threading.Event()
         self._live = LiveBudget()
+        self._pool = pool
+        #: Its directory when the caller gave one (None: a private one the
+        #: worker made, removed with the session).
+        self.cwd = cwd
         config = pool.config
         env_all = dict(config.tool_env)
         env_all.update(env or {})
@@ -159,12 +163,14 @@ class Session:
             return self._gone is None
 
     def submit(self, code: str, *, timeout: Optional[Number] = DEFAULT_CELL_TIMEOUT_S,
-               on_event: Optional[OnEvent] = None) -> CellFuture:
+               on_event: Optional[OnEvent] = None, cancel_event: Optional[threading.Event] = None) -> CellFuture:
         """Queue a cell; its future's result is its CellResult. ``on_event``
         gets its output live (``JobOutput``, with ``stream``; past
         TOOL_OUTPUT_STREAM_MAX_CHARS one ``OutputCapped``), on the pool's
-        dispatcher thread, as ``ExecPool.submit``'s does."""
+        dispatcher thread, as ``ExecPool.submit``'s does; ``cancel_event``,
+        when set, cancels the cell as ``future.cancel()`` does."""
         checks.text("code", code)
+        checks.cancel_event(cancel_event)
         if timeout is not None:
             checks.seconds("timeout", timeout)
         if on_event is not None and not callable(on_event):
@@ -177,12 +183,15 @@ class Session:
             self._queue.append(cell)
             self.last_used = time.time()
             self._next()
+        if cancel_event is not None:
+            self._pool._watcher.watch(future, cancel_event)
         return future
 
-    def run(self, code: str, *, timeout: Optional[Number] = DEFAULT_CELL_TIMEOUT_S) -> CellResult:
+    def run(self, code: str, *, timeout: Optional[Number] = DEFAULT_CELL_TIMEOUT_S,
+            cancel_event: Optional[threading.Event] = None) -> CellResult:
         """Run a cell to its end; its CellResult. If the wait is interrupted
         (Ctrl-C), the cell is interrupted."""
-        future = self.submit(code, timeout=timeout)
+        future = self.submit(code, timeout=timeout, cancel_event=cancel_event)
         try:
             return future.result()
         except BaseException:

@@ -220,16 +220,29 @@ class Runtime:
         pyplot.close("all")
 
 
+#: execpool's own code -- this runtime, the tool layer's /mnt/data shim --
+#: whose frames a cell's traceback leaves out.
+_OWN_CODE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
 def _error(exc: BaseException) -> Dict[str, Any]:
     """Jupyter's error: the exception's name and value, and a traceback of
-    the cell's own frames (the runtime's are cut off)."""
-    tb = exc.__traceback__
-    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell "):
-        tb = tb.tb_next
-    if isinstance(exc, SyntaxError):
-        tb = None
-    lines = traceback.format_exception(type(exc), exc, tb)
-    return {"ename": type(exc).__name__, "evalue": str(exc), "traceback": [line.rstrip("\n") for line in lines]}
+    the frames of the cells and of what they called -- execpool's own, the
+    runtime's and the shim's, are left out (as a cold run's are), in the
+    exception and in those it was raised from."""
+    report = traceback.TracebackException.from_exception(exc)
+    pending: List[Optional[traceback.TracebackException]] = [report]
+    seen = set()
+    while pending:
+        part = pending.pop()
+        if part is None or id(part) in seen:
+            continue
+        seen.add(id(part))
+        part.stack = traceback.StackSummary.from_list(
+            [frame for frame in part.stack if not (frame.filename or "").startswith(_OWN_CODE)])
+        pending += [part.__cause__, part.__context__]
+    lines = [line for chunk in report.format() for line in chunk.splitlines()]
+    return {"ename": type(exc).__name__, "evalue": str(exc), "traceback": lines}
 
 
 def main() -> None:
