@@ -63,6 +63,11 @@ def main(argv: list) -> NoReturn:
         for name in preload:
             with contextlib.suppress(BaseException):  # the worker already reported it
                 importlib.import_module(name)
+        # A session (execpool/worker/sessions/) is a warm job running this
+        # runtime: imported here once -- ast, json, traceback: a third of a
+        # session's start when each spare imported them -- and shared by
+        # every clone.
+        importlib.import_module("execpool.worker.sessions.python")
         spare.rehearse()
         decode_job(encode_job("", {}, Setup("/", UNLIMITED)))
         sandbox.prepare()

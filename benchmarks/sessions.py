@@ -1,0 +1,179 @@
+"""Sessions against a Jupyter kernel, in the same run.
+
+Run from the repository root (the kernel side needs ``pip install
+'execpool[bench]'``: ipykernel and jupyter_client)::
+
+    python benchmarks/sessions.py
+    python benchmarks/sessions.py --sandbox off --sessions 50
+
+Measured, execpool's Python session (``pool.session("python")``, the strict
+sandbox unless told otherwise) and an ``ipykernel`` kernel driven by
+``jupyter_client`` -- what SandboxFusion's ``/run_jupyter`` and E2B's code
+interpreter start for each request or sandbox:
+
+- **start**: from asking for a session (a kernel) to the answer of its
+  first cell, ``None``; the median of ``--starts`` starts, one after
+  another. Target: the session's at most 1/20 of the kernel's.
+- **small cell**: the round trip of ``x = 1`` in a live session (kernel);
+  the median of ``--cells``. Target: at most 1/3 of the kernel's.
+- **idle memory**: ``--sessions`` sessions open at once, each having run
+  one cell; what they add to the machine (the unique set size of every
+  process below this one, before and after, divided by their number),
+  against one idle kernel's.
+
+Each answer is checked; the last line of stdout is one JSON object with
+every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import psutil
+
+from benchmarks import _common as C
+from execpool import ExecPool, Status
+
+
+def _descendants_uss() -> int:
+    """Unique memory of every process below this one, in bytes."""
+    total = 0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            total += child.memory_full_info().uss
+        except psutil.Error:
+            continue
+    return total
+
+
+def _checked(result, want=None):
+    if result.status is not Status.OK or (want is not None and result.value != want):
+        raise AssertionError(f"a wrong answer: {result}")
+    return result
+
+
+def sessions(args: argparse.Namespace) -> dict:
+    sandbox = None if args.sandbox == "off" else "strict"
+    with ExecPool(workers=args.workers, sandbox=sandbox) as pool:
+        with pool.session("python") as warmup:  # the worker's template and spares exist from here on
+            _checked(warmup.run("None"))
+        starts = []
+        for _ in range(args.starts):
+            began = time.perf_counter()
+            session = pool.session("python")
+            _checked(session.run("None"))
+            starts.append(time.perf_counter() - began)
+            session.close()
+        with pool.session("python") as session:
+            _checked(session.run("x = 1"))
+            cells = []
+            for _ in range(args.cells):
+                began = time.perf_counter()
+                _checked(session.run("x = 1"))
+                cells.append(time.perf_counter() - began)
+        before = _descendants_uss()
+        opened = [pool.session("python") for _ in range(args.sessions)]
+        try:
+            for n, session in enumerate(opened):
+                _checked(session.run(f"x = {n}\nx"), str(n))
+            idle = (_descendants_uss() - before) / args.sessions
+        finally:
+            for session in opened:
+                session.close()
+    return {"start_ms": C.ms(statistics.median(starts)), "cell_ms": C.ms(statistics.median(cells)),
+            "cell_p90_ms": C.ms(C.quantile(cells, 0.9)), "idle_mib": C.mib(idle)}
+
+
+class _Kernel:
+    """An ipykernel kernel and its client, started and ready."""
+
+    def __init__(self) -> None:
+        from jupyter_client.manager import KernelManager
+
+        self.manager = KernelManager(kernel_name="python3")
+        self.manager.start_kernel()
+        self.client = self.manager.client()
+        self.client.start_channels()
+        try:
+            self.client.wait_for_ready(timeout=60)
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self, code: str) -> None:
+        reply = self.client.execute_interactive(code, timeout=60, output_hook=lambda msg: None)
+        if reply["content"]["status"] != "ok":
+            raise AssertionError(f"the kernel failed: {reply['content']}")
+
+    def uss(self) -> int:
+        kernel = psutil.Process(self.manager.provisioner.process.pid)
+        return sum(p.memory_full_info().uss for p in [kernel, *kernel.children(recursive=True)])
+
+    def close(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
+
+
+def kernels(args: argparse.Namespace) -> dict:
+    starts = []
+    for _ in range(args.kernel_starts):
+        began = time.perf_counter()
+        kernel = _Kernel()
+        try:
+            kernel.run("None")
+            starts.append(time.perf_counter() - began)
+        finally:
+            kernel.close()
+    kernel = _Kernel()
+    try:
+        kernel.run("x = 1")
+        cells = []
+        for _ in range(args.cells):
+            began = time.perf_counter()
+            kernel.run("x = 1")
+            cells.append(time.perf_counter() - began)
+        idle = kernel.uss()
+    finally:
+        kernel.close()
+    return {"start_ms": C.ms(statistics.median(starts)), "cell_ms": C.ms(statistics.median(cells)),
+            "cell_p90_ms": C.ms(C.quantile(cells, 0.9)), "idle_mib": C.mib(idle)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sandbox", choices=("strict", "off"), default="strict")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--starts", type=int, default=50)
+    parser.add_argument("--kernel-starts", type=int, default=5)
+    parser.add_argument("--cells", type=int, default=300)
+    parser.add_argument("--sessions", type=int, default=100)
+    args = parser.parse_args()
+    load = C.load()
+    ours = sessions(args)
+    theirs = kernels(args)
+    C.print_table(f"Python sessions ({args.sandbox} sandbox) against an ipykernel kernel",
+                  ["", "execpool session", "Jupyter kernel", "ratio"],
+                  [["start, median ms", ours["start_ms"], theirs["start_ms"],
+                    round(theirs["start_ms"] / ours["start_ms"], 1)],
+                   ["small cell, median ms", ours["cell_ms"], theirs["cell_ms"],
+                    round(theirs["cell_ms"] / ours["cell_ms"], 1)],
+                   ["small cell, p90 ms", ours["cell_p90_ms"], theirs["cell_p90_ms"], ""],
+                   ["idle memory, MiB each", ours["idle_mib"], theirs["idle_mib"],
+                    round(theirs["idle_mib"] / ours["idle_mib"], 1) if ours["idle_mib"] > 0 else ""]])
+    targets = {"start <= kernel / 20": C.target(ours["start_ms"], theirs["start_ms"] / 20, "<=", "ms"),
+               "cell <= kernel / 3": C.target(ours["cell_ms"], theirs["cell_ms"] / 3, "<=", "ms"),
+               "start <= 10 ms": C.target(ours["start_ms"], 10, "<=", "ms")}
+    C.print_targets(targets)
+    C.emit_json({"benchmark": "sessions", "sandbox": args.sandbox, "execpool": ours, "jupyter": theirs,
+                 "targets": targets, "load_before": load, "load_after": C.load(), "machine": C.machine()})
+
+
+if __name__ == "__main__":
+    main()
