@@ -44,7 +44,9 @@ def test_a_python_session_keeps_its_state_and_files(server):
     first = run(server, ident, "import csv\nrows = list(csv.DictReader(open('data.csv')))\nlen(rows)").json()
     assert (first["status"], first["value"], first["alive"], first["execution_count"]) == ("ok", "2", True, 1)
     assert set(first) >= {"status", "stdout", "stderr", "value", "display", "error", "alive", "duration_s",
-                          "execution_count"}
+                          "execution_count", "cpu_user_s", "cpu_system_s", "max_rss_bytes", "peak_memory_bytes",
+                          "processes"}
+    assert first["max_rss_bytes"] > 0 and first["cpu_user_s"] >= 0
     second = run(server, ident, "print(sum(int(r['b']) for r in rows))\nrows[0]['a']").json()
     assert (second["stdout"], second["value"]) == ("6\n", "'1'")
     error = run(server, ident, "undefined_name").json()

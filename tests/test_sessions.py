@@ -371,3 +371,11 @@ def test_a_hundred_sessions_at_once_in_bounded_memory(pool):
     finally:
         with ThreadPoolExecutor(8) as closing:
             list(closing.map(lambda s: s.close(), sessions))
+
+
+def test_a_python_cell_says_what_it_cost(py, sh):
+    busy = py.run("import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end:\n    pass")
+    assert busy.cpu_user_s + busy.cpu_system_s >= 0.2 and busy.max_rss_bytes > 1 << 20
+    idle = py.run("None")
+    assert idle.cpu_user_s + idle.cpu_system_s < busy.cpu_user_s + busy.cpu_system_s
+    assert sh.run("true").cpu_user_s is None

@@ -116,4 +116,5 @@ def cell_record(result: CellResult) -> Dict[str, Any]:
     return {"status": result.status.value, "stdout": result.stdout, "stderr": result.stderr, "value": result.value,
             "data": result.data, "display": list(result.display), "error": result.error,
             "exit_code": result.exit_code, "alive": result.alive, "message": result.message,
-            "duration_s": result.duration_s, "execution_count": result.execution_count, "text": result.text}
+            "duration_s": result.duration_s, "execution_count": result.execution_count, "text": result.text,
+            **{key: getattr(result, key, None) for key in COST_KEYS}}

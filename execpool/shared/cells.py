@@ -55,6 +55,12 @@ class CellResult:
     execution_count: int = 0
     duration_s: float = 0.0
     timeout: Optional[float] = None
+    #: What a Python cell cost, as its session measured it: the CPU seconds
+    #: of the session's process and of the processes it waited for, and the
+    #: session's peak resident memory so far. None for bash's cells.
+    cpu_user_s: Optional[float] = None
+    cpu_system_s: Optional[float] = None
+    max_rss_bytes: Optional[int] = None
     #: How much each stream printed: over RESULT_HEAD_CHARS, only the head is kept.
     output_chars: int = field(default=0, repr=False)
 
@@ -141,9 +147,16 @@ def read_reply(language: str, reply: bytes) -> dict:
                                   and isinstance(error.get("traceback"), list)
                                   and all(isinstance(line, str) for line in error["traceback"])):
         return _garbled()
+    cost = fields.get("cost")
+    if not (isinstance(cost, dict) and all(type(cost.get(key)) in kinds for key, kinds in _COST.items())):
+        return _garbled()
     return {"status": Status.ERROR if error is not None else Status.OK, "value": fields["value"],
             "data": fields["data"], "display": tuple(fields["display"]), "error": error,
-            "execution_count": fields["execution_count"]}
+            "execution_count": fields["execution_count"], **{key: cost[key] for key in _COST}}
+
+
+#: A Python reply's cost fields and the JSON types each may have.
+_COST = {"cpu_user_s": (float, int), "cpu_system_s": (float, int), "max_rss_bytes": (int,)}
 
 
 def _optional(value: object, kind: type) -> bool:

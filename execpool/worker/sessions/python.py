@@ -23,7 +23,9 @@ cell; between cells it is ignored.
 A cell comes as its number, a newline and its source; the runtime says
 the number and ``!`` once SIGINT would interrupt it, and its reply, after
 the cell's output is flushed, is the number, a colon, one JSON object --
-``{"value", "data", "display", "error", "execution_count"}`` -- and a NUL.
+``{"value", "data", "display", "error", "execution_count", "cost"}`` -- and
+a NUL. The cost is the CPU the cell took (the session's process, and the
+processes it waited for) and the session's peak resident memory so far.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import io
 import json
 import linecache
 import os
+import resource
 import signal
 import socket
 import sys
@@ -89,6 +92,13 @@ def bundle(obj: Any) -> Dict[str, Any]:
     return data
 
 
+def _cpu() -> tuple:
+    """CPU seconds (user, system) of the session's process and of the
+    processes it has waited for: what a cell spent is the difference."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + children.ru_utime, own.ru_stime + children.ru_stime
+
+
 def _plain(obj: Any) -> str:
     try:
         return repr(obj)
@@ -114,6 +124,7 @@ class _Cell:
 
     def __init__(self, count: int) -> None:
         self.count = count
+        self.usage = _cpu()
         self.value: Any = None
         self.has_value = False
         self.display: List[Dict[str, Any]] = []
@@ -125,9 +136,12 @@ class _Cell:
 
     def reply(self) -> bytes:
         data = bundle(self.value) if self.has_value else None
+        user, system = (round(now - then, 6) for now, then in zip(_cpu(), self.usage, strict=True))
+        cost = {"cpu_user_s": max(0.0, user), "cpu_system_s": max(0.0, system),
+                "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
         return json.dumps({"value": None if data is None else data["text/plain"], "data": data,
-                           "display": self.display, "error": self.error,
-                           "execution_count": self.count}).encode("utf-8") + b"\0"
+                           "display": self.display, "error": self.error, "execution_count": self.count,
+                           "cost": cost}).encode("utf-8") + b"\0"
 
 
 class Runtime:
