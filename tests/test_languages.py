@@ -10,6 +10,7 @@ this module tests.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -514,9 +515,9 @@ def test_a_compile_error_is_kept_once_a_second_compile_failed_alike(pool):
 
 
 def _artifact(status=Status.ERROR, exit_code=1, output="error: nope", **fields):
-    from execpool.pool.code import Artifact, failed_artifact
+    from execpool.pool.code import kept
     result = Result(status=status, exit_code=exit_code, output=output, **fields)
-    return Artifact(result, size=100) if status is Status.OK else failed_artifact(result)
+    return kept(result, size=100) if status is Status.OK else kept(result)
 
 
 def _cache(tmp_path, max_bytes=1 << 20):
@@ -546,17 +547,23 @@ def test_a_failure_is_served_only_when_confirmed_and_a_killed_compiler_never(tmp
     assert served is not None and served.confirmed and served.result.output == "error: other"
 
 
-def test_failed_compiles_keep_a_head_of_their_output_within_a_memory_budget(tmp_path):
-    from execpool.pool.code import FAILED_MAX_BYTES, FAILED_OUTPUT_CHARS
-    huge = "é✓ error line\n" * 100_000
-    artifact = _artifact(output=huge)
-    assert len(artifact.result.output) == FAILED_OUTPUT_CHARS and artifact.result.output_chars == len(huge)
-    assert "truncated" in artifact.result.text and artifact.size >= 4 * FAILED_OUTPUT_CHARS
+@pytest.mark.parametrize("status", [Status.ERROR, Status.OK])
+def test_compiles_keep_a_head_of_their_output_within_a_memory_budget(tmp_path, status):
+    """A compile's output is kept in the pool's memory: a head of it, and
+    all of them within a budget of their own -- failures and successes
+    (a program full of #warning) alike."""
+    from execpool.pool.code import KEPT_OUTPUT_CHARS, MEMORY_MAX_BYTES
+    huge = "é✓ warning line\n" * 100_000
+    artifact = _artifact(status=status, exit_code=0 if status is Status.OK else 1, output=huge)
+    assert len(artifact.result.output) == KEPT_OUTPUT_CHARS and artifact.result.output_chars == len(huge)
+    assert artifact.memory >= 4 * KEPT_OUTPUT_CHARS
+    if status is Status.ERROR:
+        assert "truncated" in artifact.result.text
     cache, _ = _cache(tmp_path, max_bytes=1 << 40)
-    for n in range(2 * FAILED_MAX_BYTES // artifact.size):
+    for n in range(2 * MEMORY_MAX_BYTES // artifact.memory):
         cache.claim(f"k{n}")
-        cache.settle(f"k{n}", _artifact(output=huge + str(n)))
-    assert cache._failed_bytes <= FAILED_MAX_BYTES and len(cache._entries) < n
+        cache.settle(f"k{n}", _artifact(status=status, exit_code=artifact.result.exit_code, output=huge + str(n)))
+    assert cache._memory <= MEMORY_MAX_BYTES and len(cache._entries) < n
 
 
 def test_what_a_compile_left_counts_as_copied_not_as_listed(tmp_path, monkeypatch):
@@ -898,3 +905,31 @@ def test_nothing_a_compile_started_outlives_it(pool, tmp_path, doomed):
     finally:
         for job in busy:
             job.cancel()
+
+
+def test_waiters_on_a_first_failure_compile_it_once_more():
+    """A failure may be the machine's: the jobs that waited for it do not
+    take it from the cache; one of them compiles again, the others wait."""
+    with ExecPool(workers=2, sandbox="strict") as own:
+        code = _slow_to_compile(700).replace("int main() {}", "static_assert(false, \"nope\");\nint main() {}")
+        jobs = [own.submit(CodeJob("cpp", code, timeout=30)) for _ in range(4)]
+        assert wait_for(lambda: own._code.cache.waiters() == 3, 10)
+        results = [job.result(120) for job in jobs]
+        assert all(r.compile_status is Status.ERROR and "nope" in r.compile_output for r in results)
+        assert own.compile_cache.misses == 2
+        assert not own._code.deadlines._heap  # each waiter's deadline went with its wait
+
+
+def test_closing_the_pool_under_a_compile_others_wait_for_ends_every_job():
+    """The worker dies and the pool closes before the compile's Result:
+    its owner and every waiter still end, INFRA."""
+    own = ExecPool(workers=1, sandbox="strict")
+    try:
+        code = _slow_to_compile(1000)
+        jobs = [own.submit(CodeJob("cpp", code, timeout=30)) for _ in range(3)]
+        assert wait_for(lambda: own._code.cache.waiters() == 2 and own.running_jobs == 1, 10)
+        os.kill(own.worker_pids[0], signal.SIGKILL)
+    finally:
+        own.close()
+    assert [job.result(0).status for job in jobs] == [Status.INFRA] * 3
+    assert not own._code.cache._pending

@@ -43,6 +43,7 @@ import shlex
 import stat
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
@@ -76,12 +77,17 @@ BULK_BYTES = 8 << 20
 #: what it left after the cache has looked.
 COMPILE_MAX_PROCESSES = 512
 
-#: A failed compile is kept with at most this much of its output (the
-#: Result says how much there was), and failed compiles together take at
-#: most FAILED_MAX_BYTES of the pool's memory -- apart from the artifacts'
-#: budget, which is disk.
-FAILED_OUTPUT_CHARS = 32 * 1024
-FAILED_MAX_BYTES = 32 << 20
+#: A compile is kept with at most this much of its output (the Result
+#: says how much there was), and the compiles kept take at most
+#: MEMORY_MAX_BYTES of the pool's memory for their Results -- apart from
+#: the artifacts' budget, which is disk.
+KEPT_OUTPUT_CHARS = 32 * 1024
+MEMORY_MAX_BYTES = 32 << 20
+
+#: A failed compile, confirmed, is served from the cache this long; then
+#: the program is compiled again (the failure may have been the machine's
+#: twice over).
+FAILURE_KEPT_S = 600.0
 
 #: Times a run is tried again from the cache when its artifact went (evicted
 #: while being copied) or no longer matches its hash.
@@ -114,11 +120,16 @@ class Artifact:
     result: Result
     directory: Optional[str] = None
     files: Tuple[Tuple[str, str, int], ...] = ()
+    #: Bytes of its files on disk.
     size: int = 0
+    #: Bytes its Result takes in memory (a str up to 4 bytes a character).
+    memory: int = 0
     #: A failed compile is served from the cache only once a second
     #: compile failed the same way: a first failure may be the machine's
     #: (a disk another job filled, an out-of-memory kill), not the program's.
     confirmed: bool = False
+    #: When it was kept (time.monotonic()): a confirmed failure expires.
+    kept_at: float = 0.0
 
     @property
     def compiled(self) -> bool:
@@ -133,10 +144,9 @@ class Artifact:
         killed = result.exit_code is not None and result.exit_code < 0
         return self.compiled or (result.status is Status.ERROR and not result.timed_out and not killed)
 
-    @property
-    def served(self) -> bool:
+    def served(self, now: float) -> bool:
         """Whether a job takes it from the cache without compiling."""
-        return self.compiled or self.confirmed
+        return self.compiled or (self.confirmed and now < self.kept_at + FAILURE_KEPT_S)
 
     def same_failure(self, other: "Artifact") -> bool:
         a, b = self.result, other.result
@@ -144,14 +154,15 @@ class Artifact:
                 and (a.output, a.stderr, a.error) == (b.output, b.stderr, b.error))
 
 
-def failed_artifact(result: Result) -> Artifact:
-    """A failed compile as the cache keeps it: the head of its output, and
-    its size in the pool's memory (a str takes up to 4 bytes a character)."""
-    output, stderr = result.output[:FAILED_OUTPUT_CHARS], result.stderr[:FAILED_OUTPUT_CHARS]
-    kept = dataclasses.replace(result, output=output, stderr=stderr,
-                               output_chars=max(result.output_chars, len(result.output)),
-                               stderr_chars=max(result.stderr_chars, len(result.stderr)))
-    return Artifact(kept, size=4 * (len(output) + len(stderr) + len(result.error or "")) + 1024)
+def kept(result: Result, **artifact: object) -> Artifact:
+    """A compile as the cache keeps it: the head of its output, and the
+    memory that takes."""
+    output, stderr = result.output[:KEPT_OUTPUT_CHARS], result.stderr[:KEPT_OUTPUT_CHARS]
+    trimmed = dataclasses.replace(result, output=output, stderr=stderr,
+                                  output_chars=max(result.output_chars, len(result.output)),
+                                  stderr_chars=max(result.stderr_chars, len(result.stderr)))
+    memory = 4 * (len(output) + len(stderr) + len(result.error or "")) + 1024
+    return Artifact(trimmed, memory=memory, **artifact)  # type: ignore[arg-type]
 
 
 @dataclasses.dataclass
@@ -180,8 +191,8 @@ class CompileCache:
         # Compiled programs too big to keep: their directories, and how many
         # jobs are still to copy them (the compile's own and its waiters).
         self._transient: Dict[str, int] = {}
-        self._bytes = 0  # of the compiled programs kept, on disk
-        self._failed_bytes = 0  # of the failed compiles kept, in memory
+        self._bytes = 0  # of the compiled programs' files, on disk
+        self._memory = 0  # of the compiles' Results, in memory
         self.hits = 0
         self.misses = 0
         self.compile_seconds = 0.0
@@ -191,7 +202,7 @@ class CompileCache:
         for ``key``; else (None, None): the caller compiles and settles."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is not None and entry.served:
+            if entry is not None and entry.served(time.monotonic()):
                 self._entries.move_to_end(key)
                 self.hits += 1
                 return entry, None
@@ -247,21 +258,20 @@ class CompileCache:
         evict what no longer fits, wake the waiters."""
         evicted: List[Artifact] = []
         with self._lock:
-            pending = self._pending.pop(key)
+            pending = self._pending.pop(key, None)
+            if pending is None:
+                return  # settled already: the pool closed while it compiled
             self.compile_seconds += artifact.result.duration_s
-            bound = self.max_bytes if artifact.compiled else min(self.max_bytes, FAILED_MAX_BYTES)
-            if artifact.definitive and artifact.size <= bound:
+            if artifact.definitive and artifact.size <= self.max_bytes and artifact.memory <= self._memory_bound:
                 earlier = self._entries.pop(key, None)
                 if earlier is not None:
                     self._forget(earlier)
                     evicted.append(earlier)
-                    if artifact.same_failure(earlier):
-                        artifact = dataclasses.replace(artifact, confirmed=True)
+                confirmed = earlier is not None and artifact.same_failure(earlier) and not earlier.confirmed
+                artifact = dataclasses.replace(artifact, confirmed=confirmed, kept_at=time.monotonic())
                 self._entries[key] = artifact
-                if artifact.compiled:
-                    self._bytes += artifact.size
-                else:
-                    self._failed_bytes += artifact.size
+                self._bytes += artifact.size
+                self._memory += artifact.memory
                 evicted += self._evict()
             elif artifact.directory is not None:
                 self._transient[artifact.directory] = 1 + pending.waiters
@@ -269,23 +279,33 @@ class CompileCache:
             self._remove(old.directory)
         pending.future.set_result(artifact)
 
+    @property
+    def _memory_bound(self) -> int:
+        return min(self.max_bytes, MEMORY_MAX_BYTES)
+
+    def settle_all(self, artifact: Artifact) -> None:
+        """Every compile still pending ends with ``artifact`` (the pool closed)."""
+        with self._lock:
+            keys = list(self._pending)
+        for key in keys:
+            self.settle(key, artifact)
+
     def _forget(self, artifact: Artifact) -> None:
         """(Under the lock.) Its bytes are no longer the cache's."""
-        if artifact.compiled:
-            self._bytes -= artifact.size
-        else:
-            self._failed_bytes -= artifact.size
+        self._bytes -= artifact.size
+        self._memory -= artifact.memory
 
     def _evict(self) -> List[Artifact]:
-        """(Under the lock.) The least recently used of whichever kind is
-        over its budget, until neither is."""
+        """(Under the lock.) The least recently used first, while the files
+        are over the disk budget (only an entry with files helps) or the
+        Results over the memory budget (any entry helps)."""
         evicted = []
-        failed_bound = min(self.max_bytes, FAILED_MAX_BYTES)
         for key in list(self._entries):
-            if self._bytes <= self.max_bytes and self._failed_bytes <= failed_bound:
+            disk_over, memory_over = self._bytes > self.max_bytes, self._memory > self._memory_bound
+            if not (disk_over or memory_over):
                 break
             old = self._entries[key]
-            if (self._bytes > self.max_bytes) if old.compiled else (self._failed_bytes > failed_bound):
+            if memory_over or old.size:
                 del self._entries[key]
                 self._forget(old)
                 evicted.append(old)
@@ -321,8 +341,8 @@ class CompileCache:
         file's hash and mode (made read-only), as an Artifact -- or, past
         ARTIFACT_MAX_BYTES or ARTIFACT_MAX_FILES, a failed compile saying so."""
         found = _matches(directory, patterns)
-        size = len(compiled.output) + len(compiled.stderr)
-        listed = size + sum(os.lstat(os.path.join(directory, path)).st_size for path in found)
+        size = 0
+        listed = self.listed(directory, found)
         if len(found) > ARTIFACT_MAX_FILES or listed > ARTIFACT_MAX_BYTES:
             return self._too_big(compiled, len(found), listed)
         target = tempfile.mkdtemp(prefix=f"{key[:16]}-", dir=self.root)
@@ -343,7 +363,12 @@ class CompileCache:
         except BaseException:
             self._remove(target)
             raise
-        return Artifact(compiled, target, tuple(files), size)
+        return kept(compiled, directory=target, files=tuple(files), size=size)
+
+    @staticmethod
+    def listed(directory: str, found: List[str]) -> int:
+        """The bytes of what a compile left, as listed (its copy may differ)."""
+        return sum(os.lstat(os.path.join(directory, path)).st_size for path in found)
 
     @staticmethod
     def _too_big(compiled: Result, files: int, size: int) -> Artifact:
@@ -351,7 +376,7 @@ class CompileCache:
             f"the compile left {files} files of {'over ' if size > ARTIFACT_MAX_BYTES else ''}"
             f"{min(size, ARTIFACT_MAX_BYTES)} bytes for the run; execpool keeps at most {ARTIFACT_MAX_FILES} "
             f"files and {ARTIFACT_MAX_BYTES} bytes"))
-        return failed_artifact(failed)
+        return kept(failed)
 
 
 class CodeJobs:
@@ -394,7 +419,7 @@ class CodeJobs:
         try:
             (self._bulk if bulk else self._executor).submit(run.guarded, step, *args)
         except RuntimeError:
-            run.finish(Result(status=Status.INFRA, error="the pool was closed"))
+            run.abandon()
 
     def compile_limits(self) -> Limits:
         """The pool's limits, with a process cap: a cgroup for the compile."""
@@ -422,12 +447,16 @@ class CodeJobs:
             pass  # closing: the pool's scratch directory goes with it, this one inside
 
     def close(self) -> None:
-        """After the pool's workers: the steps still queued run, find the
-        pool closed, and end their jobs INFRA -- none is dropped. Removals
-        not begun are left to the pool's own, of its scratch directory."""
+        """After the pool's workers, and every Result they owed: the steps
+        still queued run, find the pool closed, and end their jobs INFRA --
+        none is dropped, and a compile still pending (its step's Result
+        will never come) is settled INFRA for those waiting for it.
+        Removals not begun are left to the pool's own, of its scratch
+        directory."""
         self.deadlines.close()
         self._executor.shutdown(wait=True)
         self._bulk.shutdown(wait=True)
+        self.cache.settle_all(Artifact(Result(status=Status.INFRA, error="the pool was closed")))
         self._remover.shutdown(wait=True, cancel_futures=True)
 
 
@@ -463,6 +492,8 @@ class _CodeRun:
         # while it was still counted among its waiters.
         self._waiting_for: Optional["Future[Artifact]"] = None
         self._left = False
+        self._deadline: Optional[object] = None
+        self._recompiled = False
 
     # -- steps (on the executor) ----------------------------------------------
 
@@ -492,9 +523,10 @@ class _CodeRun:
         elif pending is not None:
             self._enter(_Phase.WAITING, key)
             self._waiting_for = pending
-            self.jobs.deadlines.add(self.job.compile_timeout, lambda: self._waited_too_long(key, pending))
+            self._deadline = self.jobs.deadlines.add(self.job.compile_timeout,
+                                                     lambda: self._waited_too_long(key, pending))
             pending.add_done_callback(lambda done: self.jobs.later(self, self._waited, key, done, retries,
-                                                                   bulk=True))
+                                                                   bulk=done.result().size >= BULK_BYTES))
         else:
             self.compile(key, retries)
 
@@ -517,25 +549,34 @@ class _CodeRun:
             raise
         self.jobs.cache.compiling(key, step)
         self._started(step)
-        step.add_done_callback(lambda done: self.jobs.later(self, self._stored, key, directory, done, retries,
-                                                            bulk=True))
+        step.add_done_callback(lambda done: self.jobs.later(self, self._stored, key, directory, done, retries))
 
-    def _stored(self, key: str, directory: str, done: "Future[Result]", retries: int) -> None:
+    def _stored(self, key: str, directory: str, done: "Future[Result]", retries: int, bulk: bool = False) -> None:
+        """The compile ended: what it left goes into the cache (on the bulk
+        threads when it is large: listed here first), and the job runs."""
         compiled = done.result()
+        if compiled.status is Status.OK and not bulk:
+            found = _matches(directory, self.language.outputs)
+            if self.jobs.cache.listed(directory, found) >= BULK_BYTES:
+                self.jobs.later(self, self._stored, key, directory, done, retries, True, bulk=True)
+                return
         artifact = Artifact(Result(status=Status.INFRA, error="the compiled program could not be kept"))
         try:
             if compiled.status is Status.OK:
                 artifact = self.jobs.cache.store(key, compiled, directory, self.language.outputs)
             else:
-                artifact = failed_artifact(compiled)
+                artifact = kept(compiled)
         finally:
             self.jobs.remove_later(directory)
             self.jobs.cache.settle(key, artifact)
         self.compiled(key, artifact, False, retries)
 
     def _waited(self, key: str, done: "Future[Artifact]", retries: int) -> None:
-        if self._left:
-            return  # it left the wait (its result is out), and was not counted for this artifact
+        self.jobs.deadlines.cancel(self._deadline)
+        with self._lock:
+            if self._left:
+                return  # it left the wait (its result is out), and was not counted for this artifact
+            self._waiting_for = None
         artifact = done.result()
         result = artifact.result
         if result.status is Status.CANCELLED or (result.timed_out and self.job.compile_timeout > (result.timeout or 0)):
@@ -543,17 +584,23 @@ class _CodeRun:
             # job's: never another's outcome. This job compiles (or waits) anew.
             self.begin(retries)
             return
+        if result.status is Status.ERROR and not artifact.confirmed and not self._recompiled:
+            # A first failure, which may be the machine's: the waiters
+            # compile once more (one of them, the others wait for it).
+            self._recompiled = True
+            self.begin(retries)
+            return
+        if result.timed_out:  # within this job's own compile_timeout too: said as its own
+            artifact = dataclasses.replace(artifact, result=dataclasses.replace(result,
+                                                                                timeout=self.job.compile_timeout))
         self.compiled(key, artifact, True, retries)
 
     def _waited_too_long(self, key: str, compile: "Future[Artifact]") -> None:
         """This job's own compile_timeout came while it waited for another's
         compile: it ends as its own compile would have, timed out; the
         compile goes on for the others."""
-        with self._lock:
-            waiting = self._phase is _Phase.WAITING and self._waiting_for is compile and not self._finished
-        if not waiting or not self.jobs.cache.leave(key, compile):
+        if not self._leave_wait(key, compile):
             return
-        self._left = True
         timeout = self.job.compile_timeout
         timed_out = Result(status=Status.TIMEOUT, timed_out=True, timeout=timeout, duration_s=timeout)
         self.finish(dataclasses.replace(timed_out, compile_result=timed_out, compile_cached=True))
@@ -609,12 +656,36 @@ class _CodeRun:
             self._cancelled = True
             phase, step, key = self._phase, self._step, self._key
         if phase is _Phase.WAITING and key is not None:
-            self._left = self._waiting_for is not None and self.jobs.cache.leave(key, self._waiting_for)
+            waiting_for = self._waiting_for
+            if waiting_for is not None:
+                self._leave_wait(key, waiting_for)
         elif step is not None and not (phase is _Phase.COMPILING and key is not None
                                        and self.jobs.cache.owner_leaves(key)):
             step.cancel()
             return
         self.finish(Result(status=Status.CANCELLED, cancelled=True, timeout=self.job.timeout))
+
+    def _leave_wait(self, key: str, compile: "Future[Artifact]") -> bool:
+        """Stop waiting for ``compile`` (cancelled, or its own deadline
+        came), once whichever comes first: whether it left while still
+        counted among its waiters."""
+        with self._lock:
+            if self._left or self._waiting_for is not compile or self._finished:
+                return False
+            self._left = self.jobs.cache.leave(key, compile)
+            left = self._left
+        self.jobs.deadlines.cancel(self._deadline)
+        return left
+
+    def abandon(self) -> None:
+        """The pool closed before this job's next step could be taken: it
+        ends INFRA, and a compile it was storing for others is settled so
+        that they end too."""
+        self.finish(Result(status=Status.INFRA, error="the pool was closed"))
+        with self._lock:
+            phase, key = self._phase, self._key
+        if phase is _Phase.COMPILING and key is not None:
+            self.jobs.cache.settle(key, Artifact(Result(status=Status.INFRA, error="the pool was closed")))
 
     def finish(self, result: Result) -> None:
         """The job's Result, once: a cancel and a step's end may race. The

@@ -14,7 +14,7 @@ import heapq
 import itertools
 import logging
 import time
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from .ondemand import OnDemandThread
 
@@ -29,14 +29,30 @@ class Deadlines(OnDemandThread):
         self._heap: List[Tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
 
-    def add(self, seconds: float, then: Callable[[], None]) -> None:
-        """Call ``then`` (on the deadlines' thread) in ``seconds``; a
-        callback whose wait ended meanwhile finds that out itself."""
+    def add(self, seconds: float, then: Callable[[], None]) -> Optional[object]:
+        """Call ``then`` (on the deadlines' thread) in ``seconds``; a handle
+        for :meth:`cancel` (None once closed). A callback whose wait ended
+        another way finds that out itself."""
         with self._cond:
             if self._closed:
-                return
-            heapq.heappush(self._heap, (time.monotonic() + seconds, next(self._order), then))
+                return None
+            entry = (time.monotonic() + seconds, next(self._order), then)
+            heapq.heappush(self._heap, entry)
             self._wake()
+            return entry
+
+    def cancel(self, handle: Optional[object]) -> None:
+        """The wait ended: its callback, and what that holds, go now rather
+        than at its time; the thread ends with the last pending one."""
+        if handle is None:
+            return
+        with self._cond:
+            try:
+                self._heap.remove(handle)  # type: ignore[arg-type]
+            except ValueError:
+                return  # due already, or cancelled
+            heapq.heapify(self._heap)
+            self._cond.notify()
 
     def _drop(self) -> None:
         self._heap.clear()

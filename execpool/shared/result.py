@@ -230,6 +230,8 @@ class Result:
         if self.empty_message is not None:
             return self.empty_message
         compiled = self.compile_result
+        if compiled is not None and compiled.status is Status.INFRA:
+            return compiled.text  # execpool's failure, not the compiler's
         if compiled is not None and compiled.status is not Status.OK:
             if compiled.status is Status.ERROR and compiled.exit_code is not None:
                 return f"Compilation failed (exit code {compiled.exit_code}):\n{compiled.output}{compiled.stderr}"
