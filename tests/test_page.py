@@ -23,13 +23,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
-
-from execpool.shared.output import STREAM_CAP_NOTICE
-from execpool.shared.output import TOOL_OUTPUT_STREAM_MAX_CHARS
-from helpers import alive, all_dead, pids_in, remember
+from helpers import alive, all_dead, pids_in, remember, wait_for
 from hostile import SETSID_DAEMON
+from playwright.sync_api import expect, sync_playwright
 from test_serve import REPO, Server
+
+from execpool.shared.output import STREAM_CAP_NOTICE, TOOL_OUTPUT_STREAM_MAX_CHARS
 
 CHROMIUM = shutil.which("chromium")
 NO_CHROMIUM = "Debian's chromium is not installed (apt-get install chromium; .ci/run installs it)"
@@ -45,9 +44,14 @@ CHROMIUM_ARGS = ["--no-sandbox", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE
 
 #: How long any one thing the page shows may take to appear.
 DEADLINE_MS = 20_000
+#: How long the page may take to list the languages of a fresh server.
+LANGUAGES_DEADLINE_MS = 120_000
 #: How long a stopped job's processes may take to be gone.
 TREE_DEADLINE_S = 10.0
 TOKEN = "page-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+#: How long a session the page closed may take to leave the server's list.
+SESSION_DEADLINE_S = 10.0
 
 #: The longest the page may stay busy while a flood comes in (a browser
 #: "long task"), and the longest it may take to answer the test. Measured
@@ -114,6 +118,7 @@ class Ui:
         self.stop_button = page.get_by_role("button", name="Stop", exact=True)
         self.output = page.get_by_role("log", name="Output", exact=True)
         self.status = page.get_by_role("status", name="Status", exact=True)
+        self.keep_state = page.get_by_role("checkbox", name="Keep state", exact=True)
 
     def run(self, code: str, language: str = "Python", timeout: str = "") -> None:
         self.code.fill(code)
@@ -210,6 +215,9 @@ def test_bash_runs_and_ctrl_enter_starts_it(ui):
 
 def test_a_compiled_language_from_the_menu_runs_and_its_compile_error_shows(ui):
     ui.token.blur()  # the server asks for a token: the page lists its languages once it has one
+    # A fresh server asks every toolchain its version first (javac, scalac,
+    # kotlinc...): at a load of 15 on two CPUs that took over 30 s.
+    expect(ui.language.locator('option[value="cpp"]')).to_have_count(1, timeout=LANGUAGES_DEADLINE_MS)
     ui.run('#include <cstdio>\nint main() { std::puts("from c++"); return 4; }', language="cpp")
     ui.expect_status("exit 4")
     ui.expect_output("from c++")
@@ -357,3 +365,153 @@ def test_the_page_loads_nothing_from_elsewhere(ui, server):
     elsewhere = [url for url in ui.requests if urlsplit(url)[:2] != origin[:2]]
     assert ui.requests and not elsewhere, elsewhere
     assert not [line for line in ui.console if "Content Security Policy" in line], ui.console
+
+
+# -- "Keep state": cells of one session (shared/SERVE.md §8) ------------------------------------
+
+
+@pytest.fixture
+def sessions(server):
+    """The server's open sessions, as ``GET /v1/sessions`` lists them. None
+    at the start: a session an earlier test's page closed may take a moment
+    to go."""
+    def listed() -> list[dict]:
+        answer = server.client.get("/v1/sessions", headers=AUTH)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    assert wait_for(lambda: not listed(), SESSION_DEADLINE_S), listed()
+    return listed
+
+
+def test_keep_state_runs_python_cells_in_one_session_and_off_runs_jobs(ui, sessions):
+    expect(ui.keep_state).not_to_be_checked()
+    ui.keep_state.check()
+    ui.run("x = 41")
+    ui.expect_status("exit 0")
+    [session] = sessions()
+    assert session["language"] == "python"
+    ui.run("x + 1")  # the last expression's value, as a notebook shows it
+    ui.expect_output("42")
+    ui.expect_status("exit 0")
+    assert ui.text() == "42\n"
+    ui.run("print('printed')\n'<b>value</b>'")
+    ui.expect_status("exit 0")
+    assert ui.text() == "printed\n'<b>value</b>'\n"
+    assert ui.output.locator("b").count() == 0
+    assert [s["id"] for s in sessions()] == [session["id"]]
+
+    ui.keep_state.uncheck()  # closes the session; Run is a job again
+    assert wait_for(lambda: not sessions(), SESSION_DEADLINE_S), sessions()
+    ui.run("print(x)")
+    ui.expect_status("exit 1")
+    ui.expect_output("NameError: name 'x' is not defined")
+    assert not sessions()
+
+
+def test_a_python_cell_that_raises_shows_its_traceback_and_error(ui, sessions):
+    ui.keep_state.check()
+    ui.run("print('before')\n1 / 0")
+    ui.expect_status("error")
+    ui.expect_output(re.compile(r"^before\nTraceback \(most recent call last\):\n(.|\n)*"
+                                r"ZeroDivisionError: division by zero\n$"))
+    ui.run("'still here'")  # an error leaves the session as it was
+    ui.expect_output("'still here'")
+    ui.expect_status("exit 0")
+    assert len(sessions()) == 1
+
+
+def test_keep_state_keeps_a_bash_sessions_directory_and_environment(ui, sessions):
+    ui.keep_state.check()
+    ui.run("cd /tmp && export A=1", language="Bash")
+    ui.expect_status("exit 0")
+    [session] = sessions()
+    assert session["language"] == "bash"
+    ui.run("pwd; echo $A", language="Bash")
+    ui.expect_output("/tmp\n1\n")
+    ui.expect_status("exit 0")
+    ui.run("(exit 3)", language="Bash")
+    ui.expect_status("exit 3")
+    ui.run("exit 5", language="Bash")  # the session's shell itself ends: the page forgets it
+    ui.expect_status("exit 5")
+    ui.expect_output("The next Run opens a new session.")
+    ui.run("echo \"${A:-unset} $PWD\"", language="Bash")
+    ui.expect_output("unset ")
+    ui.expect_status("exit 0")
+    assert ui.text() != "unset /tmp\n"  # the new shell starts in its own directory
+    [again] = sessions()
+    assert again["id"] != session["id"]
+
+
+def test_stop_interrupts_a_cell_and_the_session_lives_on(ui, sessions):
+    ui.keep_state.check()
+    ui.run("x = 41")
+    ui.expect_status("exit 0")
+    [session] = sessions()
+    ui.run("import time\nprint('looping', flush=True)\nwhile True: time.sleep(0.01)")
+    ui.expect_output("looping")
+    ui.expect_status("running")
+    ui.stop_button.click()
+    ui.expect_status("cancelled")
+    ui.run("x + 1")
+    ui.expect_output("42")
+    ui.expect_status("exit 0")
+    assert [s["id"] for s in sessions()] == [session["id"]]
+
+
+def test_a_cell_past_its_timeout_shows_timeout_and_the_session_lives_on(ui, sessions):
+    ui.keep_state.check()
+    ui.run("x = 41\nimport time\nprint('before', flush=True)\ntime.sleep(30)", timeout="0.5")
+    ui.expect_status("timeout")
+    ui.expect_output("before")
+    ui.expect_output("timed out after 0.5 seconds")
+    ui.run("x + 1", timeout="5")
+    ui.expect_output("42")
+    ui.expect_status("exit 0")
+    assert len(sessions()) == 1
+
+
+@pytest.mark.parametrize("how", ["switch off", "page closed", "another language"])
+def test_the_page_closes_its_session(ui, sessions, how):
+    ui.keep_state.check()
+    ui.run("x = 1")
+    ui.expect_status("exit 0")
+    assert len(sessions()) == 1
+    if how == "switch off":
+        ui.keep_state.uncheck()
+    elif how == "page closed":
+        ui.page.close()
+    else:
+        ui.language.select_option(label="Bash")
+    assert wait_for(lambda: not sessions(), SESSION_DEADLINE_S), sessions()
+    if how == "another language":  # the next Run opens one in the language now chosen
+        ui.run("echo $x", language="Bash")
+        ui.expect_status("exit 0")
+        assert [s["language"] for s in sessions()] == ["bash"]
+
+
+def test_a_session_gone_behind_the_pages_back_is_opened_again(ui, sessions, server):
+    ui.keep_state.check()
+    ui.run("x = 1")
+    ui.expect_status("exit 0")
+    [first] = sessions()
+    assert server.client.delete(f"/v1/sessions/{first['id']}", headers=AUTH).status_code == 204
+    ui.run("print('again')\nx")  # 404: a new session, and the cell runs in it
+    ui.expect_status("error")
+    ui.expect_output(re.compile(r"^again\nTraceback(.|\n)*NameError: name 'x' is not defined\n$"))
+    [second] = sessions()
+    assert second["id"] != first["id"]
+
+
+def test_keep_state_is_off_for_languages_without_sessions(ui, sessions):
+    ui.token.blur()  # the server asks for a token: the page lists its languages once it has one
+    ui.keep_state.check()
+    ui.language.select_option(label="cpp")
+    expect(ui.keep_state).to_be_disabled()
+    ui.run('#include <cstdio>\nint main() { std::puts("a job"); }', language="cpp")
+    ui.expect_status("exit 0")
+    ui.expect_output("a job")
+    assert not sessions()
+    ui.language.select_option(label="Python")
+    expect(ui.keep_state).to_be_enabled()
+    expect(ui.keep_state).to_be_checked()

@@ -83,7 +83,7 @@ def test_a_cell_streams_its_output_then_its_record(server):
                 events.append((kind, json.loads(line[6:])))
     outputs = [e for k, e in events if k is None]
     assert "".join(e["text"] for e in outputs if e["stream"] == "stdout") == "0\n1\n2\n"
-    assert [e["text"] for e in outputs if e["stream"] == "stderr"] == ["e\n"]
+    assert "".join(e["text"] for e in outputs if e["stream"] == "stderr") == "e\n"
     kind, record = events[-1]
     assert kind == "result" and record["value"] == "'done'" and record["stdout"] == "0\n1\n2\n"
     server.client.delete(f"/v1/sessions/{ident}")
@@ -177,3 +177,20 @@ def test_run_jupyter_past_its_total_timeout_fails_and_a_cell_timeout_interrupts(
     assert interrupted.cells[1].display == [{"text/plain": "'after'"}]
     bad = server.client.post("/run_jupyter", json={"cells": "print(1)"}).json()
     assert bad["status"] == "SandboxError" and '"cells" must be an array' in bad["message"]
+
+
+def test_sessions_opened_at_once_never_pass_max_sessions(server):
+    """Each create reserves its place before it writes its files."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    before = len(server.client.get("/v1/sessions").json())
+    body = {"files": {f"f{n}.bin": b64(bytes(1 << 20)) for n in range(4)}}
+    with ThreadPoolExecutor(16) as creating:
+        answers = list(creating.map(lambda _: server.client.post("/v1/sessions", json=body), range(16)))
+    opened = [a.json()["id"] for a in answers if a.status_code == 201]
+    try:
+        assert len(opened) == 3 - before
+        assert {a.status_code for a in answers} == {201, 503}
+    finally:
+        for ident in opened:
+            server.client.delete(f"/v1/sessions/{ident}")

@@ -22,7 +22,7 @@ import psutil
 import pytest
 from helpers import all_dead, pids_in, remember, wait_for
 
-from execpool import CellResult, ExecPool, JobOutput, Limits, SessionClosedError, Status
+from execpool import CellResult, ExecPool, JobOutput, Limits, SessionClosedError, ShellJob, Status
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -322,14 +322,40 @@ def test_sessions_are_tenants_of_their_own(pool):
         assert escape.error["ename"] in ("PermissionError", "OSError")
 
 
-def test_a_garbled_reply_is_the_cell_s_error_and_the_session_goes_on(py):
-    """The session's own code can write on its socket: the reply is read as
-    untrusted (execpool/shared/cells.py)."""
-    result = py.run("import gc\n"
-                    "[o for o in gc.get_objects() if type(o).__name__ == 'Runtime'][0]"
-                    ".channel.sendall(b'1:{\"x\": 1}\\0')")
+#: A cell's way to its session's socket (the runtime's own object).
+CHANNEL = "import gc\nchannel = [o for o in gc.get_objects() if type(o).__name__ == 'Runtime'][0].channel\n"
+
+
+def test_a_forged_reply_is_the_cell_s_error_and_more_on_the_socket_ends_the_session(py):
+    """The session's own code can write on its socket: a reply it forges
+    for its own cell is read as untrusted (execpool/shared/cells.py); the
+    runtime's real reply after it is a byte out of turn, which ends the
+    session -- as any frame its runtime never writes does."""
+    result = py.run(CHANNEL + "channel.sendall(b'1:{\"x\": 1}\\0')")
     assert (result.status, result.error["ename"], result.alive) == (Status.ERROR, "SessionError", True)
-    assert py.run("6 * 7").value == "42"
+    assert wait_for(lambda: not py.alive, 10)
+    with pytest.raises(SessionClosedError, match="wrote on its socket"):
+        py.run("1")
+
+
+@pytest.mark.parametrize("when", ["between cells", "in a cell"])
+def test_a_session_flooding_its_socket_is_killed_and_its_worker_serves_the_others(when, doomed):
+    """A thread of the session writes NULs without end on its socket: the
+    session goes, and a job on the same (only) worker still runs at once."""
+    flood = ("import threading, time\n"
+             "def flood():\n    time.sleep(0.2)\n    while True:\n        channel.sendall(b'\\0' * 65536)\n"
+             "threading.Thread(target=flood, daemon=True).start()\n")
+    with ExecPool(workers=1, sandbox="strict") as own:
+        session = own.session("python")
+        if when == "between cells":
+            assert session.run(CHANNEL + flood).ok
+        else:
+            session.submit(CHANNEL + flood + "time.sleep(30)")
+        assert wait_for(lambda: not session.alive, 10)
+        job = own.run(ShellJob("echo served", timeout=10))
+        assert (job.status, job.output) == (Status.OK, "served\n")
+        with pytest.raises(SessionClosedError, match="wrote on its socket"):
+            session.run("1")
 
 
 def test_misuse_is_refused_with_a_precise_error(pool):
@@ -379,3 +405,22 @@ def test_a_python_cell_says_what_it_cost(py, sh):
     idle = py.run("None")
     assert idle.cpu_user_s + idle.cpu_system_s < busy.cpu_user_s + busy.cpu_system_s
     assert sh.run("true").cpu_user_s is None
+
+
+def test_a_daemon_a_session_left_dies_with_it_while_the_worker_stays_busy(doomed):
+    """A daemon that left the session's group and cleared its environment
+    (no job marker) is no one's once its session is gone -- but a session
+    has a cgroup of its own where one can be made (root here), and dies
+    with it, another session keeping the worker busy meanwhile."""
+    from test_cgroups import _tier_available
+    if not _tier_available():
+        pytest.skip("no cgroup tier here: such a daemon lives until its worker is idle (README)")
+    with ExecPool(workers=1, sandbox="strict") as own, own.session("python") as busy:
+        assert busy.run("1").ok
+        session = own.session("bash")
+        pids = pids_in(session.run("setsid sh -c 'env -i /bin/sleep 300 </dev/null >/dev/null 2>&1 & "
+                                   "echo PIDS $!'").stdout)
+        remember(doomed, pids)
+        assert len(pids) == 1 and psutil.pid_exists(pids[0])
+        session.close()
+        assert all_dead(pids) and busy.alive

@@ -268,6 +268,9 @@ class Session:
 
     def _kill(self) -> None:
         if self._future.job_id in self._worker.jobs:
+            # A worker that does not end the session in time is wedged: the
+            # watchdog replaces it, ending the session with it.
+            self._handle.deadline = time.monotonic() + _CELL_SLACK_S
             self._worker.send(channel.Cancel(self._future.job_id))
 
     def _output(self, text: str, stream: str) -> None:

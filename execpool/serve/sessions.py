@@ -58,6 +58,7 @@ class ServiceSessions:
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
         self._open: Dict[str, _Open] = {}
+        self._opening = 0  # sessions being made: they count against the cap already
         self._lock = threading.Lock()  # ends come on the pool's thread
         metrics = jobs.metrics
         self.cells = metrics.session_cells
@@ -72,8 +73,16 @@ class ServiceSessions:
     async def open(self, values: Dict[str, Any], language: str) -> Session:
         """A new session with its files; Rejected past ``--max-sessions``."""
         with self._lock:
-            if len(self._open) >= self.max_sessions:
+            if len(self._open) + self._opening >= self.max_sessions:
                 raise Rejected(Reason.SESSIONS_FULL, 5)
+            self._opening += 1
+        try:
+            return await self._open_one(values, language)
+        finally:
+            with self._lock:
+                self._opening -= 1
+
+    async def _open_one(self, values: Dict[str, Any], language: str) -> Session:
         directory = self.jobs.new_directory()
         try:
             try:

@@ -16,6 +16,7 @@ import tempfile
 import time
 from typing import Callable, List, Optional, Tuple
 
+from ..shared.jobs import MAX_PROCESSES
 from ..shared.kernel.cgroups import Cgroups
 from ..shared.kernel.markers import JOB_MARKER_ENV
 from .ahead import Ahead, Made
@@ -103,10 +104,17 @@ class Launcher:
             job.tmpdir = job.cwd = self.dirs.private()
         else:
             job.cwd = start.cwd
-        if start.limits.needs_cgroup:
+        if start.limits.needs_cgroup or start.session:
             tier = self.cgroups()
-            if tier is not None and tier.offers(start.limits.processes, start.limits.memory):
-                job.group = tier.create(start.job_id, start.limits.processes, start.limits.memory)
+            processes = start.limits.processes
+            if start.session and processes is None and start.limits.memory is None:
+                # A session lives long, and a daemon it left that cleared its
+                # environment is nobody's until its worker is idle: in a
+                # group of the session's own (no cap: the kernel's ceiling),
+                # it dies with the session.
+                processes = MAX_PROCESSES
+            if tier is not None and tier.offers(processes, start.limits.memory):
+                job.group = tier.create(start.job_id, processes, start.limits.memory)
             elif start.limits.memory is not None:
                 raise OSError("Limits(memory=...) needs a cgroup memory controller, and execpool cannot "
                               "use one here")

@@ -40,12 +40,15 @@ beyond it).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import selectors
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from multiprocessing.connection import Connection
 from typing import Dict, List, Optional, Set, Tuple
@@ -57,7 +60,7 @@ from .capture import Stream
 from .job import Ending, Phase, RunningJob
 from .jobdirs import JobDirs, unlink
 from .launch import Launcher
-from .sessions.link import INTERRUPT_GRACE_S
+from .sessions.link import INTERRUPT_GRACE_S, STARTED, ProtocolError
 from .spawn import give_back_memory, keep_own_peak_resettable
 from .timers import Kind, Timers
 from .tree import Tree
@@ -289,23 +292,24 @@ class Worker:
             return  # an event from the same select batch as the Cancel that closed it
         self._read_output(job, fd)
 
-    def _read_output(self, job: RunningJob, fd: int) -> bool:
-        """One read of a job's output pipe; whether there may be more."""
+    def _read_output(self, job: RunningJob, fd: int, size: int = READ_SIZE) -> int:
+        """One read of a job's output pipe: the bytes it took (0: none now,
+        or the pipe ended)."""
         try:
-            data = os.read(fd, READ_SIZE)
+            data = os.read(fd, size)
         except BlockingIOError:
-            return False
+            return 0
         except OSError:
             data = b""
         capture = job.pipes[fd]
         if data:
             self._consume(job, capture.stream, capture.feed(data))
-            return True
+            return len(data)
         self._consume(job, capture.stream, capture.finish())
         self._close_pipe(job, fd)
         if job.eof:
             self._settle(job)
-        return False
+        return 0
 
     def _consume(self, job: RunningJob, stream: Stream, text: str) -> None:
         """Forward live output only up to the stream's cap plus one
@@ -354,23 +358,19 @@ class Worker:
         assert link is not None
         try:
             link.send_pending()
-            replies, closed = link.read()
-        except ValueError as exc:
-            job.error = str(exc)
+            said, closed = link.read()
+        except ProtocolError as exc:
+            job.error = f"{exc}; it was killed"
             self._end(job, Ending.LIMIT)
             return
         except OSError:
-            replies, closed = [], True
-        for reply in replies:
-            was_started = link.started
-            answer = link.answer(reply)
-            if answer is None:
-                if link.started and not was_started and link.interrupted:
+            said, closed = [], True
+        for what, answer in said:
+            if what == STARTED:
+                if link.interrupted:
                     self._signal_cell(job)  # the interrupt that waited for the cell's start
-                continue  # or an earlier cell's, or written by the session's code: nobody asked
-            for pipe in list(job.pipes):
-                while pipe in job.pipes and self._read_output(job, pipe):
-                    pass
+                continue
+            self._drain_output(job)
             printed = sum(capture.total for capture in job.captures) - link.printed_before
             self._send(channel.CellDone(job.start.job_id, answer, link.interrupted, printed))
             link.done()
@@ -380,6 +380,21 @@ class Worker:
             self._unwatch_session(job)  # the runtime is going: its job ends when it is reaped
         else:
             self._watch_session(job)
+
+    def _drain_output(self, job: RunningJob) -> None:
+        """What a cell wrote before its reply, read now so that it goes out
+        before the CellDone: as many bytes as each pipe holds at this
+        moment, no more (a process the cell left may go on writing)."""
+        for fd in list(job.pipes):
+            try:
+                waiting = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+            except OSError:
+                continue
+            while waiting > 0 and fd in job.pipes:
+                got = self._read_output(job, fd, min(READ_SIZE, waiting))
+                if not got:
+                    break
+                waiting -= got
 
     def _unwatch_session(self, job: RunningJob) -> None:
         if job.link is not None and self.sessions_by_fd.pop(job.link.sock.fileno(), None) is not None:

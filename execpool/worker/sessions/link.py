@@ -11,33 +11,51 @@ source and a NUL; the runtime says the number and ``!`` and a NUL as the
 cell starts -- an interrupt wanted before then waits for it, since the
 runtime ignores SIGINT between cells -- and answers with the number, a
 colon, its reply and a NUL -- JSON from Python, the exit status from bash
--- which the worker passes on, unread, as a ``CellDone``. The session's own code can
-write on that socket too: it can end its own cell early or garble its
-reply, which the caller reads as untrusted (execpool/shared/cells.py),
-and nothing else; what it wrote between cells, or a reply to a cell that
-ended already, is dropped by its number.
+-- which the worker passes on, unread, as a ``CellDone``.
+
+The session's own code can write on that socket too. It can end its own
+cell early or garble its reply, which the caller reads as untrusted
+(execpool/shared/cells.py); anything else -- a frame that is neither of
+the two for the running cell, a byte between cells, a reply past
+MAX_REPLY_BYTES, or past the worker's budget for all its sessions'
+replies -- ends the session (``ProtocolError``). Reading it costs the
+worker's loop at most READ_BUDGET bytes a turn, as any tool's output does.
 """
 
 from __future__ import annotations
 
 import socket
 import time
-from typing import Optional
+from typing import List, Optional, Tuple
 
-#: A reply larger than this (a cell displaying hundreds of megabytes of
+#: A reply larger than this (a cell displaying tens of megabytes of
 #: images) ends the session: the worker holds a reply whole until its NUL.
-MAX_REPLY_BYTES = 64 << 20
+MAX_REPLY_BYTES = 32 << 20
+#: What every session of a worker may hold at once in replies not yet whole.
+WORKER_REPLY_BYTES = 256 << 20
 
 #: How long an interrupted cell has to stop (its KeyboardInterrupt handled,
 #: its foreground command ended) before the session is killed with its tree.
 INTERRUPT_GRACE_S = 2.0
 
 _READ_SIZE = 1 << 16
+#: Bytes read from one session's socket per turn of the worker's loop.
+READ_BUDGET = 4 * _READ_SIZE
+
+#: What the runtime said: its cell started, or its reply.
+STARTED, REPLY = "started", "reply"
+
+
+class ProtocolError(ValueError):
+    """The session wrote on its socket what its runtime never writes."""
 
 
 class SessionLink:
     """One session's socket and cell state; the loop calls it and acts on
     what it returns."""
+
+    #: Bytes of replies not yet whole, all this worker's sessions together.
+    buffered = 0
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -53,6 +71,7 @@ class SessionLink:
         #: interrupted, how it is to end if it does not stop.
         self.cell = 0
         self.running = False
+        self._answering = False  # its reply may come; after it, no byte may
         self.started = False  # the runtime said the cell runs: SIGINT reaches it
         self.interrupted = False
         self.cancelled = False
@@ -73,7 +92,7 @@ class SessionLink:
         drains); its number. ``printed``: the session's output so far."""
         self.cell += 1
         self.printed_before = printed
-        self.running = True
+        self.running = self._answering = True
         self.started = self.interrupted = self.cancelled = False
         self._pending = b"%d\n" % self.cell + source.encode("utf-8", "surrogatepass") + b"\0"
         self.send_pending()
@@ -89,12 +108,14 @@ class SessionLink:
                 return
             self._pending = self._pending[sent:]
 
-    def read(self) -> tuple[list[bytes], bool]:
-        """The replies completed by what the socket holds, and whether the
-        runtime's end is closed; ValueError for a reply over MAX_REPLY_BYTES."""
-        replies = []
+    def read(self) -> Tuple[List[Tuple[str, bytes]], bool]:
+        """What the runtime said, in order -- (STARTED, b"") and (REPLY,
+        the reply without its number) -- from at most READ_BUDGET bytes, and
+        whether its end is closed; ProtocolError for anything else."""
+        said: List[Tuple[str, bytes]] = []
         closed = False
-        while True:
+        taken = 0
+        while taken < READ_BUDGET:
             try:
                 data = self.sock.recv(_READ_SIZE)
             except BlockingIOError:
@@ -104,24 +125,39 @@ class SessionLink:
             if not data:
                 closed = True
                 break
+            if not self._answering:
+                raise ProtocolError("the session wrote on its socket between cells")
+            taken += len(data)
+            searched = len(self._reply)  # what was there holds no NUL
+            self._hold(len(data))
             self._reply += data
-            while (end := self._reply.find(b"\0")) >= 0:
-                replies.append(bytes(self._reply[:end]))
+            while (end := self._reply.find(b"\0", searched)) >= 0:
+                said.append(self._frame(bytes(self._reply[:end])))
+                self._hold(-(end + 1))
                 del self._reply[:end + 1]
+                searched = 0
+                if self._reply and not self._answering:
+                    raise ProtocolError("the session wrote on its socket after its reply")
             if len(self._reply) > MAX_REPLY_BYTES:
-                raise ValueError(f"the session's reply went over {MAX_REPLY_BYTES >> 20} MiB")
-        return replies, closed
+                raise ProtocolError(f"the session's reply went over {MAX_REPLY_BYTES >> 20} MiB")
+        return said, closed
 
-    def answer(self, frame: bytes) -> Optional[bytes]:
-        """The reply to the running cell, without its number; None for a
-        frame that is none (the cell's start, a late or forged reply)."""
-        if not self.running:
-            return None
-        if frame == b"%d!" % self.cell:
+    def _hold(self, change: int) -> None:
+        if change > 0 and SessionLink.buffered + change > WORKER_REPLY_BYTES:
+            raise ProtocolError(f"the sessions' replies went over the worker's {WORKER_REPLY_BYTES >> 20} MiB")
+        SessionLink.buffered += change
+
+    def _frame(self, frame: bytes) -> Tuple[str, bytes]:
+        if not self._answering:
+            raise ProtocolError("the session wrote on its socket after its reply")
+        if frame == b"%d!" % self.cell and not self.started:
             self.started = True
-            return None
+            return STARTED, b""
         number, colon, answer = frame.partition(b":")
-        return answer if colon and number == b"%d" % self.cell else None
+        if not colon or number != b"%d" % self.cell:
+            raise ProtocolError("the session wrote on its socket what its runtime never writes")
+        self._answering = False
+        return REPLY, answer
 
     def done(self) -> None:
         self.running = False
@@ -130,6 +166,7 @@ class SessionLink:
         self.idle_since = time.monotonic()
 
     def close(self) -> None:
+        SessionLink.buffered -= len(self._reply)
+        self._reply.clear()
         self.sock.close()
         self.theirs.close()
-
