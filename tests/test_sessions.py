@@ -88,9 +88,11 @@ def test_an_exception_is_the_cell_s_error_with_the_cell_s_frames_only(py):
     assert py.run("raise SystemExit(3)").error["ename"] == "SystemExit" and py.alive
 
 
-def test_a_cell_s_output_arrives_live_before_it_ends(py, tmp_path):
+def test_a_cell_s_output_arrives_live_before_it_ends(pool, tmp_path):
     """The cell prints, then waits for a file the test writes only once
-    that line reached it."""
+    that line reached it (in the session's directory: the sandbox shows it
+    nothing else of the test's)."""
+    py = pool.session("python", cwd=tmp_path)
     gate = tmp_path / "gate"
     seen = []
     arrived = threading.Event()
@@ -103,11 +105,13 @@ def test_a_cell_s_output_arrives_live_before_it_ends(py, tmp_path):
     future = py.submit(f"import os, time, sys\nprint('first')\nprint('to err', file=sys.stderr)\n"
                        f"deadline = time.time() + 20\n"
                        f"while not os.path.exists({str(gate)!r}) and time.time() < deadline:\n"
-                       f"    time.sleep(0.01)\nprint('second')", timeout=30, on_event=on_event)
+                       f"    time.sleep(0.01)\nprint('second' if os.path.exists({str(gate)!r}) else 'no gate')",
+                       timeout=30, on_event=on_event)
     assert arrived.wait(20), seen
     assert not future.done()
     gate.write_text("go")
     result = future.result(30)
+    py.close()
     assert result.stdout == "first\nsecond\n"
     assert "".join(e.text for e in seen if e.stream == "stdout") == "first\nsecond\n"
     assert "".join(e.text for e in seen if e.stream == "stderr") == "to err\n"
@@ -170,7 +174,8 @@ def test_a_cell_that_ignores_the_interrupt_is_killed_and_the_session_is_gone(py)
         py.run("1")
 
 
-def test_cancelling_a_running_cell_interrupts_it_and_a_queued_one_never_runs(py, tmp_path):
+def test_cancelling_a_running_cell_interrupts_it_and_a_queued_one_never_runs(pool, tmp_path):
+    py = pool.session("python", cwd=tmp_path)  # where the queued cell would leave its mark
     marker = tmp_path / "ran"
     running = py.submit("import time\nwhile True:\n    time.sleep(0.01)", timeout=60)
     queued = py.submit(f"open({str(marker)!r}, 'w').close()")
@@ -180,6 +185,8 @@ def test_cancelling_a_running_cell_interrupts_it_and_a_queued_one_never_runs(py,
     result = running.result(10)
     assert (result.status, result.alive, result.text) == (Status.CANCELLED, True, "Execution cancelled.")
     assert py.run("1 + 1").value == "2" and not marker.exists()
+    assert py.run(f"open({str(marker)!r}, 'w').close()").ok and marker.exists()  # the control: it could have
+    py.close()
 
 
 # -- bash ------------------------------------------------------------------------------------
