@@ -3,8 +3,9 @@ state, taking one cell at a time.
 
 Runs in the session's own process -- a warm spare that became the
 session's tool (execpool/worker/warm/spare.py), sandboxed, limited and
-watched like any job's -- and nowhere else: it imports nothing of
-execpool's, so what a cell sees loaded is what a warm job sees. Its stdin
+watched like any job's. The warm template imports this module (and the
+standard library modules it needs) once, so a session starts with it
+loaded; it imports nothing else of execpool's. Its stdin
 is the session's socket (execpool/worker/sessions/link.py); it moves that
 off fd 0 (a cell's ``input()`` reads an empty stdin) to a descriptor that no
 program the cell starts inherits.
