@@ -933,3 +933,28 @@ def test_closing_the_pool_under_a_compile_others_wait_for_ends_every_job():
         own.close()
     assert [job.result(0).status for job in jobs] == [Status.INFRA] * 3
     assert not own._code.cache._pending
+
+
+def test_a_waiter_cancelled_as_it_comes_to_wait_is_not_left_counted(pool, monkeypatch):
+    """A cancel between the cache counting a job as a waiter and the job
+    saying it waits: the job still leaves the count (a count left over
+    kept an orphaned compile alive)."""
+    code = _slow_to_compile(700)
+    first = pool.submit(CodeJob("cpp", code, timeout=30))
+    assert wait_for(lambda: pool.running_jobs == 1, 10)
+    cache, real = pool._code.cache, pool._code.cache.claim
+    submitted = threading.Event()
+    jobs = {}
+
+    def claim(key):
+        found = real(key)
+        if found[1] is not None and submitted.wait(10):
+            jobs["second"].cancel()  # on the job's own step, right after it was counted
+        return found
+
+    monkeypatch.setattr(cache, "claim", claim)
+    jobs["second"] = pool.submit(CodeJob("cpp", code, timeout=30))
+    submitted.set()
+    assert jobs["second"].result(10).status is Status.CANCELLED
+    assert wait_for(lambda: cache.waiters() == 0, 5)
+    assert first.result(60).status is Status.OK

@@ -521,8 +521,12 @@ class _CodeRun:
         if artifact is not None:
             self.jobs.later(self, self.compiled, key, artifact, True, retries, bulk=artifact.size >= BULK_BYTES)
         elif pending is not None:
-            self._enter(_Phase.WAITING, key)
-            self._waiting_for = pending
+            with self._lock:
+                self._phase, self._key, self._step, self._waiting_for = _Phase.WAITING, key, None, pending
+                cancelled = self._cancelled
+            if cancelled:  # before it was counted as waiting: it leaves now
+                self._leave_wait(key, pending)
+                return
             self._deadline = self.jobs.deadlines.add(self.job.compile_timeout,
                                                      lambda: self._waited_too_long(key, pending))
             pending.add_done_callback(lambda done: self.jobs.later(self, self._waited, key, done, retries,
@@ -670,7 +674,7 @@ class _CodeRun:
         came), once whichever comes first: whether it left while still
         counted among its waiters."""
         with self._lock:
-            if self._left or self._waiting_for is not compile or self._finished:
+            if self._left or self._waiting_for is not compile:
                 return False
             self._left = self.jobs.cache.leave(key, compile)
             left = self._left
