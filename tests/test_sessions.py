@@ -431,3 +431,21 @@ def test_a_daemon_a_session_left_dies_with_it_while_the_worker_stays_busy(doomed
         assert len(pids) == 1 and psutil.pid_exists(pids[0])
         session.close()
         assert all_dead(pids) and busy.alive
+
+
+def test_past_the_worker_s_reply_budget_the_largest_holder_goes_not_a_bystander(monkeypatch):
+    """Sessions holding unfinished replies past the worker's budget: the
+    session holding the most is ended; one whose few bytes tipped the sum
+    over lives on."""
+    with ExecPool(workers=1, sandbox="strict") as own:
+        hog, bystander = own.session("python"), own.session("python")
+        assert bystander.run("x = 1").ok
+        # Nine cells each hold 31 MiB of a reply without its NUL (each
+        # under a session's 32 MiB): 279 MiB, over the worker's 256 MiB.
+        hogs = [own.session("python") for _ in range(9)]
+        for session in hogs:
+            session.submit(CHANNEL + "channel.sendall(b'1:' + b'x' * (31 << 20))\nimport time\ntime.sleep(60)")
+        assert wait_for(lambda: sum(not s.alive for s in hogs) >= 1, 30)
+        assert bystander.run("x + 1").value == "2"
+        for session in [hog, *hogs]:
+            session.close()

@@ -14,7 +14,7 @@ import heapq
 import itertools
 import logging
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional
 
 from .ondemand import OnDemandThread
 
@@ -26,8 +26,10 @@ class Deadlines(OnDemandThread):
 
     def __init__(self) -> None:
         super().__init__()
-        self._heap: List[Tuple[float, int, Callable[[], None]]] = []
+        # [due, order, callback]: a cancelled entry's callback is None.
+        self._heap: List[list] = []
         self._order = itertools.count()
+        self._cancelled = 0
 
     def add(self, seconds: float, then: Callable[[], None]) -> Optional[object]:
         """Call ``then`` (on the deadlines' thread) in ``seconds``; a handle
@@ -36,26 +38,32 @@ class Deadlines(OnDemandThread):
         with self._cond:
             if self._closed:
                 return None
-            entry = (time.monotonic() + seconds, next(self._order), then)
+            entry = [time.monotonic() + seconds, next(self._order), then]
             heapq.heappush(self._heap, entry)
             self._wake()
             return entry
 
     def cancel(self, handle: Optional[object]) -> None:
         """The wait ended: its callback, and what that holds, go now rather
-        than at its time; the thread ends with the last pending one."""
-        if handle is None:
+        than at its time -- marked, not searched for (thousands of waits
+        end together); the heap is rebuilt once half of it is marked, and
+        the thread ends with the last live one."""
+        if not isinstance(handle, list):
             return
         with self._cond:
-            try:
-                self._heap.remove(handle)  # type: ignore[arg-type]
-            except ValueError:
-                return  # due already, or cancelled
-            heapq.heapify(self._heap)
-            self._cond.notify()
+            if handle[2] is None:
+                return  # called, or cancelled, already
+            handle[2] = None
+            self._cancelled += 1
+            if 2 * self._cancelled >= len(self._heap):
+                self._heap = [entry for entry in self._heap if entry[2] is not None]
+                heapq.heapify(self._heap)
+                self._cancelled = 0
+                self._cond.notify()
 
     def _drop(self) -> None:
         self._heap.clear()
+        self._cancelled = 0
 
     def _run(self) -> None:
         while True:
@@ -66,7 +74,11 @@ class Deadlines(OnDemandThread):
                         return
                     due = self._heap[0][0] - time.monotonic()
                     if due <= 0:
-                        then = heapq.heappop(self._heap)[2]
+                        entry = heapq.heappop(self._heap)
+                        then, entry[2] = entry[2], None
+                        if then is None:
+                            self._cancelled -= 1
+                            continue
                         break
                     self._cond.wait(due)
             try:

@@ -60,7 +60,7 @@ from .capture import Stream
 from .job import Ending, Phase, RunningJob
 from .jobdirs import JobDirs, unlink
 from .launch import Launcher
-from .sessions.link import INTERRUPT_GRACE_S, STARTED, ProtocolError
+from .sessions.link import INTERRUPT_GRACE_S, STARTED, WORKER_REPLY_BYTES, ProtocolError, SessionLink
 from .spawn import give_back_memory, keep_own_peak_resettable
 from .timers import Kind, Timers
 from .tree import Tree
@@ -380,6 +380,24 @@ class Worker:
             self._unwatch_session(job)  # the runtime is going: its job ends when it is reaped
         else:
             self._watch_session(job)
+        if SessionLink.buffered > WORKER_REPLY_BYTES:
+            self._shed_replies()
+
+    def _shed_replies(self) -> None:
+        """The sessions' unfinished replies are over the worker's budget:
+        the sessions holding the most of them end, largest first, until
+        they are not -- a session is never ended for another's bytes."""
+        holders = sorted((job for job in self.sessions_by_fd.values() if job.link is not None and job.link.held),
+                         key=lambda job: job.link.held if job.link is not None else 0, reverse=True)
+        for job in holders:
+            if SessionLink.buffered <= WORKER_REPLY_BYTES:
+                return
+            assert job.link is not None
+            held = job.link.held
+            job.link.drop_reply()
+            job.error = (f"its unfinished reply ({held >> 20} MiB) was the largest when this worker's sessions "
+                         f"held over {WORKER_REPLY_BYTES >> 20} MiB of them; it was killed")
+            self._end(job, Ending.LIMIT)
 
     def _drain_output(self, job: RunningJob) -> None:
         """What a cell wrote before its reply, read now so that it goes out

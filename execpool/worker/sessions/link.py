@@ -17,9 +17,11 @@ The session's own code can write on that socket too. It can end its own
 cell early or garble its reply, which the caller reads as untrusted
 (execpool/shared/cells.py); anything else -- a frame that is neither of
 the two for the running cell, a byte between cells, a reply past
-MAX_REPLY_BYTES, or past the worker's budget for all its sessions'
-replies -- ends the session (``ProtocolError``). Reading it costs the
-worker's loop at most READ_BUDGET bytes a turn, as any tool's output does.
+MAX_REPLY_BYTES -- ends the session (``ProtocolError``). Past the worker's
+budget for all its sessions' unfinished replies, the loop ends the
+sessions holding the most of it (``SessionLink.buffered``), never one for
+another's bytes. Reading it costs the worker's loop at most READ_BUDGET
+bytes a turn, as any tool's output does.
 """
 
 from __future__ import annotations
@@ -143,9 +145,17 @@ class SessionLink:
         return said, closed
 
     def _hold(self, change: int) -> None:
-        if change > 0 and SessionLink.buffered + change > WORKER_REPLY_BYTES:
-            raise ProtocolError(f"the sessions' replies went over the worker's {WORKER_REPLY_BYTES >> 20} MiB")
         SessionLink.buffered += change
+
+    @property
+    def held(self) -> int:
+        """Bytes of its reply not yet whole."""
+        return len(self._reply)
+
+    def drop_reply(self) -> None:
+        """The session is being ended: what it held goes now."""
+        self._hold(-len(self._reply))
+        self._reply.clear()
 
     def _frame(self, frame: bytes) -> Tuple[str, bytes]:
         if not self._answering:
@@ -166,7 +176,6 @@ class SessionLink:
         self.idle_since = time.monotonic()
 
     def close(self) -> None:
-        SessionLink.buffered -= len(self._reply)
-        self._reply.clear()
+        self.drop_reply()
         self.sock.close()
         self.theirs.close()

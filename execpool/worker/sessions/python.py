@@ -52,6 +52,13 @@ _REPR_METHODS = (("text/html", "_repr_html_"), ("text/markdown", "_repr_markdown
                  ("text/latex", "_repr_latex_"), ("application/json", "_repr_json_"))
 _BINARY = {"image/png", "image/jpeg"}
 
+#: A value's ``text/plain`` past this many characters is cut (saying so),
+#: and a richer representation past MAX_MIME_CHARS is left out: the reply
+#: goes whole through the worker, which ends a session whose reply is too
+#: big (execpool/worker/sessions/link.py).
+MAX_PLAIN_CHARS = 1_000_000
+MAX_MIME_CHARS = 8_000_000
+
 _in_cell = False
 
 
@@ -66,7 +73,7 @@ def bundle(obj: Any) -> Dict[str, Any]:
     None, offers nothing)."""
     data: Dict[str, Any] = {"text/plain": _plain(obj)}
     figure = _figure_png(obj)
-    if figure is not None:
+    if figure is not None and len(figure) <= MAX_MIME_CHARS:
         data["image/png"] = figure
     for mime, name in _REPR_METHODS:
         method = getattr(type(obj), name, None)
@@ -89,6 +96,8 @@ def bundle(obj: Any) -> Dict[str, Any]:
                 continue
         elif not isinstance(value, str):
             continue
+        if isinstance(value, str) and len(value) > MAX_MIME_CHARS:
+            continue  # too big to send whole: its text/plain stands for it
         data[mime] = value
     return data
 
@@ -102,9 +111,12 @@ def _cpu() -> tuple:
 
 def _plain(obj: Any) -> str:
     try:
-        return repr(obj)
+        text = repr(obj)
     except Exception as exc:  # noqa: BLE001 - a broken __repr__ still shows something
         return f"<{type(obj).__name__} object (repr failed: {type(exc).__name__})>"
+    if len(text) > MAX_PLAIN_CHARS:
+        return text[:MAX_PLAIN_CHARS] + f"\n... (cut: {len(text)} characters in all)"
+    return text
 
 
 def _figure_png(obj: Any) -> Optional[str]:
