@@ -716,8 +716,13 @@ SLEEPER = json.dumps({"code": "import os, time\nprint(os.getpid(), flush=True)\n
 
 
 def _sleeper_pid(gen) -> int:
-    """Consume events up to the whole first line the sleeper prints: its pid."""
-    assert next(gen)["type"] == "tool_start"
+    """Consume events up to the whole first line the sleeper prints: its pid.
+    (While the model is slow to answer -- a loaded machine -- heartbeats
+    come first.)"""
+    event = next(gen)
+    while event["type"] == "heartbeat":
+        event = next(gen)
+    assert event["type"] == "tool_start"
     printed = ""
     while not printed.endswith("\n"):  # print() may arrive as two writes
         event = next(gen)
