@@ -515,13 +515,13 @@ def test_a_compile_error_is_kept_once_a_second_compile_failed_alike(pool):
 
 
 def _artifact(status=Status.ERROR, exit_code=1, output="error: nope", **fields):
-    from execpool.pool.code import kept
+    from execpool.pool.compile_cache import kept
     result = Result(status=status, exit_code=exit_code, output=output, **fields)
     return kept(result, size=100) if status is Status.OK else kept(result)
 
 
 def _cache(tmp_path, max_bytes=1 << 20):
-    from execpool.pool.code import CompileCache
+    from execpool.pool.compile_cache import CompileCache
     removed = []
     return CompileCache(str(tmp_path), max_bytes, removed.append), removed
 
@@ -552,7 +552,7 @@ def test_compiles_keep_a_head_of_their_output_within_a_memory_budget(tmp_path, s
     """A compile's output is kept in the pool's memory: a head of it, and
     all of them within a budget of their own -- failures and successes
     (a program full of #warning) alike."""
-    from execpool.pool.code import KEPT_OUTPUT_CHARS, MEMORY_MAX_BYTES
+    from execpool.pool.compile_cache import KEPT_OUTPUT_CHARS, MEMORY_MAX_BYTES
     huge = "é✓ warning line\n" * 100_000
     artifact = _artifact(status=status, exit_code=0 if status is Status.OK else 1, output=huge)
     assert len(artifact.result.output) == KEPT_OUTPUT_CHARS and artifact.result.output_chars == len(huge)
@@ -569,7 +569,7 @@ def test_compiles_keep_a_head_of_their_output_within_a_memory_budget(tmp_path, s
 def test_what_a_compile_left_counts_as_copied_not_as_listed(tmp_path, monkeypatch):
     """A file that grew after it was listed (a process the compile left,
     where no cgroup ended it) is not kept past the bound."""
-    from execpool.pool import code as code_module
+    from execpool.pool import compile_cache as code_module
     cache, removed = _cache(tmp_path / "cache")
     (tmp_path / "cache").mkdir()
     made = tmp_path / "made"
@@ -672,7 +672,7 @@ def test_a_run_in_the_caller_s_directory_recompiles_a_changed_artifact_there(poo
 
 
 def test_a_compile_that_leaves_too_much_fails_saying_so(pool, monkeypatch):
-    from execpool.pool import code as code_module
+    from execpool.pool import compile_cache as code_module
 
     monkeypatch.setattr(code_module, "ARTIFACT_MAX_BYTES", 1000)
     result = pool.run(CodeJob("c", f"int main(void) {{ return {time.time_ns() % 100}; }}\n", timeout=30))
@@ -743,7 +743,7 @@ def _cache_files(pool) -> list:
 def test_a_fifo_where_a_compiled_file_was_is_refused_not_read(tmp_path):
     """A stray of the compile could swap the file for a FIFO after it was
     listed: the copy must fail at once, not wait for a writer forever."""
-    from execpool.pool.code import _copy
+    from execpool.pool.compile_cache import _copy
 
     os.mkfifo(tmp_path / "test")
     started = time.monotonic()

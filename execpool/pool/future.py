@@ -172,6 +172,9 @@ class CancelWatcher(OnDemandThread):
         with self._cond:
             self._watched.pop(id(future), None)
 
+    def _drop(self) -> None:
+        self._watched.clear()  # the pool closed: its jobs end without a watcher
+
     def _run(self) -> None:
         while True:
             with self._cond:

@@ -8,11 +8,12 @@ Runs in the caller.
 
 from __future__ import annotations
 
+import abc
 import threading
 from typing import Optional
 
 
-class OnDemandThread:
+class OnDemandThread(abc.ABC):
     """The condition, the thread and the closed flag such a thread needs.
     A subclass adds work under ``_cond`` and calls :meth:`_wake`; its
     ``_run`` returns (setting ``_thread`` to None, under ``_cond``) once
@@ -43,8 +44,10 @@ class OnDemandThread:
         if thread is not None:
             thread.join()
 
+    @abc.abstractmethod
     def _drop(self) -> None:
         """(Under ``_cond``, on close.) Forget pending work that is not to be done."""
 
+    @abc.abstractmethod
     def _run(self) -> None:
-        raise NotImplementedError
+        """The thread's body: the work, until there is none or it is closed."""

@@ -47,7 +47,8 @@ from ..shared.languages import Toolchain
 from ..shared.output import TOOL_OUTPUT_STREAM_MAX_CHARS
 from ..shared.result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, Status
 from .base import JobRunner
-from .code import CodeJobs, CompileCacheStats
+from .code import CodeJobs
+from .compile_cache import CompileCacheStats
 from .config import PoolConfig
 from .dispatch import Dispatcher
 from .future import CancelWatcher, JobFuture, JobHandle, OnEvent
