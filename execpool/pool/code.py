@@ -20,8 +20,9 @@ callbacks, and the file work between them (writing a program, copying an
 artifact, removing a directory) goes to one small executor, so the
 dispatcher thread (or a server's loop) never waits on a disk.
 
-The compile cache (execpool/pool/compile_cache.py) keeps what a successful compile left (the language's
-``outputs``) and a failed compile's Result, by content, bounded in bytes
+The compile cache (execpool/pool/compile_cache.py) keeps what a
+successful compile left (the language's ``outputs``) and a failed
+compile's Result, by content, bounded in bytes
 (least recently used go first), under the pool's scratch directory: a
 sandboxed job sees none of it (its view holds its own directory only), and
 a run gets copies, each checked against the hash taken when it was stored,
