@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .pool.streams import AsyncJobStream, accepts_output_callback, drain_queue, stream_tool_execution
     from .pool.supervisor import ExecPool
     from .shared.cells import CellResult
-    from .shared.errors import ExecPoolError, PoolBrokenError, PoolClosedError, SessionClosedError
+    from .shared.errors import ExecPoolError, PoolBrokenError, PoolClosedError, SessionClosedError, SessionForkError
     from .shared.jobs import CodeJob, Limits, PythonJob, ShellJob
     from .shared.kernel.proctree import capture_process_group, drain_process_output, kill_process_tree
     from .shared.kernel.sandbox import Sandbox, SandboxSupport, sandbox_support
@@ -55,6 +55,7 @@ _EXPORTS = {
     "Session": "pool.sessions",
     "CellResult": "shared.cells",
     "SessionClosedError": "shared.errors",
+    "SessionForkError": "shared.errors",
     "AsyncJobStream": "pool.streams",
     "accepts_output_callback": "pool.streams",
     "drain_queue": "pool.streams",

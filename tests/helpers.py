@@ -97,6 +97,39 @@ def remember(doomed: list, pids: Iterable[int]) -> None:
             pass
 
 
+def owner_killed_leaves_nothing(tmp_path, doomed: list, setup: str, expected: int) -> None:
+    """An owner process runs ``setup`` (Python, with ``sys``, ``time`` and
+    ``ExecPool`` imported), which prints one line naming the pids it wants
+    dead (``PIDS ...``) and leaves them running; the owner is SIGKILLed,
+    and every one of them must die with it (the lifeline's rules)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "owner.py"
+    script.write_text(f"import sys, time\nsys.path.insert(0, {repo!r})\nfrom execpool import ExecPool\n"
+                      f"{setup}\ntime.sleep(300)\n")
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = owner.stdout.readline()
+        pids = pids_in(line)
+        remember(doomed, pids)
+        assert len(pids) == expected, line
+        owner.kill()
+        owner.wait(10)
+        assert all_dead(pids, timeout=10)
+    finally:
+        owner.kill()
+        owner.wait()
+        owner.stdout.close()
+
+
+def proc_kib(path: str, key: str) -> int:
+    """A ``Key:  N kB`` line of a /proc file (status, smaps_rollup), in bytes."""
+    with open(path) as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {key} in {path}")
+
+
 def pids_in(output: str) -> list[int]:
     """Pids that a hostile tool announced with ``PIDS ...``."""
     return [int(p) for line in re.findall(r"PIDS ([\d ]+)", output) for p in line.split()]

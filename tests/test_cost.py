@@ -21,12 +21,12 @@ import threading
 
 import psutil
 import pytest
+from helpers import proc_kib, wait_for
 
 from execpool import ExecPool, JobOutput, Limits, PythonJob, ShellJob, Status
 from execpool.shared.kernel.cgroups import Cgroups, JobGroup
 from execpool.worker.spawn import SPAWN_METHODS
 from execpool.worker.warm.wire import read_report, taken
-from helpers import wait_for
 
 MiB = 1 << 20
 PY = shlex.quote(sys.executable)
@@ -131,14 +131,6 @@ def test_a_job_of_one_process_counts_one(pool, job):
     assert_plausible(result)
 
 
-def _resident_peak(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM")
-
-
 @pytest.mark.slow
 def test_a_job_does_not_report_the_workers_memory():
     """The worker is made to hold a 160 MB output (its peak goes past 300
@@ -150,7 +142,7 @@ def test_a_job_does_not_report_the_workers_memory():
         flood = PythonJob("import sys\nfor _ in range(160):\n    sys.stdout.write('x' * 1_000_000)\n",
                           max_output_chars=160_000_000, timeout=120)
         assert pool.run(flood).output_chars == 160_000_000
-        assert _resident_peak(worker) > 300 * MiB  # the worker did hold it
+        assert proc_kib(f"/proc/{worker}/status", "VmHWM") > 300 * MiB  # the worker did hold it
         for warm in (True, False):
             big = pool.run(PythonJob(TOUCH_100, warm=warm))
             small = pool.run(PythonJob("pass", warm=warm))

@@ -194,3 +194,33 @@ def test_sessions_opened_at_once_never_pass_max_sessions(server):
     finally:
         for ident in opened:
             server.client.delete(f"/v1/sessions/{ident}")
+
+
+def test_fork_over_http(server):
+    """The service's sandbox (strict, its default) refuses a fork and says
+    why; a server without it forks, and the copy is a session of its own."""
+    boxed = open_session(server, language="python")
+    refused = server.client.post(f"/v1/sessions/{boxed}/fork")
+    assert refused.status_code == 409 and "sandbox" in refused.json()["detail"]
+    assert server.client.post(f"/v1/sessions/{secrets.token_urlsafe(16)}/fork").status_code == 404
+    assert run(server, boxed, "1").json()["value"] == "1"
+    server.client.delete(f"/v1/sessions/{boxed}")
+    plain = Server("--workers", "1", "--sandbox", "off", "--max-sessions", "2")
+    try:
+        parent = open_session(plain, language="python", files={"seed.txt": b64(b"seed")})
+        run(plain, parent, "state = ['parent']\nopen('mine.txt', 'w').write('parent')")
+        answer = plain.client.post(f"/v1/sessions/{parent}/fork")
+        assert answer.status_code == 201, answer.text
+        child = answer.json()["id"]
+        assert child != parent and answer.json()["language"] == "python"
+        run(plain, child, "state.append('child')\nopen('mine.txt', 'w').write('child')")
+        assert run(plain, parent, "state, open('mine.txt').read(), open('seed.txt').read()").json()["value"] == (
+            "(['parent'], 'parent', 'seed')")
+        assert run(plain, child, "state, open('mine.txt').read()").json()["value"] == "(['parent', 'child'], 'child')"
+        full = plain.client.post(f"/v1/sessions/{parent}/fork")  # two open: the cap
+        assert full.status_code == 503 and "Retry-After" in full.headers
+        assert plain.client.delete(f"/v1/sessions/{parent}").status_code == 204
+        assert run(plain, child, "len(state)").json()["value"] == "2"
+        assert {s["id"] for s in plain.client.get("/v1/sessions").json()} == {child}
+    finally:
+        assert plain.stop() == 0

@@ -11,8 +11,6 @@ from __future__ import annotations
 import base64
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -20,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
-from helpers import all_dead, pids_in, remember, wait_for
+from helpers import all_dead, owner_killed_leaves_nothing, pids_in, remember, wait_for
 
 from execpool import CellResult, ExecPool, JobOutput, Limits, SessionClosedError, ShellJob, Status
 
@@ -284,29 +282,9 @@ def test_a_dead_worker_takes_its_sessions_and_their_next_call_says_so(doomed):
 
 
 def test_the_owner_s_sigkill_leaves_nothing_of_its_sessions(tmp_path, doomed):
-    script = tmp_path / "owner.py"
-    script.write_text(textwrap.dedent(f"""\
-        import sys, time
-        sys.path.insert(0, {REPO!r})
-        from execpool import ExecPool
-        pool = ExecPool(workers=1, sandbox="strict")
-        session = pool.session("bash")
-        print(session.run({DAEMON!r} + "; sleep 300 & echo PIDS $!").stdout.replace("\\n", " "), flush=True)
-        time.sleep(300)
-        """))
-    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    try:
-        line = owner.stdout.readline()
-        pids = pids_in(line)
-        remember(doomed, pids)
-        assert len(pids) == 2, line
-        owner.kill()
-        owner.wait(10)
-        assert all_dead(pids, timeout=10)
-    finally:
-        owner.kill()
-        owner.wait()
-        owner.stdout.close()
+    owner_killed_leaves_nothing(tmp_path, doomed, (
+        "pool = ExecPool(workers=1, sandbox='strict')\nsession = pool.session('bash')\n"
+        f"print(session.run({DAEMON!r} + '; sleep 300 & echo PIDS $!').stdout.replace('\\n', ' '), flush=True)"), 2)
 
 
 # -- limits, sandbox, the socket --------------------------------------------------------

@@ -22,18 +22,19 @@ keeps its queue of cells.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Deque, Mapping, Optional, Union
 
 from ..shared import channel, checks
-from ..shared.cells import SESSION_LANGUAGES, CellResult, Printed, read_reply
-from ..shared.errors import SessionClosedError
+from ..shared.cells import FORK_TIMEOUT_S, SESSION_LANGUAGES, CellResult, Printed, read_reply
+from ..shared.errors import ExecPoolError, SessionClosedError, SessionForkError
 from ..shared.jobs import Limits, Number
 from ..shared.kernel.sandbox import Sandbox, job_sandbox
 from ..shared.output import RESULT_HEAD_CHARS, LiveBudget
@@ -56,6 +57,12 @@ DEFAULT_IDLE_TIMEOUT_S = 600.0
 #: watchdog treats the worker as wedged.
 _CELL_SLACK_S = 5.0
 
+#: Why ``fork()`` refuses a sandboxed session.
+FORK_IN_SANDBOX = ("a session in a sandbox cannot be forked: a copy of its process keeps its mount namespace and "
+                   "Landlock domain, which no process can leave or widen, so it would write the same /tmp, home and "
+                   "directory as its parent (the README's Sessions section says more); open the session with "
+                   "sandbox=False to fork it")
+
 
 class CellFuture(Future):
     """A cell's future: its result is a CellResult. ``cancel()`` takes a
@@ -75,13 +82,17 @@ class CellFuture(Future):
 
 @dataclass
 class _Cell:
+    """A cell in a session's queue -- or a fork, which takes its turn as a
+    cell does (``fork``: the copy to make; its future's result is it)."""
+
     code: str
     timeout: Optional[float]
-    future: CellFuture
+    future: Future
     on_event: Optional[OnEvent]
     printed: Printed
     started: float = 0.0
     cancelled: bool = False
+    fork: Optional["Session"] = None
 
 
 class SessionHandle(JobHandle):
@@ -116,9 +127,9 @@ class Session:
     closed or gone.
     """
 
-    def __init__(self, pool: "ExecPool", language: str, *, sandbox: Union[None, bool, str, Sandbox],
-                 limits: Optional[Limits], idle_timeout: Optional[Number], cwd: Optional[str],
-                 env: Optional[Mapping[str, str]], network: bool) -> None:
+    def __init__(self, pool: "ExecPool", language: str, start: channel.Start, cwd: Optional[str]) -> None:
+        """Not started: ``open_session`` starts it on a worker, or a fork
+        makes it on its parent's."""
         #: Unguessable: a service hands it to its client as the session's name.
         self.id = secrets.token_urlsafe(16)
         self.language = language
@@ -130,29 +141,18 @@ class Session:
         self._count = 0
         self._gone: Optional[str] = None  # why, once it is
         self._closing = False
+        self._ready = False  # its runtime runs (for a copy: once the fork made it)
         self._ended_event = threading.Event()
         self._live = LiveBudget()
         self._pool = pool
+        self._start = start
         #: Its directory when the caller gave one (None: a private one the
         #: worker made, removed with the session).
         self.cwd = cwd
-        config = pool.config
-        env_all = dict(config.tool_env)
-        env_all.update(env or {})
-        job_id = pool._next_id()
-        self._future = JobFuture(job_id)
-        handle = self._handle = SessionHandle(self._future, self, pool._stats)
-        start = channel.Start(
-            job_id=job_id, argv_kind="python" if language == "python" else "shell", source="", cwd=cwd,
-            env=env_all, timeout=None, limits=limits or config.limits, live_cap=RESULT_HEAD_CHARS,
-            max_output_chars=config.max_output_chars, keep_background=False, python=config.python,  # type: ignore[arg-type]
-            stdin=None,
-            warm=language == "python", network=network, separate_stderr=True,
-            sandbox=config.sandbox if sandbox is None else sandbox or None,  # type: ignore[arg-type]
-            session=True, idle_timeout=None if idle_timeout is None else float(idle_timeout))
-        self._worker: WorkerProcess = pool._workers.assign(handle, None)
+        self._future = JobFuture(start.job_id)
+        self._handle = SessionHandle(self._future, self, pool._stats)
         self._future._cancel = self._kill
-        self._worker.send(start)
+        self._worker: Optional["WorkerProcess"] = None
 
     # -- the caller's calls ------------------------------------------------------
 
@@ -176,13 +176,7 @@ class Session:
         if on_event is not None and not callable(on_event):
             raise TypeError(f"on_event must be callable, not {type(on_event).__name__}")
         future = CellFuture(self)
-        cell = _Cell(code, None if timeout is None else float(timeout), future, on_event, Printed())
-        with self._lock:
-            if self._gone is not None:
-                raise SessionClosedError(self._gone)
-            self._queue.append(cell)
-            self.last_used = time.time()
-            self._next()
+        self._enqueue(_Cell(code, None if timeout is None else float(timeout), future, on_event, Printed()))
         if cancel_event is not None:
             self._pool._watcher.watch(future, cancel_event)
         return future
@@ -203,6 +197,34 @@ class Session:
         with self._lock:
             cell = self._running
         return cell is not None and self._cancel(cell.future)
+
+    def fork(self, *, cwd: Optional[Union[str, os.PathLike]] = None) -> "Session":
+        """A new session holding a copy of this one's state -- its
+        interpreter, copy-on-write (milliseconds: its memory is not copied
+        until one of them writes it) -- independent of this one from then
+        on. Its directory: ``cwd`` if given (an existing directory, into
+        which this session's directory is copied), else a fresh private copy
+        of this session's private directory; a session given a ``cwd`` of
+        the caller's shares that with its forks unless they are given one.
+        Made in this session's turn: after the cells queued before, before
+        those queued after. Python sessions without a sandbox only:
+        SessionForkError otherwise (the README says why), or when the copy
+        could not start; SessionClosedError when this session is gone."""
+        if self.language != "python":
+            raise SessionForkError("only a Python session can be forked; a bash session cannot copy its shell")
+        if self._start.sandbox is not None:
+            raise SessionForkError(FORK_IN_SANDBOX)
+        directory = self.cwd if cwd is None else _directory(cwd)
+        child = Session(self._pool, self.language,
+                        replace(self._start, job_id=self._pool._next_id(), cwd=directory), directory)
+        made: "Future[Session]" = Future()
+        self._enqueue(_Cell("", None, made, None, Printed(), fork=child))
+        try:
+            return made.result()
+        except BaseException:
+            # Interrupted while it forked: a copy made all the same is closed.
+            made.add_done_callback(_close_unwanted)
+            raise
 
     def close(self, timeout: float = 5.0) -> None:
         """End the session and everything it started; returns once its tree
@@ -232,30 +254,56 @@ class Session:
 
     # -- inside: under the lock, or on the dispatcher thread ---------------------
 
+    def _enqueue(self, cell: _Cell) -> None:
+        with self._lock:
+            if self._gone is not None:
+                raise SessionClosedError(self._gone)
+            self._queue.append(cell)
+            self.last_used = time.time()
+            self._next()
+
     def _next(self) -> None:
-        """(Under the lock.) Send the next queued cell, if none runs."""
-        if self._running is not None or self._gone is not None:
+        """(Under the lock.) Send the next queued cell (or fork), if none runs."""
+        if self._running is not None or self._gone is not None or not self._ready:
             return
         while self._queue:
             cell = self._queue.popleft()
             if cell.future.set_running_or_notify_cancel():  # else cancelled while it waited
-                break
+                if cell.fork is None or self._fork_starts(cell):
+                    break
         else:
             return
+        assert self._worker is not None
         self._running = cell
         cell.started = time.monotonic()
+        if cell.fork is not None:
+            self._handle.deadline = time.monotonic() + FORK_TIMEOUT_S + 2 * _CELL_SLACK_S
+            self._worker.send(channel.Fork(self._future.job_id, cell.fork._start))
+            return
         self._live = LiveBudget()
         slack = None if cell.timeout is None else cell.timeout + _CELL_SLACK_S
         self._handle.deadline = None if slack is None else time.monotonic() + slack
         self._worker.send(channel.Cell(self._future.job_id, cell.code, cell.timeout))
 
-    def _cancel(self, future: CellFuture) -> bool:
+    def _fork_starts(self, cell: _Cell) -> bool:
+        """(Under the lock.) The copy's job on this session's worker, or the
+        fork's failure."""
+        assert cell.fork is not None
+        try:
+            cell.fork._worker = self._pool._workers.assign(cell.fork._handle, None, self._worker)
+        except ExecPoolError as exc:
+            cell.future.set_exception(SessionForkError(f"the session could not be forked: {exc}"))
+            return False
+        return True
+
+    def _cancel(self, future: Future) -> bool:
         with self._lock:
             running = self._running
             if running is not None and running.future is future:
                 if running.cancelled:
                     return True
                 running.cancelled = True
+                assert self._worker is not None
                 self._worker.send(channel.Interrupt(self._future.job_id))
                 return True
             for cell in self._queue:
@@ -267,7 +315,7 @@ class Session:
         return Future.cancel(future)
 
     def _kill(self) -> None:
-        if self._future.job_id in self._worker.jobs:
+        if self._worker is not None and self._future.job_id in self._worker.jobs:
             # A worker that does not end the session in time is wedged: the
             # watchdog replaces it, ending the session with it.
             self._handle.deadline = time.monotonic() + _CELL_SLACK_S
@@ -294,9 +342,14 @@ class Session:
         with self._lock:
             cell, self._running = self._running, None
             self._handle.deadline = None
-            if cell is not None:
+            if cell is not None and cell.fork is None:
                 self._count += 1
         if cell is None:
+            return
+        if cell.fork is not None:
+            self._forked(cell, reply)
+            with self._lock:
+                self._next()
             return
         fields = read_reply(self.language, reply)
         if interrupted:
@@ -307,6 +360,24 @@ class Session:
         with self._lock:
             self._next()
 
+    def _forked(self, cell: _Cell, reply: bytes) -> None:
+        """The worker's word on a fork: the copy runs, or why not (its own
+        Finished, in that case, came first)."""
+        child = cell.fork
+        assert child is not None
+        try:
+            said = json.loads(reply)
+        except ValueError:
+            said = {}
+        if not isinstance(said, dict) or not isinstance(said.get("pid"), int):
+            why = said.get("error") if isinstance(said, dict) else None
+            cell.future.set_exception(SessionForkError(f"the session could not be forked: {why or 'no copy'}"))
+            return
+        with child._lock:
+            child._ready = True
+            child._next()
+        cell.future.set_result(child)
+
     def _ended(self, result: Result) -> None:
         """The session's job ended: the cell running, if any, ends with it;
         queued ones, and every later call, raise SessionClosedError."""
@@ -316,7 +387,9 @@ class Session:
                 self._gone = _why_gone(result, cell is not None)
             why = self._gone
             self._drop_queue()
-        if cell is not None:
+        if cell is not None and cell.fork is not None:
+            cell.future.set_exception(SessionClosedError(why))
+        elif cell is not None:
             status = result.status if result.status in (Status.TIMEOUT, Status.CANCELLED, Status.INFRA) else (
                 Status.ERROR)
             if cell.cancelled and status is not Status.INFRA:
@@ -343,6 +416,21 @@ class Session:
             cell.future.set_result(result)
         except InvalidStateError:
             pass  # cancelled while queued, a moment before it was sent
+
+
+def _directory(cwd: Union[str, os.PathLike]) -> str:
+    if not isinstance(cwd, (str, os.PathLike)):
+        raise TypeError(f"cwd must be a path, not {type(cwd).__name__}")
+    directory = os.path.abspath(os.fspath(cwd))
+    if not os.path.isdir(directory):
+        raise ValueError(f"cwd {directory!r} is not an existing directory")
+    return directory
+
+
+def _close_unwanted(made: "Future[Session]") -> None:
+    """A fork whose caller stopped waiting: its copy, if made, is closed."""
+    if made.exception() is None:
+        made.result().close(0)
 
 
 def _why_gone(result: Result, in_cell: bool) -> str:
@@ -372,10 +460,20 @@ def open_session(pool: "ExecPool", language: str, *, sandbox: Union[None, bool, 
     if idle_timeout is not None:
         checks.seconds("idle_timeout", idle_timeout)
     checks.flag("network", network)
-    directory = None
-    if cwd is not None:
-        directory = os.path.abspath(os.fspath(cwd))
-        if not os.path.isdir(directory):
-            raise ValueError(f"cwd {directory!r} is not an existing directory")
-    return Session(pool, language, sandbox=job_sandbox(sandbox), limits=limits, idle_timeout=idle_timeout,
-                   cwd=directory, env=None if env is None else checks.environment("env", env), network=network)
+    directory = None if cwd is None else _directory(cwd)
+    config = pool.config
+    env_all = dict(config.tool_env)
+    env_all.update({} if env is None else checks.environment("env", env))
+    chosen = job_sandbox(sandbox)
+    start = channel.Start(
+        job_id=pool._next_id(), argv_kind="python" if language == "python" else "shell", source="", cwd=directory,
+        env=env_all, timeout=None, limits=limits or config.limits, live_cap=RESULT_HEAD_CHARS,
+        max_output_chars=config.max_output_chars, keep_background=False, python=config.python,  # type: ignore[arg-type]
+        stdin=None, warm=language == "python", network=network, separate_stderr=True,
+        sandbox=config.sandbox if chosen is None else chosen or None,  # type: ignore[arg-type]
+        session=True, idle_timeout=None if idle_timeout is None else float(idle_timeout))
+    session = Session(pool, language, start, directory)
+    session._worker = pool._workers.assign(session._handle, None)
+    session._ready = True
+    session._worker.send(start)
+    return session

@@ -171,16 +171,22 @@ class Workers:
                 raise PoolBrokenError(f"execpool workers did not start within {timeout} s")
             pending[0].ready.wait(min(remaining, 0.1))
 
-    def assign(self, handle: JobHandle, deadline: Optional[float]) -> WorkerProcess:
-        """The least-loaded worker, now running ``handle``'s job."""
+    def assign(self, handle: JobHandle, deadline: Optional[float],
+               worker: Optional[WorkerProcess] = None) -> WorkerProcess:
+        """The least-loaded worker -- or ``worker``, a session's that a copy
+        of it must share -- now running ``handle``'s job."""
         with self.lock:
             if self.closed:
                 raise PoolClosedError("this ExecPool is closed")
-            candidates = [w for w in self.all if not w.retiring]
-            if not candidates:
-                raise PoolBrokenError(self.broken or "execpool has no worker to run this job right now: every worker "
-                                      "died and none could be started again yet")
-            worker = min(candidates, key=lambda w: len(w.jobs))
+            if worker is not None:
+                if worker not in self.all:
+                    raise PoolBrokenError(f"worker process {worker.pid} is gone")
+            else:
+                candidates = [w for w in self.all if not w.retiring]
+                if not candidates:
+                    raise PoolBrokenError(self.broken or "execpool has no worker to run this job right now: every "
+                                          "worker died and none could be started again yet")
+                worker = min(candidates, key=lambda w: len(w.jobs))
             handle.worker = worker
             handle.deadline = deadline
             worker.jobs[handle.job_id] = handle

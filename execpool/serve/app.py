@@ -56,7 +56,7 @@ from .admission import Admission, ClientGone, Reason, Rejected
 from .jobs import ServiceJobs, Settings
 from .metrics import ServiceMetrics
 from .routes import Routes, TooLarge, TooSlow
-from .sessions import NoSuchSession, ServiceSessions, SessionRoutes
+from .sessions import CannotFork, NoSuchSession, ServiceSessions, SessionRoutes
 from .settings import (
     DEFAULT_FETCH_MAX_BYTES,
     DEFAULT_HEARTBEAT_S,
@@ -129,6 +129,9 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
     async def no_session(request: Request, exc: Exception) -> Response:
         return JSONResponse({"detail": "no such session (closed, expired, or never opened)"}, status_code=404)
 
+    async def cannot_fork(request: Request, exc: Exception) -> Response:
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
     async def gone(request: Request, exc: Exception) -> Response:
         return Response(status_code=499)  # nobody reads it: the client left while waiting or sending
 
@@ -144,9 +147,11 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
         Route("/v1/sessions/{ident}", sessions.delete, methods=["DELETE"]),
         Route("/v1/sessions/{ident}/run", sessions.run, methods=["POST"]),
         Route("/v1/sessions/{ident}/stream", sessions.stream, methods=["POST"]),
+        Route("/v1/sessions/{ident}/fork", sessions.fork, methods=["POST"]),
         Route("/run_jupyter", sessions.run_jupyter, methods=["POST"]),
     ], exception_handlers={BadField: bad_request, TooLarge: too_large, TooSlow: too_slow, Rejected: busy,
-                           ClientGone: gone, ClientDisconnect: gone, NoSuchSession: no_session})
+                           ClientGone: gone, ClientDisconnect: gone, NoSuchSession: no_session,
+                           CannotFork: cannot_fork})
     app.state.jobs = jobs
     app.add_middleware(_Guard, metrics=metrics, token=token, allowed_hosts=allowed_hosts)
     return app

@@ -88,6 +88,14 @@ def document() -> dict:
                                                      "responses": {"200": {"description": "text/event-stream"},
                                                                    "404": {"description": "no such session"},
                                                                    **refused}}},
+            "/v1/sessions/{ident}/fork": {"post": {
+                "summary": "Fork a Python session: a new session holding a copy of its state (its interpreter, "
+                           "copy-on-write, and its directory's files), independent from then on",
+                "responses": {"201": {"description": "the copy: {id, language, created, last_used, alive}"},
+                              "404": {"description": "no such session"},
+                              "409": {"description": "this session cannot be forked (in a sandbox, the "
+                                                     "service's default; a bash session); the detail says why"},
+                              **refused}}},
             "/run_jupyter": {"post": {"summary": "SandboxFusion's run_jupyter: the cells in one session of their own",
                                       "requestBody": _json({"$ref": "#/components/schemas/RunJupyterRequest"}),
                                       "responses": {"200": {"description": "RunJupyterResponse"},

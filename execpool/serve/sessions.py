@@ -30,7 +30,7 @@ from ..pool.files import JobFileError, read_files, write_files
 from ..pool.future import JobOutput
 from ..pool.sessions import Session
 from ..shared.cells import CellResult
-from ..shared.errors import ExecPoolError, SessionClosedError
+from ..shared.errors import ExecPoolError, SessionClosedError, SessionForkError
 from ..shared.kernel.dirs import remove_tree
 from ..shared.result import Status
 from .admission import ClientGone, Reason, Rejected
@@ -42,6 +42,11 @@ logger = logging.getLogger("execpool")
 
 class NoSuchSession(Exception):
     """An id that names no open session (404)."""
+
+
+class CannotFork(Exception):
+    """A session that cannot be forked (409), with why: in a sandbox (the
+    service's default), a bash session, a copy that could not start."""
 
 
 @dataclasses.dataclass
@@ -72,15 +77,51 @@ class ServiceSessions:
 
     async def open(self, values: Dict[str, Any], language: str) -> Session:
         """A new session with its files; Rejected past ``--max-sessions``."""
-        with self._lock:
-            if len(self._open) + self._opening >= self.max_sessions:
-                raise Rejected(Reason.SESSIONS_FULL, 5)
-            self._opening += 1
+        self._reserve()
         try:
             return await self._open_one(values, language)
         finally:
             with self._lock:
                 self._opening -= 1
+
+    async def fork(self, ident: str) -> Session:
+        """A copy of session ``ident`` in a directory of its own (a copy of
+        its parent's), counted as any session; CannotFork with why."""
+        parent = self.get(ident)
+        self._reserve()
+        try:
+            directory = self.jobs.new_directory()
+            forking = asyncio.ensure_future(asyncio.to_thread(parent.session.fork, cwd=directory))
+            try:
+                child = await asyncio.shield(forking)
+            except BaseException as exc:
+                # A client gone mid-fork leaves a copy nobody can name: closed once made.
+                forking.add_done_callback(_close_copy)
+                await asyncio.shield(asyncio.to_thread(remove_tree, directory))
+                if isinstance(exc, SessionClosedError):
+                    raise NoSuchSession(ident) from None
+                if isinstance(exc, SessionForkError):
+                    raise CannotFork(str(exc)) from None
+                raise
+            self._register(child, directory)
+            return child
+        finally:
+            with self._lock:
+                self._opening -= 1
+
+    def _reserve(self) -> None:
+        """A place among ``--max-sessions``, taken before any await: else
+        concurrent requests would all find one free."""
+        with self._lock:
+            if len(self._open) + self._opening >= self.max_sessions:
+                raise Rejected(Reason.SESSIONS_FULL, 5)
+            self._opening += 1
+
+    def _register(self, session: Session, directory: str) -> None:
+        with self._lock:
+            self._open[session.id] = _Open(session, directory)
+        loop = asyncio.get_running_loop()
+        session.add_done_callback(lambda ended: loop.call_soon_threadsafe(self._ended, ended))
 
     async def _open_one(self, values: Dict[str, Any], language: str) -> Session:
         directory = self.jobs.new_directory()
@@ -100,10 +141,7 @@ class ServiceSessions:
         except BaseException:
             await asyncio.shield(asyncio.to_thread(remove_tree, directory))
             raise
-        with self._lock:
-            self._open[session.id] = _Open(session, directory)
-        loop = asyncio.get_running_loop()
-        session.add_done_callback(lambda ended: loop.call_soon_threadsafe(self._ended, ended))
+        self._register(session, directory)
         return session
 
     def _ended(self, session: Session) -> None:
@@ -194,6 +232,11 @@ class ServiceSessions:
                 future.cancel()
 
 
+def _close_copy(forking: "asyncio.Future[Session]") -> None:
+    if not forking.cancelled() and forking.exception() is None:
+        forking.result().close(0)
+
+
 def _json(body: bytes) -> Any:
     try:
         return json.loads(body)
@@ -219,6 +262,10 @@ class SessionRoutes:
         values = await off_loop(len(body), lambda: read(_json(body), SESSION, self.sessions.defaults))
         session = await self.sessions.open(values, values.get("session_language", "python"))
         return JSONResponse(_described(session), status_code=201)
+
+    async def fork(self, request: Request) -> Response:
+        child = await self.sessions.fork(request.path_params["ident"])
+        return JSONResponse(_described(child), status_code=201)
 
     async def listed(self, request: Request) -> Response:
         return JSONResponse(self.sessions.listed())

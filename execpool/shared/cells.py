@@ -21,6 +21,10 @@ from .result import CANCELLED_TEXT, ERROR_PREFIX, Status, timeout_text
 #: What each kind of session is, as ``pool.session`` takes it.
 SESSION_LANGUAGES = ("python", "bash")
 
+#: How long a fork may take -- the copy copies the session's directory --
+#: before the session is interrupted and, past the grace, killed.
+FORK_TIMEOUT_S = 120.0
+
 
 @dataclass(frozen=True)
 class CellResult:

@@ -6,7 +6,7 @@ Messages are frozen dataclasses sent with ``multiprocessing.connection``
 supervisor-assigned ``job_id``.
 
 supervisor -> worker:  WorkerConfig (first, once), Start, Cancel, Shutdown,
-                       Cell, Interrupt (a session's)
+                       Cell, Interrupt, Fork (a session's)
 worker -> supervisor:  Ready, Spawned, Output, Finished, CellDone (a session's)
 
 A session (execpool/pool/sessions.py) is a job that lives until it is
@@ -113,6 +113,18 @@ class Interrupt:
 
 
 @dataclass(frozen=True)
+class Fork:
+    """Copy Python session ``job_id`` (between its cells: the pool sends it
+    in the session's turn, as a cell) into a new session, ``child``, of the
+    same worker. The copy's Spawned (or its Finished, when it could not be
+    made) comes first; then the parent's ``CellDone``, whose reply is the
+    runtime's: ``{"pid": N}`` or ``{"error": why}``."""
+
+    job_id: int
+    child: Start
+
+
+@dataclass(frozen=True)
 class Shutdown:
     """Kill every tree the worker owns, then exit."""
 
@@ -164,7 +176,7 @@ class CellDone:
     printed: int
 
 
-ToWorker = Union[WorkerConfig, Start, Cancel, Shutdown, Cell, Interrupt]
+ToWorker = Union[WorkerConfig, Start, Cancel, Shutdown, Cell, Interrupt, Fork]
 FromWorker = Union[Ready, Spawned, Output, Finished, CellDone]
 
 #: What each end accepts: a message going the other way is as wrong as garbage.

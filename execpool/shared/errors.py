@@ -30,3 +30,9 @@ class SessionClosedError(ExecPoolError, RuntimeError):
     """A cell was sent to a session that is closed or gone (closed by its
     owner, idle past its timeout, killed after an ignored interrupt, its
     worker dead, its pool closed). The message says which."""
+
+
+class SessionForkError(ExecPoolError, RuntimeError):
+    """``Session.fork()`` made no copy: the session cannot be forked (a bash
+    session, or one in a sandbox -- the README says why), or the copy could
+    not start. The message says which; the session itself goes on."""

@@ -91,11 +91,10 @@ class Launcher:
         if self._confiner is not None:
             self._confiner.close()
 
-    def prepare(self, job: RunningJob) -> List[str]:
+    def prepare(self, job: RunningJob) -> None:
         """Make ready what every way of starting a tool needs -- its
-        directory (a fresh one with a name no job can guess), its script,
-        its environment, its cgroup, its sandbox's rulesets -- on the job;
-        return the cold tool's argv."""
+        directory (a fresh one with a name no job can guess), its
+        environment, its cgroup, its sandbox's rulesets -- on the job."""
         start = job.start
         made = self._made_for(job)
         if made is not None:
@@ -144,6 +143,10 @@ class Launcher:
                 job.env["TMPDIR"] = own[-1]  # the only temporary directory a sandboxed job may write
             if made is None:
                 job.rulesets = confiner.rulesets(start.python, start.sandbox, own, template)
+
+    def argv(self, job: RunningJob) -> List[str]:
+        """The cold tool's argv, its script written in its directory."""
+        start = job.start
         source = runtime_source(start.argv_kind) if start.session else start.source
         if start.argv_kind == "python":
             fd, job.script = tempfile.mkstemp(prefix=".execpool-", suffix=".py", dir=job.cwd)

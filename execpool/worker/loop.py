@@ -41,19 +41,19 @@ beyond it).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import secrets
 import selectors
 import signal
 import struct
-import subprocess
-import sys
 import termios
 import time
 from multiprocessing.connection import Connection
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set
 
 from ..shared import channel
+from ..shared.cells import FORK_TIMEOUT_S
 from ..shared.kernel import linux
 from ..shared.output import LiveBudget
 from .capture import Stream
@@ -61,19 +61,16 @@ from .job import Ending, Phase, RunningJob
 from .jobdirs import JobDirs, unlink
 from .launch import Launcher
 from .sessions.link import INTERRUPT_GRACE_S, STARTED, WORKER_REPLY_BYTES, ProtocolError, SessionLink
-from .spawn import give_back_memory, keep_own_peak_resettable
+from .spawn import give_back_memory, keep_own_peak_resettable, output_pipes
 from .timers import Kind, Timers
 from .tree import Tree
 from .warm.handover import Hooks, WarmJobs
-from .warm.template import unfindable
+from .warm.supply import preload_errors
 from .warm.wire import REHEARSE_WHEN_IDLE_S
 
 #: What the supervisor may send once the worker is configured.
-_JOB_MESSAGES = (channel.Start, channel.Cancel, channel.Shutdown, channel.Cell, channel.Interrupt)
+_JOB_MESSAGES = (channel.Start, channel.Cancel, channel.Shutdown, channel.Cell, channel.Interrupt, channel.Fork)
 
-#: How long the jobs' interpreter may take to say which ``preload`` modules
-#: it lacks, when it is not the worker's.
-PRELOAD_CHECK_S = 30.0
 
 #: One read per wake-up; 64 KiB is a full default pipe buffer.
 READ_SIZE = 1 << 16
@@ -132,7 +129,7 @@ class Worker:
             signal.signal(sig, lambda *_: None)
         self.sel.register(sig_r, selectors.EVENT_READ, self._on_signal)
         self.sel.register(self.conn_in.fileno(), selectors.EVENT_READ, self._on_control)
-        self._send(channel.Ready(self.pid, self._preload()))
+        self._send(channel.Ready(self.pid, preload_errors(self.python, self.preload)))
         while not self.stopping:
             for key, _ in self.sel.select(self.timers.timeout()):
                 key.data(key.fd)
@@ -148,28 +145,6 @@ class Worker:
         helpers = set(self.warm.spares.pids())
         helpers.update(pid for pid in (self.launcher.ahead.pid, self.dirs.remover) if pid)
         return helpers
-
-    def _preload(self) -> Tuple[str, ...]:
-        """Find what warm jobs should find already loaded -- the template
-        imports it (execpool/worker/warm/template.py), the worker imports
-        none of the caller's code -- and report what cannot be found, so the
-        pool can say which module is at fault."""
-        if not self.preload:
-            return ()
-        if self.python == sys.executable:  # a venv's python is a link to its base: the path tells them apart
-            return tuple(unfindable(self.preload))
-        # Another interpreter (a runtime of the jobs' own): asked, as its
-        # template will import them there.
-        ask = ("import sys\nfrom execpool.worker.warm.template import unfindable\n"
-               "print(*unfindable(sys.argv[1:]), sep='\\n')")
-        try:
-            done = subprocess.run([self.python, "-c", ask, *self.preload], capture_output=True, text=True,
-                                  timeout=PRELOAD_CHECK_S, cwd="/")
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return (f"{self.python} could not be asked for them: {exc}",)
-        if done.returncode:
-            return (f"{self.python} could not be asked for them: {done.stderr.strip()[-500:]}",)
-        return tuple(line for line in done.stdout.splitlines() if line)
 
     def _fire_timers(self) -> None:
         """Every deadline that came due (execpool/worker/timers.py says what
@@ -223,6 +198,8 @@ class Worker:
                 self.stopping = True
             elif isinstance(msg, channel.Cell):
                 self._cell(msg)
+            elif isinstance(msg, channel.Fork):
+                self._fork(msg)
             elif isinstance(msg, channel.Interrupt):
                 job = self.jobs.get(msg.job_id)
                 if job is not None and job.link is not None and job.link.running and job.ending is None:
@@ -336,6 +313,85 @@ class Worker:
             link.deadline = time.monotonic() + msg.timeout
             self.timers.add(link.deadline, Kind.CELL, msg.job_id)
 
+    def _fork(self, msg: channel.Fork) -> None:
+        """Copy a Python session, between its cells, into a new one
+        (execpool/worker/sessions/fork.py). The copy's directory, cgroup,
+        pipes and socket are made here, as for any tool, and go down with
+        the fork frame; ``_forked`` takes the copy the runtime names as the
+        new job's tool."""
+        child = self._new_job(msg.child)
+        parent = self.jobs.get(msg.job_id)
+        link = None if parent is None else parent.link
+        if parent is None or link is None or link.running or parent.ending is not None:
+            self._fail_start(child, OSError("the session ended before it could be forked"))
+            return  # its end answers its turn
+        try:
+            if parent.start.argv_kind != "python" or parent.start.sandbox is not None:
+                raise OSError("only a Python session without a sandbox can be forked")
+            self.launcher.prepare(child)
+            copy = child.cwd != parent.cwd
+            spec = {"marker": child.marker, "from": parent.cwd if copy else None, "to": child.cwd if copy else None}
+            printed = sum(capture.total for capture in parent.captures)
+            # A runtime not started yet (its spare is on the way) finds the
+            # frame, descriptors and all, waiting on its socket.
+            with output_pipes(True) as (readers, out_w, err_w), child.start_fds() as (sock_fd, join_fds):
+                link.begin_fork(json.dumps(spec).encode("utf-8"), [sock_fd, out_w, err_w, *join_fds], printed)
+        except ProtocolError as exc:
+            self._fail_start(child, exc)
+            parent.error = f"{exc}; it was killed"
+            self._end(parent, Ending.LIMIT)
+            return
+        except Exception as exc:  # noqa: BLE001 - the copy's start failed: its Result says why
+            self._fail_start(child, exc)
+            self._send(channel.CellDone(msg.job_id, json.dumps({"error": str(exc)}).encode("utf-8"), False, 0))
+            return
+        assert child.link is not None
+        child.link.theirs.close()  # the runtime's copy went down with the frame
+        link.forking = (child.start.job_id, readers)
+        link.deadline = time.monotonic() + FORK_TIMEOUT_S
+        self.timers.add(link.deadline, Kind.CELL, msg.job_id)
+        self._watch_session(parent)
+
+    def _forked(self, parent: RunningJob, answer: bytes) -> bytes:
+        """The runtime answered a fork: the copy it names, if it is the
+        worker's child, runs the new job; the reply for the pool."""
+        assert parent.link is not None and parent.link.forking is not None
+        child_id, readers = parent.link.forking
+        child = self.jobs.get(child_id)
+        try:
+            said = json.loads(answer)
+        except ValueError:
+            said = None
+        pid = said.get("pid") if isinstance(said, dict) else None
+        why = said.get("error") if isinstance(said, dict) and isinstance(said.get("error"), str) else (
+            "the session answered its fork with garbage")
+        if child is None or type(pid) is not int or pid <= 0 or not self.tree.is_own_child(pid):
+            for fd in readers:
+                os.close(fd)
+            if pid is not None:
+                why = "the copy the session named is not this worker's child"
+            if child is not None:
+                self._fail_start(child, OSError(why))
+            return json.dumps({"error": why}).encode("utf-8")
+        self._running(child, pid, readers)
+        self._watch_session(child)
+        if child.start.idle_timeout is not None:
+            self.timers.add(time.monotonic() + child.start.idle_timeout, Kind.IDLE, child_id)
+        return json.dumps({"pid": pid}).encode("utf-8")
+
+    def _abandon_fork(self, parent: RunningJob) -> None:
+        """A session that ends while it forks takes its copy's job with it;
+        a copy made all the same is nobody's, and dies as a stray."""
+        if parent.link is None or parent.link.forking is None:
+            return
+        child_id, readers = parent.link.forking
+        parent.link.forking = None
+        for fd in readers:
+            os.close(fd)
+        child = self.jobs.get(child_id)
+        if child is not None:
+            self._fail_start(child, OSError("the session ended while it forked"))
+
     def _watch_session(self, job: RunningJob) -> None:
         assert job.link is not None
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if job.link.wants_write else 0)
@@ -370,6 +426,8 @@ class Worker:
                 if link.interrupted:
                     self._signal_cell(job)  # the interrupt that waited for the cell's start
                 continue
+            if link.forking is not None:
+                answer = self._forked(job, answer)
             self._drain_output(job)
             printed = sum(capture.total for capture in job.captures) - link.printed_before
             self._send(channel.CellDone(job.start.job_id, answer, link.interrupted, printed))
@@ -455,15 +513,10 @@ class Worker:
     # -- a job's life ----------------------------------------------------
 
     def _start(self, start: channel.Start) -> None:
-        # The job sees its marker, and ids count up: without a part no job
-        # can guess, one could mark its processes as a neighbour's -- to
-        # get the neighbour killed over its process cap, or its own
-        # processes kept alive and billed to the neighbour.
-        job = RunningJob(start, f"{self.token}/{start.job_id}/{secrets.token_hex(8)}")
-        self.jobs[start.job_id] = job
-        self.idle_since = None
+        job = self._new_job(start)
         try:
-            argv = self.launcher.prepare(job)
+            self.launcher.prepare(job)
+            argv = self.launcher.argv(job)
             if start.warm:
                 self.warm.add(job)
             else:
@@ -481,6 +534,16 @@ class Worker:
             self.timers.add(time.monotonic(), Kind.COUNT, start.job_id)
         if start.warm:
             self.warm.serve()
+
+    def _new_job(self, start: channel.Start) -> RunningJob:
+        # The job sees its marker, and ids count up: without a part no job
+        # can guess, one could mark its processes as a neighbour's -- to
+        # get the neighbour killed over its process cap, or its own
+        # processes kept alive and billed to the neighbour.
+        job = RunningJob(start, f"{self.token}/{start.job_id}/{secrets.token_hex(8)}")
+        self.jobs[start.job_id] = job
+        self.idle_since = None
+        return job
 
     def _fail_start(self, job: RunningJob, exc: BaseException) -> None:
         job.failed_to_start(exc)
@@ -573,6 +636,7 @@ class Worker:
         elif job.script is not None:
             unlink(job.script)
         self._unwatch_session(job)
+        self._abandon_fork(job)
         self._send(channel.Finished(job.start.job_id, job.result()))
         # A warm job keeps its rulesets and view until now (a requeue needs
         # them), a job's own namespace made ahead is torn down here, not on

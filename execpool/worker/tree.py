@@ -42,6 +42,16 @@ class Tree:
         # Job cgroups that still held a process at their job's end.
         self.stale_groups: List[JobGroup] = []
 
+    @staticmethod
+    def is_own_child(pid: int) -> bool:
+        """Whether ``pid`` is the worker's child, not yet reaped: a copy a
+        session says it forked (execpool/worker/sessions/fork.py) must be."""
+        try:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except (ChildProcessError, OSError):
+            return False
+        return True
+
     def started(self, job: RunningJob, pid: int) -> None:
         self.by_leader[pid] = job
         self.by_session[pid] = job

@@ -11,7 +11,11 @@ source and a NUL; the runtime says the number and ``!`` and a NUL as the
 cell starts -- an interrupt wanted before then waits for it, since the
 runtime ignores SIGINT between cells -- and answers with the number, a
 colon, its reply and a NUL -- JSON from Python, the exit status from bash
--- which the worker passes on, unread, as a ``CellDone``.
+-- which the worker passes on, unread, as a ``CellDone``. A fork takes a
+turn as a cell does: its frame is the number, ``*`` and a JSON spec, sent
+with the copy's descriptors, and its reply names the copy
+(execpool/worker/sessions/fork.py), which the worker checks before it
+says anything of it.
 
 The session's own code can write on that socket too. It can end its own
 cell early or garble its reply, which the caller reads as untrusted
@@ -26,6 +30,7 @@ bytes a turn, as any tool's output does.
 
 from __future__ import annotations
 
+import array
 import socket
 import time
 from typing import List, Optional, Tuple
@@ -80,6 +85,9 @@ class SessionLink:
         self.deadline: Optional[float] = None
         self.idle_since = time.monotonic()
         self.printed_before = 0
+        #: While a fork is the turn: the copy's job and its output pipes'
+        #: read ends, until the copy runs it.
+        self.forking: Optional[Tuple[int, List[int]]] = None
 
     @property
     def runtime_fd(self) -> int:
@@ -92,13 +100,26 @@ class SessionLink:
     def begin(self, source: str, printed: int) -> int:
         """A cell is sent (as far as the socket takes it now; the rest as it
         drains); its number. ``printed``: the session's output so far."""
+        self._turn(printed)
+        self._pending = b"%d\n" % self.cell + source.encode("utf-8", "surrogatepass") + b"\0"
+        self.send_pending()
+        return self.cell
+
+    def begin_fork(self, spec: bytes, fds: List[int], printed: int) -> None:
+        """A fork frame goes down whole, with the copy's descriptors (the
+        socket is idle between cells, so it takes it now); OSError if it
+        does not."""
+        frame = b"%d*" % (self.cell + 1) + spec + b"\0"
+        sent = self.sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        if sent != len(frame):
+            raise ProtocolError(f"the session's socket took {sent} of the fork frame's {len(frame)} bytes")
+        self._turn(printed)
+
+    def _turn(self, printed: int) -> None:
         self.cell += 1
         self.printed_before = printed
         self.running = self._answering = True
         self.started = self.interrupted = self.cancelled = False
-        self._pending = b"%d\n" % self.cell + source.encode("utf-8", "surrogatepass") + b"\0"
-        self.send_pending()
-        return self.cell
 
     def send_pending(self) -> None:
         """What of the cell the socket takes now; OSError once the runtime
@@ -171,6 +192,7 @@ class SessionLink:
 
     def done(self) -> None:
         self.running = False
+        self.forking = None
         self.deadline = None
         self._pending = b""
         self.idle_since = time.monotonic()

@@ -5,7 +5,8 @@ Runs in the session's own process -- a warm spare that became the
 session's tool (execpool/worker/warm/spare.py), sandboxed, limited and
 watched like any job's. The warm template imports this module (and the
 standard library modules it needs) once, so a session starts with it
-loaded; it imports nothing else of execpool's. Its stdin
+loaded; it imports nothing else of execpool's but, for a fork, its
+fork's (execpool/worker/sessions/fork.py). Its stdin
 is the session's socket (execpool/worker/sessions/link.py); it moves that
 off fd 0 (a cell's ``input()`` reads an empty stdin) to a descriptor that no
 program the cell starts inherits.
@@ -25,7 +26,9 @@ A cell comes as its number, a newline and its source; the runtime says
 the number and ``!`` once SIGINT would interrupt it, and its reply, after
 the cell's output is flushed, is the number, a colon, one JSON object --
 ``{"value", "data", "display", "error", "execution_count", "cost"}`` -- and
-a NUL. The cost is the CPU the cell took (the session's process, and the
+a NUL. A fork comes as its number, ``*`` and a JSON spec, with the
+copy's descriptors; the reply is the fork's (execpool/worker/sessions/fork.py).
+The cost is the CPU the cell took (the session's process, and the
 processes it waited for) and the session's peak resident memory so far.
 """
 
@@ -58,6 +61,9 @@ _BINARY = {"image/png", "image/jpeg"}
 #: big (execpool/worker/sessions/link.py).
 MAX_PLAIN_CHARS = 1_000_000
 MAX_MIME_CHARS = 8_000_000
+
+#: A fork frame's descriptors: the copy's socket, stdout, stderr and cgroup files.
+_MAX_FORK_FDS = 8
 
 _in_cell = False
 
@@ -160,6 +166,8 @@ class _Cell:
 class Runtime:
     def __init__(self, channel: socket.socket) -> None:
         self.channel = channel
+        self._buffer = bytearray()
+        self._fds: List[int] = []
         self.count = 0
         self.cell: Optional[_Cell] = None
         self.main = types.ModuleType("__main__")
@@ -176,22 +184,54 @@ class Runtime:
             self.cell.show(*objs)
 
     def serve(self) -> None:
-        buffer = bytearray()
         while True:
-            end = buffer.find(b"\0")
-            if end < 0:
-                try:
-                    data = self.channel.recv(1 << 16)
-                except InterruptedError:
-                    continue
-                if not data:
-                    return  # the worker closed the session
-                buffer += data
+            frame = self._frame()
+            if frame is None:
+                return  # the worker closed the session
+            digits = len(frame) - len(frame.lstrip(b"0123456789"))
+            tag, kind, body = frame[:digits], frame[digits:digits + 1], frame[digits + 1:]
+            if kind == b"*":
+                reply = self._fork(body)
+                if reply is None:
+                    continue  # the copy: its parent answers the fork
+            else:
+                reply = self.run(body.decode("utf-8", "replace"), tag + b"!\0")
+            self.channel.sendall(tag + b":" + reply)
+
+    def _frame(self) -> Optional[bytes]:
+        """The next frame from the worker, without its NUL; None at EOF. The
+        descriptors a fork frame brings are kept for it (``_fds``); none
+        other comes."""
+        while (end := self._buffer.find(b"\0")) < 0:
+            try:
+                data, fds, _flags, _address = socket.recv_fds(self.channel, 1 << 16, _MAX_FORK_FDS)
+            except InterruptedError:
                 continue
-            number, _, source = buffer[:end].decode("utf-8", "replace").partition("\n")
-            del buffer[:end + 1]
-            tag = number.encode("ascii", "replace")
-            self.channel.sendall(tag + b":" + self.run(source, tag + b"!\0"))
+            for fd in fds:
+                os.set_inheritable(fd, False)
+            self._fds += fds
+            if not data:
+                return None
+            self._buffer += data
+        frame = bytes(self._buffer[:end])
+        del self._buffer[:end + 1]
+        return frame
+
+    def _fork(self, body: bytes) -> Optional[bytes]:
+        """A copy of this session, to become another session: the parent's
+        reply (JSON: the copy's pid, or why there is none); None in the copy,
+        which serves its own socket from here on."""
+        fds, self._fds = self._fds, []
+        from .fork import fork_copy  # only a fork needs it
+        try:
+            spec = json.loads(body)
+        except ValueError:
+            spec = None
+        result = fork_copy(self, spec, fds)
+        if result is None:
+            self._buffer.clear()  # the parent's frames are not the copy's
+            return None
+        return json.dumps(result).encode("utf-8") + b"\0"
 
     def run(self, source: str, started: bytes) -> bytes:
         """The cell's reply; ``started`` is said once SIGINT would interrupt it."""

@@ -128,7 +128,7 @@ def run(path: str, env: dict, worker_path: list, ready_fd: int) -> NoReturn:
     # out of tools' reach); a cold tool is, after its exec.
     linux.prctl(linux.PR_SET_DUMPABLE, 1)
     _reset_handlers()
-    _stamp_marker(env.get(JOB_MARKER_ENV, ""))
+    stamp_marker(env.get(JOB_MARKER_ENV, ""))
     _set_environ(env)
     sys.argv = [path]
     job_path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -157,7 +157,7 @@ def rehearse() -> None:
     start writes a few hundred pages (reference counts of the objects it
     touches). Taking those faults while the spare waits halves its start."""
     _reset_handlers()
-    _stamp_marker("")
+    stamp_marker("")
     _set_environ(dict(os.environ))
     _fresh_std_streams()
     _new_main(os.devnull)
@@ -185,7 +185,7 @@ def _new_main(path: str) -> types.ModuleType:
     return main
 
 
-def _stamp_marker(marker: str) -> None:
+def stamp_marker(marker: str) -> None:
     """Write the job's marker into the environment block the kernel shows as
     /proc/<pid>/environ -- the worker's own, reserved blank for this at its
     start. ``os.environ`` changes only this process's copy, so without the

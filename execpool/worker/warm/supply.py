@@ -20,10 +20,40 @@ import os
 import selectors
 import signal
 import socket
-from typing import Callable, Optional
+import subprocess
+import sys
+from typing import Callable, Optional, Tuple
 
 from ..spawn import Setup, Tool, start_tool
+from .template import unfindable
 from .wire import JOB, REHEARSE, SPARE_PID, UNLIMITED
+
+#: How long the jobs' interpreter may take to say which ``preload`` modules
+#: it lacks, when it is not the worker's.
+PRELOAD_CHECK_S = 30.0
+
+
+def preload_errors(python: str, preload: Tuple[str, ...]) -> Tuple[str, ...]:
+    """Find what warm jobs should find already loaded -- the template
+    imports it (execpool/worker/warm/template.py), the worker imports none
+    of the caller's code -- and report what cannot be found, so the pool
+    can say which module is at fault."""
+    if not preload:
+        return ()
+    if python == sys.executable:  # a venv's python is a link to its base: the path tells them apart
+        return tuple(unfindable(preload))
+    # Another interpreter (a runtime of the jobs' own): asked, as its
+    # template will import them there.
+    ask = ("import sys\nfrom execpool.worker.warm.template import unfindable\n"
+           "print(*unfindable(sys.argv[1:]), sep='\\n')")
+    try:
+        done = subprocess.run([python, "-c", ask, *preload], capture_output=True, text=True,
+                              timeout=PRELOAD_CHECK_S, cwd="/")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return (f"{python} could not be asked for them: {exc}",)
+    if done.returncode:
+        return (f"{python} could not be asked for them: {done.stderr.strip()[-500:]}",)
+    return tuple(line for line in done.stdout.splitlines() if line)
 
 
 def _continue(pid: int) -> None:

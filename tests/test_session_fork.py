@@ -1,0 +1,195 @@
+"""``Session.fork()`` (SPEC §8): a copy of a live Python session, made
+copy-on-write, independent of its parent from then on -- its memory, its
+directory's files, its process tree -- and a session like any other: closed,
+killed with its worker and its owner. Forks run without a sandbox (a
+sandboxed session refuses, saying why); the pool runs as root here."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import psutil
+import pytest
+from helpers import all_dead, owner_killed_leaves_nothing, pids_in, proc_kib, remember
+
+from execpool import ExecPool, SessionClosedError, SessionForkError, Status
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: A daemon in a session of its own, orphaned at once, announcing its pid.
+DAEMON = ("import subprocess\nprint(subprocess.run(\"setsid sh -c 'sleep 300 </dev/null >/dev/null 2>&1 & "
+          "echo PIDS $!'\", shell=True, capture_output=True, text=True).stdout)")
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ExecPool(workers=2) as p:
+        yield p
+
+
+@pytest.fixture
+def parent(pool):
+    with pool.session("python") as s:
+        yield s
+
+
+def test_a_fork_holds_the_parent_s_state_and_each_goes_its_own_way(parent):
+    parent.run("import os\nx = [1, 2]\nopen('data.txt', 'w').write('parent')\nos.makedirs('sub/deeper')")
+    with parent.fork() as child:
+        assert child.id != parent.id and child.alive
+        assert child.run("x").value == "[1, 2]"
+        assert child.run("open('data.txt').read()").value == "'parent'"
+        child.run("x.append('child')\nopen('data.txt', 'w').write('child')\nopen('sub/deeper/new', 'w').close()")
+        parent.run("x.append('parent')")
+        assert parent.run("x, open('data.txt').read(), os.path.exists('sub/deeper/new')").value == (
+            "([1, 2, 'parent'], 'parent', False)")
+        assert child.run("x, open('data.txt').read()").value == "([1, 2, 'child'], 'child')"
+        assert child.run("os.getcwd() != " + repr(parent.run("os.getcwd()").value.strip("'"))).value == "True"
+        assert child.run("os.getpid()").value != parent.run("os.getpid()").value
+
+
+def test_a_fork_takes_its_turn_after_the_cells_queued_before_it(parent):
+    parent.submit("import time\ntime.sleep(0.3)\nstep = 'after the sleep'")
+    with parent.fork() as child:
+        assert child.run("step").value == "'after the sleep'"
+
+
+def test_a_fork_starts_in_the_same_place_of_its_own_copy(parent):
+    parent.run("import os\nos.makedirs('a/b')\nos.chdir('a/b')\nopen('here', 'w').write('1')\nroot = os.getcwd()")
+    with parent.fork() as child:
+        assert child.run("os.path.basename(os.getcwd()), open('here').read()").value == "('b', '1')"
+        assert child.run("os.getcwd() != root").value == "True"
+
+
+def test_closing_either_leaves_the_other_and_each_close_takes_its_own_tree(pool, doomed):
+    parent = pool.session("python")
+    child = parent.fork()
+    parent_daemon = pids_in(parent.run(DAEMON).stdout)
+    child_daemon = pids_in(child.run(DAEMON).stdout)
+    remember(doomed, parent_daemon + child_daemon)
+    assert len(parent_daemon) == len(child_daemon) == 1
+    parent.close()
+    assert all_dead(parent_daemon) and not parent.alive
+    assert child.run("'still here'").value == "'still here'"
+    assert psutil.pid_exists(child_daemon[0])
+    grandchild = child.fork()
+    child.close()
+    assert all_dead(child_daemon)
+    assert grandchild.run("1 + 1").value == "2"
+    grandchild.close()
+
+
+def test_a_session_with_threads_forks_too(parent):
+    parent.run("import threading\nstop = threading.Event()\nworker = threading.Thread(target=stop.wait, daemon=True)\n"
+               "worker.start()\nimport numpy\nnumpy.ones(4).sum()")
+    with parent.fork() as child:
+        result = child.run("import threading\n(threading.active_count(), float(numpy.arange(5).sum()))")
+        assert (result.status, result.value) == (Status.OK, "(1, 10.0)")  # fork(2) keeps the calling thread only
+    assert parent.run("worker.is_alive()").value == "True"
+    parent.run("stop.set()")
+
+
+def test_an_interrupt_and_a_timeout_in_a_fork_keep_it(parent):
+    parent.run("n = 5")
+    with parent.fork() as child:
+        result = child.run("import time\nwhile True: time.sleep(0.01)", timeout=0.3)
+        assert (result.status, result.alive) == (Status.TIMEOUT, True)
+        assert child.run("n").value == "5"
+
+
+def test_a_given_directory_receives_a_copy_and_a_shared_one_is_shared(pool, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "seed.txt").write_text("seed")
+    with pool.session("python", cwd=mine) as parent:
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        with parent.fork(cwd=elsewhere) as copied, parent.fork() as sharing:
+            assert copied.run("import os\nos.getcwd(), open('seed.txt').read()").value == (
+                repr((str(elsewhere), "seed")))
+            assert sharing.run("import os\nos.getcwd()").value == repr(str(mine))
+            copied.run("open('seed.txt', 'w').write('copied')")
+            assert (mine / "seed.txt").read_text() == "seed"
+
+
+def test_what_cannot_be_forked_says_why_and_the_session_goes_on(pool):
+    with pool.session("bash") as shell:
+        with pytest.raises(SessionForkError, match="only a Python session"):
+            shell.fork()
+        assert shell.run("echo on").stdout == "on\n"
+    with pool.session("python", sandbox="strict") as boxed:
+        with pytest.raises(SessionForkError, match="Landlock domain"):
+            boxed.fork()
+        assert boxed.run("1").value == "1"
+    closed = pool.session("python")
+    closed.close()
+    with pytest.raises(SessionClosedError):
+        closed.fork()
+    with pool.session("python") as session:
+        with pytest.raises(ValueError, match="not an existing directory"):
+            session.fork(cwd="/nonexistent/dir")
+        with pytest.raises(TypeError, match="cwd must be a path"):
+            session.fork(cwd=3)
+
+
+def test_a_copy_that_cannot_start_fails_the_fork_not_the_session(pool, tmp_path):
+    with pool.session("python") as parent:
+        parent.run("import os\nos.makedirs('sub')")
+        target = tmp_path / "target"
+        target.mkdir()
+        (target / "sub").write_text("a file where the copy needs a directory")
+        with pytest.raises(SessionForkError, match="could not start"):
+            parent.fork(cwd=target)
+        assert parent.run("'fine'").value == "'fine'"
+
+
+def test_a_dead_worker_ends_parent_and_fork_with_infra(doomed):
+    with ExecPool(workers=1) as own:
+        parent = own.session("python")
+        child = parent.fork()
+        inside = threading.Event()
+        running = child.submit("import time\nprint('in')\ntime.sleep(60)", timeout=120,
+                               on_event=lambda event: inside.set())
+        assert inside.wait(20)
+        os.kill(own.worker_pids[0], signal.SIGKILL)
+        result = running.result(20)
+        assert (result.status, result.alive) == (Status.INFRA, False), result
+        with pytest.raises(SessionClosedError):
+            parent.run("1")
+
+
+def test_the_owner_s_sigkill_leaves_nothing_of_its_forks(tmp_path, doomed):
+    owner_killed_leaves_nothing(tmp_path, doomed, (
+        "pool = ExecPool(workers=1)\nchild = pool.session('python').fork()\n"
+        f"out = child.run({DAEMON!r}).stdout + ' ' + child.run(\"import os\\nprint('PIDS', os.getpid())\").stdout\n"
+        "print(out.replace('\\n', ' '), flush=True)"), 2)
+
+
+def test_many_forks_of_one_session_share_its_memory(pool):
+    with pool.session("python") as parent:
+        parent.run("import os\nblock = bytearray(64 << 20)\nblock[::4096] = b'x' * len(block[::4096])")
+        forks = [parent.fork() for _ in range(4)]
+        try:
+            pids = [int(fork.run("os.getpid()").value) for fork in forks]
+            # Proportional set sizes: pages shared five ways count a fifth each.
+            pss = sum(proc_kib(f"/proc/{pid}/smaps_rollup", "Pss") for pid in pids)
+            assert pss < 4 * (64 << 20) / 2, pss
+            assert {fork.run("block[4096 * 7]").value for fork in forks} == {"120"}
+        finally:
+            for fork in forks:
+                fork.close()
+
+
+def test_a_session_forked_before_its_runtime_started_forks_when_it_does(pool):
+    """The fork frame waits on the socket of a runtime still on its way
+    (its warm spare not yet handed over), as a cell would; it once left the
+    caller waiting for ever."""
+    parent = pool.session("python")
+    child = parent.fork()
+    try:
+        assert (parent.run("'parent'").value, child.run("'child'").value) == ("'parent'", "'child'")
+    finally:
+        child.close()
+        parent.close()
