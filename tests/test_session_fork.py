@@ -12,7 +12,7 @@ import threading
 
 import psutil
 import pytest
-from helpers import all_dead, owner_killed_leaves_nothing, pids_in, proc_kib, remember
+from helpers import all_dead, owner_killed_leaves_nothing, pids_in, proc_kib, remember, wait_for
 
 from execpool import ExecPool, SessionClosedError, SessionForkError, Status
 
@@ -193,3 +193,31 @@ def test_a_session_forked_before_its_runtime_started_forks_when_it_does(pool):
     finally:
         child.close()
         parent.close()
+
+
+#: Run in a session: its runtime answers the next fork with ``VICTIM``'s pid.
+LIE = """
+import gc, json
+from execpool.worker.sessions.python import Runtime
+runtime = next(o for o in gc.get_objects() if isinstance(o, Runtime))
+runtime._fork = lambda body: json.dumps({"pid": VICTIM}).encode() + b"\\0"
+"""
+
+
+def test_a_session_cannot_pass_another_process_off_as_its_copy(doomed):
+    """The worker takes as the copy only its own child carrying the copy's
+    marker: a session that names another job's leader, or another job's
+    orphaned daemon (the worker's child too, as its subreaper), gets no
+    fork, and the process it named is left alone."""
+    with ExecPool(workers=1) as own:
+        with own.session("python") as victim, own.session("python") as liar:
+            leader = int(victim.run("import os\nos.getpid()").value)
+            daemon = pids_in(victim.run(DAEMON).stdout)
+            remember(doomed, daemon)
+            assert wait_for(lambda: psutil.Process(daemon[0]).ppid() == own.worker_pids[0], 5)
+            for named in (leader, daemon[0]):
+                liar.run(LIE.replace("VICTIM", str(named)))
+                with pytest.raises(SessionForkError, match="not its copy"):
+                    liar.fork()
+            assert victim.run("'unharmed'").value == "'unharmed'"
+            assert psutil.pid_exists(daemon[0])

@@ -365,11 +365,11 @@ class Worker:
         pid = said.get("pid") if isinstance(said, dict) else None
         why = said.get("error") if isinstance(said, dict) and isinstance(said.get("error"), str) else (
             "the session answered its fork with garbage")
-        if child is None or type(pid) is not int or pid <= 0 or not self.tree.is_own_child(pid):
+        if child is None or type(pid) is not int or pid <= 0 or not self.tree.is_copy(pid, child):
             for fd in readers:
                 os.close(fd)
             if pid is not None:
-                why = "the copy the session named is not this worker's child"
+                why = "the process the session named is not its copy"
             if child is not None:
                 self._fail_start(child, OSError(why))
             return json.dumps({"error": why}).encode("utf-8")

@@ -42,15 +42,20 @@ class Tree:
         # Job cgroups that still held a process at their job's end.
         self.stale_groups: List[JobGroup] = []
 
-    @staticmethod
-    def is_own_child(pid: int) -> bool:
-        """Whether ``pid`` is the worker's child, not yet reaped: a copy a
-        session says it forked (execpool/worker/sessions/fork.py) must be."""
+    def is_copy(self, pid: int, job: RunningJob) -> bool:
+        """Whether ``pid`` is the copy a session says it forked for ``job``
+        (execpool/worker/sessions/fork.py): the worker's child, not yet
+        reaped, no job's leader nor a helper, and marked as ``job``'s --
+        the copy stamps the marker before it says its pid, and a session can
+        stamp no process but its own, so it cannot hand the worker another
+        job's process to be killed as the copy's."""
+        if pid in self.not_strays():
+            return False
         try:
             os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except (ChildProcessError, OSError):
             return False
-        return True
+        return (marker_of(pid) or "").strip() == job.marker
 
     def started(self, job: RunningJob, pid: int) -> None:
         self.by_leader[pid] = job
