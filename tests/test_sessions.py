@@ -386,12 +386,20 @@ def test_a_hundred_sessions_at_once_in_bounded_memory(pool):
             list(closing.map(lambda s: s.close(), sessions))
 
 
-def test_a_python_cell_says_what_it_cost(py, sh):
+def test_a_cell_says_what_it_cost(py, sh):
     busy = py.run("import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end:\n    pass")
     assert busy.cpu_user_s + busy.cpu_system_s >= 0.2 and busy.max_rss_bytes > 1 << 20
     idle = py.run("None")
     assert idle.cpu_user_s + idle.cpu_system_s < busy.cpu_user_s + busy.cpu_system_s
-    assert sh.run("true").cpu_user_s is None
+    # Bash: the shell's own CPU and its commands', as the ``time`` keyword reports them.
+    spin = sh.run("python3 -c 'import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end: pass'")
+    assert spin.ok and spin.cpu_user_s + spin.cpu_system_s >= 0.2, spin
+    quiet = sh.run("true")
+    assert (quiet.exit_code, quiet.stderr) == (0, "") and quiet.cpu_user_s + quiet.cpu_system_s < 0.1
+    assert sh.run("echo to-stderr >&2; false").stderr == "to-stderr\n"
+    # A cell that changes the report's format leaves the cost unknown, its status read.
+    changed = sh.run("TIMEFORMAT='%R seconds'; exit_code=3; (exit 3)")
+    assert (changed.exit_code, changed.cpu_user_s) == (3, None)
 
 
 def test_a_daemon_a_session_left_dies_with_it_while_the_worker_stays_busy(doomed):

@@ -132,11 +132,7 @@ def read_reply(language: str, reply: bytes) -> dict:
     """The CellResult fields a runtime's reply gives: Python's JSON, bash's
     exit status. A reply the runtime would not write is the cell's error."""
     if language == "bash":
-        try:
-            code = int(reply.decode("ascii"))
-        except (UnicodeDecodeError, ValueError):
-            return _garbled()
-        return {"status": Status.OK if code == 0 else Status.ERROR, "exit_code": code}
+        return _bash_reply(reply)
     try:
         fields = json.loads(reply.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
@@ -157,6 +153,25 @@ def read_reply(language: str, reply: bytes) -> dict:
     return {"status": Status.ERROR if error is not None else Status.OK, "value": fields["value"],
             "data": fields["data"], "display": tuple(fields["display"]), "error": error,
             "execution_count": fields["execution_count"], **{key: cost[key] for key in _COST}}
+
+
+def _bash_reply(reply: bytes) -> dict:
+    """Bash's reply: the ``time`` keyword's report, then the exit status on
+    a line of its own. A cell that changed ``TIMEFORMAT`` changed the report:
+    the cost is then unknown, the status still read."""
+    try:
+        report, _, status = reply.decode("ascii").rpartition("\n")
+        code = int(status)
+    except (UnicodeDecodeError, ValueError):
+        return _garbled()
+    fields: dict = {"status": Status.OK if code == 0 else Status.ERROR, "exit_code": code}
+    seconds = report.split()
+    if len(seconds) == 2:
+        try:
+            fields["cpu_user_s"], fields["cpu_system_s"] = (max(0.0, float(value)) for value in seconds)
+        except ValueError:
+            pass
+    return fields
 
 
 #: A Python reply's cost fields and the JSON types each may have.
