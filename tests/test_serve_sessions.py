@@ -10,6 +10,7 @@ import json
 import re
 import secrets
 
+import httpx
 import psutil
 import pytest
 from helpers import all_dead, pids_in, wait_for
@@ -222,5 +223,22 @@ def test_fork_over_http(server):
         assert plain.client.delete(f"/v1/sessions/{parent}").status_code == 204
         assert run(plain, child, "len(state)").json()["value"] == "2"
         assert {s["id"] for s in plain.client.get("/v1/sessions").json()} == {child}
+    finally:
+        assert plain.stop() == 0
+
+
+def test_a_fork_whose_client_left_is_closed_and_leaves_no_place_taken(tmp_path):
+    """A client that gives up during a slow fork gets no copy: the copy,
+    once made, is closed, its place among --max-sessions freed (it was once
+    kept, listed, until its idle timeout)."""
+    plain = Server("--workers", "1", "--sandbox", "off", "--max-sessions", "4")
+    try:
+        parent = open_session(plain, language="python")
+        run(plain, parent, "for i in range(40000):\n    open(f'f{i}', 'w').close()", timeout=120)
+        with pytest.raises(httpx.TimeoutException):
+            plain.client.post(f"/v1/sessions/{parent}/fork", timeout=0.3)
+        assert wait_for(lambda: [s["id"] for s in plain.client.get("/v1/sessions").json()] == [parent], 60)
+        for _ in range(3):  # every other place is free
+            open_session(plain, language="python")
     finally:
         assert plain.stop() == 0

@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
 from helpers import all_dead, owner_killed_leaves_nothing, pids_in, proc_kib, remember, wait_for
 
-from execpool import ExecPool, SessionClosedError, SessionForkError, Status
+from execpool import ExecPool, Limits, PythonJob, SessionClosedError, SessionForkError, Status
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -221,3 +222,71 @@ def test_a_session_cannot_pass_another_process_off_as_its_copy(doomed):
                     liar.fork()
             assert victim.run("'unharmed'").value == "'unharmed'"
             assert psutil.pid_exists(daemon[0])
+
+
+def _many_files(session, count: int) -> None:
+    """Enough files in the session's directory that copying them takes a while."""
+    session.run(f"for i in range({count}):\n    open(f'f{{i}}', 'w').close()")
+
+
+def test_a_copy_whose_process_exits_ends_at_once_and_its_worker_goes_on():
+    """A copy is no warm job: its process exiting ends it, as any session's
+    does. It was once taken for a spare that died before its job, handed
+    to spare after spare, while every warm job of its worker starved."""
+    with ExecPool(workers=1) as own:
+        child = own.session("python").fork()
+        result = child.run("import os\nos._exit(3)", timeout=30)
+        assert (result.status, result.alive) == (Status.ERROR, False) and "exited (3)" in result.message, result
+        with own.session("python") as neighbour:
+            assert neighbour.run("1").value == "1"
+        assert own.run(PythonJob("print('warm')", warm=True)).output == "warm\n"
+
+
+def test_interrupting_a_session_while_it_forks_interrupts_nothing(pool, tmp_path):
+    """No cell runs during a fork: ``interrupt()`` says so and the session
+    lives (it once was killed, its fork taken for a cell that ignored it)."""
+    with pool.session("python") as parent:
+        _many_files(parent, 20000)
+        target = tmp_path / "copy"
+        target.mkdir()
+        forking = ThreadPoolExecutor(1).submit(parent.fork, cwd=target)
+        assert wait_for(lambda: any(target.iterdir()), 30)
+        assert parent.interrupt() is False
+        with forking.result(60) as child:
+            assert child.run("import os\nlen(os.listdir())").value == "20000"
+        assert parent.run("'alive'").value == "'alive'"
+
+
+def test_a_copy_is_held_to_its_process_cap_where_the_worker_counts(doomed):
+    with ExecPool(workers=1, cgroups=False) as own:
+        child = own.session("python", limits=Limits(processes=5)).fork()
+        result = child.run("import subprocess, time\nfor _ in range(20):\n    subprocess.Popen(['sleep', '60'])\n"
+                           "time.sleep(30)", timeout=45)
+        assert not result.alive and "process limit (5)" in result.message, result
+
+
+def test_forks_on_a_retiring_worker_replace_it_once():
+    with ExecPool(workers=1, max_jobs_per_worker=3) as own:
+        with own.session("python") as parent:
+            for _ in range(8):
+                parent.fork().close()
+            assert len(own.worker_pids) <= 2, own.worker_pids
+
+
+def test_closing_the_pool_while_a_fork_copies_ends_every_session_cleanly(tmp_path):
+    """The worker's shutdown once tripped on the copy its parent's end had
+    already settled, and left the jobs after it to its crash."""
+    own = ExecPool(workers=1)
+    parent = own.session("python")
+    _many_files(parent, 20000)
+    neighbour = own.session("python")
+    assert neighbour.run("1").value == "1"
+    target = tmp_path / "copy"
+    target.mkdir()
+    forking = ThreadPoolExecutor(1).submit(parent.fork, cwd=target)
+    assert wait_for(lambda: any(target.iterdir()), 30)
+    own.close()
+    with pytest.raises((SessionClosedError, SessionForkError)):
+        forking.result(30)
+    ended = neighbour._future.result(10)
+    assert ended.status is Status.INFRA and "the pool was closed while this job ran" in ended.error, ended

@@ -437,3 +437,12 @@ def test_past_the_worker_s_reply_budget_the_largest_holder_goes_not_a_bystander(
         assert bystander.run("x + 1").value == "2"
         for session in [hog, *hogs]:
             session.close()
+
+
+def test_a_forged_reply_and_more_in_one_read_still_answers_the_cell(py):
+    """A forged reply and a frame after it, read together: the cell still
+    gets the forged reply (as its garbled error), then the session ends --
+    the frames read before a violation once went unsaid."""
+    result = py.run(CHANNEL + "channel.sendall(b'1:{\"x\": 1}\\0more\\0')")
+    assert (result.status, result.error["ename"]) == (Status.ERROR, "SessionError"), result
+    assert wait_for(lambda: not py.alive, 10)

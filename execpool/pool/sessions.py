@@ -196,7 +196,7 @@ class Session:
         """Interrupt the running cell, as its timeout would; False if none runs."""
         with self._lock:
             cell = self._running
-        return cell is not None and self._cancel(cell.future)
+        return cell is not None and cell.fork is None and self._cancel(cell.future)
 
     def fork(self, *, cwd: Optional[Union[str, os.PathLike]] = None) -> "Session":
         """A new session holding a copy of this one's state -- its
@@ -216,7 +216,7 @@ class Session:
             raise SessionForkError(FORK_IN_SANDBOX)
         directory = self.cwd if cwd is None else _directory(cwd)
         child = Session(self._pool, self.language,
-                        replace(self._start, job_id=self._pool._next_id(), cwd=directory), directory)
+                        replace(self._start, job_id=self._pool._next_id(), cwd=directory, warm=False), directory)
         made: "Future[Session]" = Future()
         self._enqueue(_Cell("", None, made, None, Printed(), fork=child))
         try:

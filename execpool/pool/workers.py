@@ -193,7 +193,9 @@ class Workers:
             self.running_jobs += 1
             self._on_job()
             worker.started += 1
-            if worker.started >= self.config.max_jobs_per_worker:
+            # A session's fork goes to its parent's worker, retiring or not:
+            # that worker is replaced once, not once per fork.
+            if worker.started >= self.config.max_jobs_per_worker and not worker.retiring:
                 worker.retiring = True
                 self.all.append(self._spawn())
         return worker

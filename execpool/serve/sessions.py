@@ -34,7 +34,7 @@ from ..shared.errors import ExecPoolError, SessionClosedError, SessionForkError
 from ..shared.kernel.dirs import remove_tree
 from ..shared.result import Status
 from .admission import ClientGone, Reason, Rejected
-from .jobs import ServiceJobs, until_done_or_gone
+from .jobs import ServiceJobs, disconnected, until_done_or_gone
 from .slots import Held, SlotStream, off_loop, server_sent
 
 logger = logging.getLogger("execpool")
@@ -84,7 +84,7 @@ class ServiceSessions:
             with self._lock:
                 self._opening -= 1
 
-    async def fork(self, ident: str) -> Session:
+    async def fork(self, ident: str, request: Request) -> Session:
         """A copy of session ``ident`` in a directory of its own (a copy of
         its parent's), counted as any session; CannotFork with why."""
         parent = self.get(ident)
@@ -92,17 +92,24 @@ class ServiceSessions:
         try:
             directory = self.jobs.new_directory()
             forking = asyncio.ensure_future(asyncio.to_thread(parent.session.fork, cwd=directory))
+            gone = asyncio.ensure_future(disconnected(request))
             try:
-                child = await asyncio.shield(forking)
+                await asyncio.wait({forking, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not forking.done():
+                    raise ClientGone()
+                child = forking.result()
             except BaseException as exc:
-                # A client gone mid-fork leaves a copy nobody can name: closed once made.
-                forking.add_done_callback(_close_copy)
-                await asyncio.shield(asyncio.to_thread(remove_tree, directory))
+                # A copy nobody will name (its client went mid-fork) is closed
+                # once made, and its directory goes after whatever filled it.
+                forking.add_done_callback(
+                    lambda done: asyncio.ensure_future(asyncio.to_thread(_discard_copy, done, directory)))
                 if isinstance(exc, SessionClosedError):
                     raise NoSuchSession(ident) from None
                 if isinstance(exc, SessionForkError):
                     raise CannotFork(str(exc)) from None
                 raise
+            finally:
+                gone.cancel()
             self._register(child, directory)
             return child
         finally:
@@ -121,7 +128,7 @@ class ServiceSessions:
         with self._lock:
             self._open[session.id] = _Open(session, directory)
         loop = asyncio.get_running_loop()
-        session.add_done_callback(lambda ended: loop.call_soon_threadsafe(self._ended, ended))
+        session.add_done_callback(lambda ended: _on_loop(loop, self._ended, ended))
 
     async def _open_one(self, values: Dict[str, Any], language: str) -> Session:
         directory = self.jobs.new_directory()
@@ -232,9 +239,19 @@ class ServiceSessions:
                 future.cancel()
 
 
-def _close_copy(forking: "asyncio.Future[Session]") -> None:
+def _on_loop(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None:
+    """``callback(*args)`` on the service's loop -- unless it is closed: a
+    session that ends as the service stops has nobody to tell."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        pass
+
+
+def _discard_copy(forking: "asyncio.Future[Session]", directory: str) -> None:
     if not forking.cancelled() and forking.exception() is None:
-        forking.result().close(0)
+        forking.result().close()
+    remove_tree(directory)
 
 
 def _json(body: bytes) -> Any:
@@ -264,7 +281,7 @@ class SessionRoutes:
         return JSONResponse(_described(session), status_code=201)
 
     async def fork(self, request: Request) -> Response:
-        child = await self.sessions.fork(request.path_params["ident"])
+        child = await self.sessions.fork(request.path_params["ident"], request)
         return JSONResponse(_described(child), status_code=201)
 
     async def listed(self, request: Request) -> Response:

@@ -60,7 +60,7 @@ from .capture import Stream
 from .job import Ending, Phase, RunningJob
 from .jobdirs import JobDirs, unlink
 from .launch import Launcher
-from .sessions.link import INTERRUPT_GRACE_S, STARTED, WORKER_REPLY_BYTES, ProtocolError, SessionLink
+from .sessions.link import INTERRUPT_GRACE_S, STARTED, WORKER_REPLY_BYTES, ProtocolError, SessionLink, fork_answer
 from .spawn import give_back_memory, keep_own_peak_resettable, output_pipes
 from .timers import Kind, Timers
 from .tree import Tree
@@ -338,8 +338,7 @@ class Worker:
                 link.begin_fork(json.dumps(spec).encode("utf-8"), [sock_fd, out_w, err_w, *join_fds], printed)
         except ProtocolError as exc:
             self._fail_start(child, exc)
-            parent.error = f"{exc}; it was killed"
-            self._end(parent, Ending.LIMIT)
+            self._broke_protocol(parent, exc)
             return
         except Exception as exc:  # noqa: BLE001 - the copy's start failed: its Result says why
             self._fail_start(child, exc)
@@ -358,14 +357,8 @@ class Worker:
         assert parent.link is not None and parent.link.forking is not None
         child_id, readers = parent.link.forking
         child = self.jobs.get(child_id)
-        try:
-            said = json.loads(answer)
-        except ValueError:
-            said = None
-        pid = said.get("pid") if isinstance(said, dict) else None
-        why = said.get("error") if isinstance(said, dict) and isinstance(said.get("error"), str) else (
-            "the session answered its fork with garbage")
-        if child is None or type(pid) is not int or pid <= 0 or not self.tree.is_copy(pid, child):
+        pid, why = fork_answer(answer)
+        if child is None or pid is None or not self.tree.is_copy(pid, child):
             for fd in readers:
                 os.close(fd)
             if pid is not None:
@@ -374,9 +367,8 @@ class Worker:
                 self._fail_start(child, OSError(why))
             return json.dumps({"error": why}).encode("utf-8")
         self._running(child, pid, readers)
-        self._watch_session(child)
-        if child.start.idle_timeout is not None:
-            self.timers.add(time.monotonic() + child.start.idle_timeout, Kind.IDLE, child_id)
+        self._session_begins(child)
+        self._count_processes(child)
         return json.dumps({"pid": pid}).encode("utf-8")
 
     def _abandon_fork(self, parent: RunningJob) -> None:
@@ -391,6 +383,11 @@ class Worker:
         child = self.jobs.get(child_id)
         if child is not None:
             self._fail_start(child, OSError("the session ended while it forked"))
+
+    def _session_begins(self, job: RunningJob) -> None:
+        self._watch_session(job)
+        if job.start.idle_timeout is not None:
+            self.timers.add(time.monotonic() + job.start.idle_timeout, Kind.IDLE, job.start.job_id)
 
     def _watch_session(self, job: RunningJob) -> None:
         assert job.link is not None
@@ -416,8 +413,7 @@ class Worker:
             link.send_pending()
             said, closed = link.read()
         except ProtocolError as exc:
-            job.error = f"{exc}; it was killed"
-            self._end(job, Ending.LIMIT)
+            self._broke_protocol(job, exc)
             return
         except OSError:
             said, closed = [], True
@@ -434,12 +430,19 @@ class Worker:
             link.done()
             if job.start.idle_timeout is not None:
                 self.timers.add(link.idle_since + job.start.idle_timeout, Kind.IDLE, job.start.job_id)
+        if link.violation is not None:
+            self._broke_protocol(job, link.violation)
+            return
         if closed:
             self._unwatch_session(job)  # the runtime is going: its job ends when it is reaped
         else:
             self._watch_session(job)
         if SessionLink.buffered > WORKER_REPLY_BYTES:
             self._shed_replies()
+
+    def _broke_protocol(self, job: RunningJob, exc: ProtocolError) -> None:
+        job.error = f"{exc}; it was killed"
+        self._end(job, Ending.LIMIT)
 
     def _shed_replies(self) -> None:
         """The sessions' unfinished replies are over the worker's budget:
@@ -527,13 +530,15 @@ class Worker:
         if start.timeout is not None:
             self.timers.add(job.started + start.timeout, Kind.TIMEOUT, start.job_id)
         if job.link is not None:
-            self._watch_session(job)
-            if start.idle_timeout is not None:
-                self.timers.add(job.started + start.idle_timeout, Kind.IDLE, start.job_id)
-        if start.limits.processes is not None and job.group is None:
-            self.timers.add(time.monotonic(), Kind.COUNT, start.job_id)
+            self._session_begins(job)
+        self._count_processes(job)
         if start.warm:
             self.warm.serve()
+
+    def _count_processes(self, job: RunningJob) -> None:
+        """A process cap no cgroup holds is the worker's to count."""
+        if job.start.limits.processes is not None and job.group is None:
+            self.timers.add(time.monotonic(), Kind.COUNT, job.start.job_id)
 
     def _new_job(self, start: channel.Start) -> RunningJob:
         # The job sees its marker, and ids count up: without a part no job
@@ -662,6 +667,8 @@ class Worker:
         self.tree.kill_all({job.pid for job in self.jobs.values() if job.pid is not None}, self.token,
                            spare=[self.dirs.remover] if self.dirs.remover else [])
         for job in list(self.jobs.values()):
+            if job.start.job_id not in self.jobs:
+                continue  # a copy whose fork its parent's end abandoned
             if job.ending is None and not job.swept:
                 # execpool's doing, not the program's: INFRA, worth running again.
                 job.ending = Ending.SHUTDOWN

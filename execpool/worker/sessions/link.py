@@ -31,6 +31,7 @@ bytes a turn, as any tool's output does.
 from __future__ import annotations
 
 import array
+import json
 import socket
 import time
 from typing import List, Optional, Tuple
@@ -51,6 +52,20 @@ READ_BUDGET = 4 * _READ_SIZE
 
 #: What the runtime said: its cell started, or its reply.
 STARTED, REPLY = "started", "reply"
+
+
+def fork_answer(answer: bytes) -> Tuple[Optional[int], str]:
+    """The pid a runtime says its copy has (unchecked: the session's code
+    could have written it), else None and why there is none."""
+    try:
+        said = json.loads(answer)
+    except ValueError:
+        said = None
+    if not isinstance(said, dict):
+        return None, "the session answered its fork with garbage"
+    pid, why = said.get("pid"), said.get("error")
+    return (pid if type(pid) is int and pid > 0 else None), (
+        why if isinstance(why, str) else "the session answered its fork with garbage")
 
 
 class ProtocolError(ValueError):
@@ -85,6 +100,8 @@ class SessionLink:
         self.deadline: Optional[float] = None
         self.idle_since = time.monotonic()
         self.printed_before = 0
+        #: A frame out of turn that came after frames to pass on first.
+        self.violation: Optional[ProtocolError] = None
         #: While a fork is the turn: the copy's job and its output pipes'
         #: read ends, until the copy runs it.
         self.forking: Optional[Tuple[int, List[int]]] = None
@@ -134,8 +151,20 @@ class SessionLink:
     def read(self) -> Tuple[List[Tuple[str, bytes]], bool]:
         """What the runtime said, in order -- (STARTED, b"") and (REPLY,
         the reply without its number) -- from at most READ_BUDGET bytes, and
-        whether its end is closed; ProtocolError for anything else."""
+        whether its end is closed; ProtocolError for anything else. What
+        came whole before a violation is said first: the violation then
+        waits in ``violation`` (a forged reply and the real one after it
+        can arrive in one read, and the forged one is the cell's answer)."""
         said: List[Tuple[str, bytes]] = []
+        try:
+            return self._read(said)
+        except ProtocolError as exc:
+            if not said:
+                raise
+            self.violation = exc
+            return said, False
+
+    def _read(self, said: List[Tuple[str, bytes]]) -> Tuple[List[Tuple[str, bytes]], bool]:
         closed = False
         taken = 0
         while taken < READ_BUDGET:
