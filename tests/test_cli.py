@@ -65,6 +65,13 @@ def test_bad_arguments_get_a_one_line_error(args):
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("execpool: error:")
 
 
+@pytest.mark.parametrize("args, help_command", [(["frobnicate"], "execpool --help"),
+                                                 (["run", "--timeout", "abc", "--shell", "true"], "execpool run --help")])
+def test_a_usage_error_names_the_help_of_the_command_it_is_about(args, help_command):
+    """An unknown command said ``(see 'execpool execpool --help')``."""
+    assert execpool(*args).stderr.rstrip().endswith(f"(see '{help_command}')")
+
+
 def test_serve_without_its_extra_says_what_to_install():
     """The core install has no service stack; ``execpool serve`` then says
     how to get it (starlette hidden here, as a core install lacks it)."""

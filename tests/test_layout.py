@@ -28,8 +28,9 @@ ALLOWED = {
     "formats": {"shared"},
     "agent": {"pool", "shared"},
     "ray": {"pool", "shared"},
-    "serve": {"pool", "formats", "shared"},
-    "cli": {"pool", "formats", "shared", "ray", "serve"},
+    "serve": {"pool", "formats", "shared", "mcp"},
+    "mcp": {"pool", "agent", "shared"},
+    "cli": {"pool", "formats", "shared", "ray", "serve", "mcp"},
 }
 
 #: The top of the package: the public face and nothing else -- the

@@ -22,12 +22,14 @@ killed an earlier run -- are in ``execpool/formats/records.py`` and ``_Batch``.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import sys
 from typing import Any, Callable, NoReturn, Optional, Sequence, Tuple
 
 from ..formats.request import BadField, timeout_flag
+from ..mcp import settings as mcp_settings
 from ..serve import settings
 from ..shared import checks
 from ..shared.output import BATCH_RECORD_CHARS
@@ -37,7 +39,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """One line, not argparse's usage block: scripts and humans both read it."""
         message = re.sub(r"^argument (\S+): \1 ", r"\1 ", message)  # a rule's message names its flag already
-        self.exit(2, f"execpool: error: {message} (see 'execpool {self.prog.split()[-1]} --help')\n")
+        self.exit(2, f"execpool: error: {message} (see '{self.prog} --help')\n")
 
 
 def _flag(flag: str, convert: Callable[[str], Any], rule: Callable[..., Any], **bounds: Any) -> Callable[[str], Any]:
@@ -157,6 +159,9 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve the pool over HTTP (execpool's API and SandboxFusion's "
                                               "/run_code)")
     _serve_arguments(serve)
+    mcp = commands.add_parser("mcp", help="serve the code tools to an MCP client over stdio (Claude Desktop, IDEs, "
+                                          "agent frameworks)")
+    _mcp_arguments(mcp)
     return parser
 
 
@@ -224,6 +229,45 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "start where the kernel lacks it, unless given off")
 
 
+def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
+    """``execpool mcp``'s options; the server itself (execpool/mcp: the MCP
+    SDK, the ``mcp`` extra) is imported only when it runs."""
+    parser.add_argument("--workers", type=_count("--workers"), default=None,
+                        help="pool workers (default: the number of CPUs)")
+    parser.add_argument("--sandbox", choices=("strict", "off"), default="strict",
+                        help="the kernel-enforced sandbox every call runs in (default strict: a call writes only the "
+                             "connection's directory and reads the system's software; see the README); the server "
+                             "does not start where the kernel lacks it, unless given off")
+    parser.add_argument("--stateless", dest="stateful", action="store_false",
+                        help="run each python call in a fresh interpreter, as the tool layer's python tool does "
+                             "(default: one interpreter per connection keeps variables between calls; reset starts "
+                             "it over)")
+    parser.add_argument("--timeout", type=_seconds("--timeout"), default=mcp_settings.DEFAULT_TIMEOUT_S,
+                        help="seconds a call may run when it does not say "
+                             f"(default {mcp_settings.DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--max-timeout", type=_seconds("--max-timeout"), default=mcp_settings.DEFAULT_MAX_TIMEOUT_S,
+                        help=f"most seconds a call may ask (default {mcp_settings.DEFAULT_MAX_TIMEOUT_S:g})")
+    parser.add_argument("--idle-timeout", type=_seconds("--idle-timeout"),
+                        default=mcp_settings.DEFAULT_IDLE_TIMEOUT_S,
+                        help="seconds the connection's Python interpreter may go without a call before it ends, its "
+                             f"variables with it (default {mcp_settings.DEFAULT_IDLE_TIMEOUT_S:g})")
+    parser.add_argument("--python", type=_interpreter, metavar="PATH", default=None, help=_PYTHON_HELP)
+    parser.add_argument("--preload", type=_modules("--preload"), metavar="MODULES", default=(),
+                        help="comma-separated modules the warm templates import (the interpreter starts with them)")
+    limits = parser.add_argument_group("limits of every call (the pool's; default: the library's)")
+    for flag, what in (("--memory-mb", "memory of a call's whole tree, in MiB (a cgroup)"),
+                       ("--processes", "processes and threads a call may have at once (a cgroup)"),
+                       ("--address-space-mb", "address space of each process, in MiB"),
+                       ("--cpu-seconds", "CPU seconds of each process"),
+                       ("--file-size-mb", "largest file a call may write, in MiB"),
+                       ("--open-files", "descriptors each process may have open")):
+        limits.add_argument(flag, type=_count(flag), default=None, metavar="N", help=what)
+
+
+#: Commands whose process is a folder of its own with its stack in an extra
+#: (its ``command.main``), by the settings that name the extra.
+_EXTRAS = {"serve": settings, "mcp": mcp_settings}
+
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
@@ -231,15 +275,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .batch import batch
 
         return batch(args)
-    if args.command == "serve":
+    extra = _EXTRAS.get(args.command)
+    if extra is not None:
         try:
-            from ..serve.command import main as serve
+            command = importlib.import_module(f"..{args.command}.command", __package__)
         except ImportError as exc:
-            if not settings.stack_missing(exc):
+            if not extra.stack_missing(exc):
                 raise
-            print(f"execpool serve: {settings.INSTALL_HINT} ({exc})", file=sys.stderr)
+            print(f"execpool {args.command}: {extra.INSTALL_HINT} ({exc})", file=sys.stderr)
             return 2
-        return serve(args)
+        return command.main(args)
     from .run import run
 
     return run(args)

@@ -40,10 +40,11 @@ What it guarantees, with the options of ``execpool serve``:
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import os
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+from typing import Any, AsyncIterator, Callable, Dict, Mapping, Optional, Sequence
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -51,6 +52,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..formats.request import BadField, Defaults
+from ..mcp import settings as mcp_settings
 from ..pool.supervisor import ExecPool
 from .admission import Admission, ClientGone, Reason, Rejected
 from .jobs import ServiceJobs, Settings
@@ -135,6 +137,7 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
     async def gone(request: Request, exc: Exception) -> Response:
         return Response(status_code=499)  # nobody reads it: the client left while waiting or sending
 
+    mcp = _mcp_endpoint(jobs, defaults, max_sessions, session_idle_timeout)
     app = Starlette(routes=[
         Route("/", routes.page), Route("/favicon.ico", routes.no_icon),
         Route("/healthz", routes.healthz), Route("/readyz", routes.readyz), Route("/metrics", routes.metrics),
@@ -149,12 +152,49 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
         Route("/v1/sessions/{ident}/stream", sessions.stream, methods=["POST"]),
         Route("/v1/sessions/{ident}/fork", sessions.fork, methods=["POST"]),
         Route("/run_jupyter", sessions.run_jupyter, methods=["POST"]),
+        Route("/mcp", mcp if mcp is not None else _no_mcp),
     ], exception_handlers={BadField: bad_request, TooLarge: too_large, TooSlow: too_slow, Rejected: busy,
                            ClientGone: gone, ClientDisconnect: gone, NoSuchSession: no_session,
-                           CannotFork: cannot_fork})
+                           CannotFork: cannot_fork},
+       lifespan=None if mcp is None else lambda app: mcp.running())
     app.state.jobs = jobs
+    app.state.mcp = mcp
     app.add_middleware(_Guard, metrics=metrics, token=token, allowed_hosts=allowed_hosts)
     return app
+
+
+def _mcp_endpoint(jobs: ServiceJobs, defaults: Defaults, max_sessions: int, idle_timeout: float) -> Any:
+    """The MCP server at ``/mcp`` (execpool/mcp/http.py), its calls in the
+    service's slots and its sessions as many as ``--max-sessions``; None
+    without the ``mcp`` extra."""
+    try:
+        from ..mcp.http import Endpoint
+        from ..mcp.server import Busy
+    except ImportError as exc:
+        if not mcp_settings.stack_missing(exc):
+            raise
+        return None
+
+    @contextlib.asynccontextmanager
+    async def slot(arrived: Optional[float]) -> AsyncIterator[None]:
+        try:
+            waited = await jobs.admission.acquire(since=arrived)
+        except Rejected as exc:
+            jobs.metrics.rejected.labels(exc.reason).inc()
+            raise Busy(f"Execution error: execpool is busy ({exc.reason}); retry in {exc.retry_after} s.") from None
+        jobs.metrics.queue_wait.observe(waited)
+        try:
+            yield
+        finally:
+            jobs.admission.release()
+
+    return Endpoint(jobs.pool, timeout=defaults.timeout or DEFAULT_TIMEOUT_S,
+                    max_timeout=defaults.max_timeout or DEFAULT_MAX_TIMEOUT_S, idle_timeout=idle_timeout,
+                    max_sessions=max_sessions, gate=slot)
+
+
+async def _no_mcp(request: Request) -> Response:
+    return JSONResponse({"detail": mcp_settings.INSTALL_HINT}, status_code=501)
 
 
 def _refused(metrics: ServiceMetrics, reason: Reason, status: int, detail: str,

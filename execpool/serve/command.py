@@ -39,11 +39,12 @@ import signal
 import socket
 import struct
 import sys
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import uvicorn
 import uvloop
 from prometheus_client import Counter
+from starlette.applications import Starlette
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ..formats.request import Defaults
@@ -53,6 +54,9 @@ from .admission import Reason
 from .app import LOOPBACK_NAMES, create_app
 from .jobs import ServiceJobs
 from .settings import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from ..mcp.http import Endpoint
 
 logger = logging.getLogger("execpool")
 
@@ -115,7 +119,7 @@ def main(args: argparse.Namespace) -> int:
             config = uvicorn.Config(app, http=_InTime, log_level="warning", lifespan="off",
                                     timeout_graceful_shutdown=args.grace + ANSWER_CANCELLED_S)
             # uvloop: the event loop's own share of each request's CPU.
-            uvloop.run(_serve(_Server(config), sockets, app.state.jobs, args.grace))
+            uvloop.run(_serve(_Server(config), sockets, app, args.grace))
     finally:
         for sock in sockets:
             sock.close()
@@ -291,20 +295,31 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-async def _serve(server: uvicorn.Server, sockets: List[socket.socket], jobs: ServiceJobs, grace: float) -> None:
+async def _serve(server: uvicorn.Server, sockets: List[socket.socket], app: Starlette, grace: float) -> None:
     """Serve until told to stop; then the grace, then cancel what runs. The
-    pool's messages are read on this loop meanwhile (``pool.on_loop``)."""
+    pool's messages are read on this loop meanwhile (``pool.on_loop``), and
+    the app's lifespan (the MCP endpoint's sessions) runs around it all."""
+    jobs: ServiceJobs = app.state.jobs
     with jobs.pool.on_loop():
-        task = asyncio.ensure_future(server.serve(sockets=sockets))
-        while not server.started and not task.done():
-            await asyncio.sleep(0.01)
-        if server.started:
-            host, port = sockets[0].getsockname()[:2]
-            shown = f"[{host}]" if ":" in host else host
-            print(f"execpool serve: ready at http://{shown}:{port}", flush=True)
-        while not server.should_exit and not task.done():
-            await asyncio.sleep(0.05)  # uvicorn itself looks at should_exit every 0.1 s
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(task), grace)
-        jobs.stop_jobs()
-        await task
+        async with app.router.lifespan_context(app):
+            await _until_stopped(server, sockets, jobs, app.state.mcp, grace)
+
+
+async def _until_stopped(server: uvicorn.Server, sockets: List[socket.socket], jobs: ServiceJobs,
+                         mcp: Optional[Endpoint], grace: float) -> None:
+    task = asyncio.ensure_future(server.serve(sockets=sockets))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if server.started:
+        host, port = sockets[0].getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        print(f"execpool serve: ready at http://{shown}:{port}", flush=True)
+    while not server.should_exit and not task.done():
+        await asyncio.sleep(0.05)  # uvicorn itself looks at should_exit every 0.1 s
+    deadline = asyncio.get_running_loop().time() + grace
+    if mcp is not None:
+        await mcp.close(grace)  # its calls get the grace; then its open streams end, as clients leaving
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - asyncio.get_running_loop().time()))
+    jobs.stop_jobs()
+    await task

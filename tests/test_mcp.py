@@ -1,0 +1,395 @@
+"""``execpool mcp`` and ``/mcp``: the code tools as an MCP server, driven by
+the official SDK's own client -- over stdio to a real ``execpool mcp``
+process, and over Streamable HTTP to a real ``execpool serve``."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import shlex
+import signal
+import subprocess
+import sys
+from typing import Any, AsyncIterator, Callable, List, Union
+
+import anyio
+import httpx
+import httpx2
+import psutil
+import pytest
+from hostile import SETSID_DAEMON
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from test_serve import DEADLINE_S, REPO, Server
+
+from execpool.tools import MAX_OUTPUT_CHARS
+from helpers import all_dead, pids_in, remember
+
+TOKEN = "mcp-test-token"
+
+#: A call that announces the pids of its tree (one a setsid daemon), then
+#: waits to be cancelled; and the same as a bash command.
+DAEMON_THEN_WAIT = SETSID_DAEMON + "print('PIDS', os.getpid(), flush=True)\ntime.sleep(100)\n"
+BASH_DAEMON_THEN_WAIT = f"python3 -c {shlex.quote(DAEMON_THEN_WAIT)}"
+
+
+def run(main: Callable[[], Any]) -> Any:
+    """An async test body, with a deadline: a hang is a failure, not a stall."""
+    async def bounded() -> Any:
+        with anyio.fail_after(DEADLINE_S * 2):
+            return await main()
+    return anyio.run(bounded)
+
+
+@contextlib.asynccontextmanager
+async def stdio(*args: str, env: dict | None = None) -> AsyncIterator[ClientSession]:
+    """A real ``execpool mcp`` on the other end of the SDK's stdio client."""
+    params = StdioServerParameters(command=sys.executable, args=["-m", "execpool", "mcp", "--workers", "2", *args],
+                                   cwd=REPO, env=env)
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+@contextlib.asynccontextmanager
+async def http(server: Server, token: str = TOKEN) -> AsyncIterator[ClientSession]:
+    client = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=DEADLINE_S)
+    async with client, streamable_http_client(server.url + "/mcp", http_client=client) as streams:
+        async with ClientSession(streams[0], streams[1]) as session:
+            await session.initialize()
+            yield session
+
+
+def text(result: Any) -> str:
+    return result.content[0].text
+
+
+class Printed:
+    """A call's progress notifications, and a way to wait until what they
+    say so far is enough. The SDK's client runs each progress callback as a
+    task of its own, so they may run out of order, and after the call's
+    result: the server's ``progress`` (the characters sent so far) orders
+    the messages again."""
+
+    def __init__(self) -> None:
+        self.received: List[tuple] = []
+        self._changed = anyio.Event()
+
+    async def __call__(self, progress: float, total: Any, message: Any) -> None:
+        self.received.append((progress, message))
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    @property
+    def text(self) -> str:
+        return "".join(message for _, message in sorted(self.received))
+
+    async def until(self, ready: Union[str, Callable[[str], bool]]) -> None:
+        while not (ready in self.text if isinstance(ready, str) else ready(self.text)):
+            await self._changed.wait()
+
+    async def pids(self, count: int) -> list:
+        await self.until(lambda printed: len(pids_in(printed)) >= count)
+        return pids_in(self.text)
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server("--workers", "2", "--max-in-flight", "8", env={"EXECPOOL_TOKEN": TOKEN})
+    yield s
+    assert s.stop() == 0
+
+
+# -- stdio ------------------------------------------------------------------------------------
+
+
+def test_stdio_lists_the_tools_with_their_schemas_and_runs_each(tmp_path):
+    async def main() -> None:
+        async with stdio() as s:
+            tools = {tool.name: tool for tool in (await s.list_tools()).tools}
+            assert set(tools) == {"python", "bash", "run_code", "reset"}
+            assert tools["python"].input_schema["required"] == ["code"]
+            assert tools["bash"].input_schema["required"] == ["command"]
+            assert tools["run_code"].input_schema["required"] == ["language", "code"]
+            assert "c" in tools["run_code"].input_schema["properties"]["language"]["enum"]
+            assert "relative paths" in tools["bash"].description and "/mnt/data" in tools["python"].description
+            assert text(await s.call_tool("python", {"code": "x = 'héllo ✓ 🐍'\nprint(x)\nlen(x)"})) == "héllo ✓ 🐍\n9"
+            bash = await s.call_tool("bash", {"command": "echo ünï > f.txt; cat f.txt; exit 3"})
+            assert text(bash) == "Exit code 3:\nünï\n" and bash.is_error
+            c = await s.call_tool("run_code", {"language": "c", "code": '#include <stdio.h>\nint main(){puts("c!");}'})
+            assert text(c) == "c!\n" and not c.is_error
+            assert text(await s.call_tool("python", {"code": "open('f.txt').read()"})) == "'ünï\\n'"
+    run(main)
+
+
+def test_bad_calls_are_tool_errors_and_the_server_stays_up():
+    async def main() -> None:
+        async with stdio() as s:
+            for name, arguments, says in [
+                ("nope", {}, "Unknown tool 'nope'"),
+                ("python", {}, "'code' must be a string, got nothing"),
+                ("python", {"code": 3}, "'code' must be a string, got int"),
+                ("python", {"code": "1", "extra": 1}, "unexpected 'extra'"),
+                ("python", {"code": "   "}, "No code provided."),
+                ("bash", {"command": ""}, "No command provided."),
+                ("bash", {"command": "true", "timeout": -1}, "'timeout' must be a positive number"),
+                ("bash", {"command": "true", "timeout": 1e9}, "'timeout' may be at most"),
+                ("run_code", {"language": "cobol", "code": "x"}, "unknown language 'cobol'"),
+                ("reset", {"x": 1}, "it takes none"),
+            ]:
+                result = await s.call_tool(name, arguments)
+                assert result.is_error and says in text(result), (name, arguments, text(result))
+            crash = await s.call_tool("python", {"code": "import os\nos.kill(os.getpid(), 9)"})
+            assert crash.is_error
+            assert text(await s.call_tool("bash", {"command": "echo still here"})) == "still here\n"
+    run(main)
+
+
+def test_a_timeout_and_a_big_output_read_as_the_tool_layer_writes_them():
+    async def main() -> None:
+        async with stdio() as s:
+            for tool, field, code in [("python", "code", "while True: pass"), ("bash", "command", "sleep 30")]:
+                result = await s.call_tool(tool, {field: code, "timeout": 0.5})
+                assert text(result) == "Execution timed out after 0.5 seconds." and result.is_error
+            big = text(await s.call_tool("bash", {"command": "python3 -c \"print('é' * 5_000_000)\""}))
+            assert big.startswith("é" * 1000) and "5000001 chars total" in big and "truncated" in big
+            assert len(big) < MAX_OUTPUT_CHARS + 400
+            cell = text(await s.call_tool("python", {"code": "print('é' * 5_000_000)"}))
+            assert cell.startswith("é" * 1000) and "truncated" in cell and len(cell) < MAX_OUTPUT_CHARS + 400
+    run(main)
+
+
+def test_python_keeps_its_state_across_calls_until_reset_and_shows_images():
+    async def main() -> None:
+        async with stdio() as s:
+            await s.call_tool("python", {"code": "import math\nx = 41"})
+            assert text(await s.call_tool("python", {"code": "x + 1"})) == "42"
+            figure = await s.call_tool("python", {"code": "import matplotlib\nmatplotlib.use('Agg')\n"
+                                                          "import matplotlib.pyplot as plt\n_ = plt.plot([1, 3, 2])"})
+            assert [block.type for block in figure.content] == ["text", "image"]
+            assert figure.content[1].mime_type == "image/png" and figure.content[1].data.startswith("iVBOR")
+            assert not (await s.call_tool("reset", {})).is_error
+            gone = await s.call_tool("python", {"code": "x"})
+            assert gone.is_error and "NameError" in text(gone)
+    run(main)
+
+
+def test_live_output_arrives_in_order_as_progress_and_the_result_is_the_same_without_it(tmp_path):
+    code = ("import os, time\nfor i in range(3):\n    print('line', i, flush=True)\n"
+            "while not os.path.exists('gate'):\n    time.sleep(0.01)\nprint('done')")
+
+    async def main() -> None:
+        async with stdio(env={"EXECPOOL_SANDBOX_ROOT": str(tmp_path)}) as s:
+            for tool, field, shaped in [("python", "code", lambda c: c),
+                                        ("bash", "command", lambda c: f"python3 -c {shlex.quote(c)}")]:
+                printed = Printed()
+                results: list = []
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_call_into, results, s, tool, {field: shaped(code)}, printed)
+                    await printed.until("line 2\n")  # live: the call still waits for the gate
+                    assert not results
+                    (workdir,) = tmp_path.glob("mcp-*")
+                    (workdir / "gate").touch()
+                (result,) = results
+                assert text(result) == "line 0\nline 1\nline 2\ndone\n"
+                await printed.until(lambda streamed: streamed == text(result))
+                sent = [progress for progress, _ in sorted(printed.received)]
+                assert sent == list(itertools.accumulate(len(message) for _, message in sorted(printed.received)))
+                assert text(await s.call_tool(tool, {field: shaped(code)})) == text(result)  # the gate is open
+                (workdir / "gate").unlink()
+    run(main)
+
+
+async def _call_into(results: list, session: ClientSession, tool: str, arguments: dict, printed: Printed) -> None:
+    results.append(await session.call_tool(tool, arguments, progress_callback=printed))
+
+
+def test_a_cancel_kills_the_calls_whole_tree_at_once(doomed):
+    async def main() -> None:
+        async with stdio("--stateless") as s:
+            for tool, field, source in [("python", "code", DAEMON_THEN_WAIT),
+                                        ("bash", "command", BASH_DAEMON_THEN_WAIT)]:
+                printed = Printed()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(lambda: s.call_tool(tool, {field: source}, progress_callback=printed))
+                    pids = await printed.pids(2)
+                    remember(doomed, pids)
+                    tg.cancel_scope.cancel()  # the SDK sends notifications/cancelled
+                assert await anyio.to_thread.run_sync(all_dead, pids, 5.0), (tool, pids)
+            assert text(await s.call_tool("bash", {"command": "echo next"})) == "next\n"
+    run(main)
+
+
+def test_a_cancelled_python_cell_is_interrupted_and_the_state_kept():
+    async def main() -> None:
+        async with stdio() as s:
+            await s.call_tool("python", {"code": "kept = 7"})
+            printed = Printed()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: s.call_tool("python", {"code": "import time\nprint('in', flush=True)\n"
+                                                                      "time.sleep(100)"}, progress_callback=printed))
+                await printed.until("in\n")
+                tg.cancel_scope.cancel()
+            assert text(await s.call_tool("python", {"code": "kept"})) == "7"
+    run(main)
+
+
+def test_a_client_that_goes_away_takes_everything_with_it(doomed):
+    """Its stdin closed with calls running: the server cancels them, ends
+    the interpreter (and what it started) and exits."""
+    pids: list = []
+
+    async def call(session: ClientSession, tool: str, arguments: dict, printed: Printed) -> None:
+        with contextlib.suppress(Exception):  # the connection closes under it
+            await session.call_tool(tool, arguments, progress_callback=printed)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            async with stdio() as s:
+                pids.append(_mcp_server_process().pid)
+                first, second = Printed(), Printed()
+                await s.call_tool("python", {"code": "import subprocess\nsleeper = subprocess.Popen(['sleep', '100'])\n"
+                                                     "print('PIDS', sleeper.pid)"}, progress_callback=first)
+                tg.start_soon(call, s, "bash", {"command": BASH_DAEMON_THEN_WAIT}, second)
+                pids.extend(await first.pids(1) + await second.pids(2))
+                remember(doomed, pids)
+
+    run(main)
+    assert all_dead(pids, 5.0), pids
+
+
+def test_nothing_outlives_a_sigkilled_server(doomed):
+    async def main() -> list:
+        async with stdio() as s:
+            printed = Printed()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: s.call_tool("bash", {"command": BASH_DAEMON_THEN_WAIT},
+                                                  progress_callback=printed))
+                pids = await printed.pids(2)
+                server = _mcp_server_process()
+                pids += [server.pid] + [child.pid for child in server.children(recursive=True)]
+                remember(doomed, pids)
+                server.send_signal(signal.SIGKILL)
+                tg.cancel_scope.cancel()
+            return pids
+
+    assert all_dead(run(main), 10.0)
+
+
+def test_fifty_concurrent_calls_from_one_client():
+    async def main() -> None:
+        async with stdio() as s:
+            results: dict = {}
+
+            async def one(i: int) -> None:
+                tool, field = ("bash", "command") if i % 2 else ("python", "code")
+                source = f"echo {i}" if i % 2 else f"print({i})"
+                results[i] = text(await s.call_tool(tool, {field: source}))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(50):
+                    tg.start_soon(one, i)
+            assert results == {i: f"{i}\n" for i in range(50)}
+    run(main)
+
+
+def test_mcp_without_its_extra_says_what_to_install():
+    code = ("import sys\nsys.modules['mcp'] = None\nfrom execpool.cli.main import main\n"
+            "sys.exit(main(['mcp']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'execpool[mcp]'" in done.stderr and "Traceback" not in done.stderr
+
+
+def _mcp_server_process() -> psutil.Process:
+    """This test's ``execpool mcp`` process (the SDK's client started it)."""
+    (found,) = [child for child in psutil.Process().children()
+                if child.cmdline()[1:4] == ["-m", "execpool", "mcp"]]
+    return found
+
+
+# -- Streamable HTTP in execpool serve --------------------------------------------------------
+
+
+def test_http_runs_the_tools_with_state_per_session_and_many_clients(server):
+    async def main() -> None:
+        async with http(server) as a, http(server) as b:
+            assert {tool.name for tool in (await a.list_tools()).tools} == {"python", "bash", "run_code", "reset"}
+            await a.call_tool("python", {"code": "who = 'a'"})
+            await b.call_tool("python", {"code": "who = 'b'"})
+            assert text(await a.call_tool("python", {"code": "who"})) == "'a'"
+            printed = Printed()
+            result = await b.call_tool("bash", {"command": "echo ✓; exit 2"}, progress_callback=printed)
+            assert text(result) == "Exit code 2:\n✓\n" and result.is_error
+            await printed.until("✓\n")
+            assert (await a.call_tool("nope", {})).is_error
+            results: dict = {}
+
+            async def one(session: ClientSession, i: int) -> None:
+                results[i] = text(await session.call_tool("bash", {"command": f"echo {i}"}))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(50):
+                    tg.start_soon(one, (a, b)[i % 2], i)
+            assert results == {i: f"{i}\n" for i in range(50)}
+    run(main)
+
+
+def test_http_mcp_is_behind_the_services_token_host_and_origin_rules(server):
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    headers = {"Accept": "application/json, text/event-stream"}
+    with httpx.Client(base_url=server.url, timeout=DEADLINE_S) as client:
+        assert client.post("/mcp", json=body, headers=headers).status_code == 401
+        auth = {**headers, "Authorization": f"Bearer {TOKEN}"}
+        assert client.post("/mcp", json=body, headers={**auth, "Origin": "http://evil.example"}).status_code == 403
+        assert client.post("/mcp", json=body, headers={**auth, "Host": "evil.example"}).status_code == 421
+        assert client.post("/mcp", json=body, headers=auth).status_code == 200
+
+
+def test_http_a_dropped_stream_kills_its_call(server, doomed):
+    """The SDK's client never drops a call's stream by itself, so this one
+    speaks the wire: initialize, then a call whose stream it drops."""
+    base = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {TOKEN}",
+            "MCP-Protocol-Version": "2025-11-25"}
+    with httpx.Client(base_url=server.url, timeout=DEADLINE_S) as client:
+        opened = client.post("/mcp", headers=base, json={
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+        headers = {**base, "Mcp-Session-Id": opened.headers["mcp-session-id"]}
+        client.post("/mcp", headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "bash", "arguments": {"command": BASH_DAEMON_THEN_WAIT},
+                           "_meta": {"progressToken": "t"}}}
+        seen = ""
+        with client.stream("POST", "/mcp", headers=headers, json=call) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data:"):
+                    seen += json.loads(line[5:]).get("params", {}).get("message", "")
+                if len(pids_in(seen)) >= 2:
+                    break
+        pids = pids_in(seen)
+        remember(doomed, pids)
+        assert all_dead(pids, 5.0), pids
+        client.delete("/mcp", headers=headers)
+
+
+def test_http_a_call_takes_a_slot_and_a_full_service_says_busy():
+    busy = Server("--workers", "1", "--max-in-flight", "1", "--max-queue", "1", "--queue-timeout", "0.3",
+                  env={"EXECPOOL_TOKEN": TOKEN})
+    try:
+        async def main() -> None:
+            async with http(busy) as s:
+                printed = Printed()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(lambda: s.call_tool("bash", {"command": "echo holding; sleep 100"},
+                                                      progress_callback=printed))
+                    await printed.until("holding")
+                    refused = await s.call_tool("bash", {"command": "echo never"})
+                    assert refused.is_error and "execpool is busy (queue_timeout)" in text(refused)
+                    tg.cancel_scope.cancel()
+                assert text(await s.call_tool("bash", {"command": "echo after"})) == "after\n"
+        run(main)
+    finally:
+        assert busy.stop() == 0
