@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
+import secrets
 import shlex
 import signal
 import subprocess
@@ -18,13 +20,13 @@ import httpx
 import httpx2
 import psutil
 import pytest
+from helpers import all_dead, pids_in, remember
 from hostile import SETSID_DAEMON
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from test_serve import DEADLINE_S, REPO, Server
 
 from execpool.tools import MAX_OUTPUT_CHARS
-from helpers import all_dead, pids_in, remember
 
 TOKEN = "mcp-test-token"
 
@@ -393,3 +395,42 @@ def test_http_a_call_takes_a_slot_and_a_full_service_says_busy():
         run(main)
     finally:
         assert busy.stop() == 0
+
+
+def _sessionless_call(server, code: str, session_id: str) -> dict:
+    """A tools/call of the sessionless protocol revision (2026-07-28): no
+    handshake, and a ``Mcp-Session-Id`` header the client made up."""
+    version = "2026-07-28"
+    headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {TOKEN}",
+               "mcp-protocol-version": version, "mcp-method": "tools/call", "mcp-name": "python",
+               "mcp-session-id": session_id}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "python", "arguments": {"code": code},
+                       "_meta": {"io.modelcontextprotocol/protocolVersion": version,
+                                 "io.modelcontextprotocol/clientCapabilities": {}}}}
+    answer = httpx.post(server.url + "/mcp", json=body, headers=headers, timeout=DEADLINE_S)
+    assert answer.status_code == 200, answer.text
+    lines = [line[5:] for line in answer.text.splitlines() if line.startswith("data:")]
+    messages = [json.loads(line) for line in lines] if lines else [answer.json()]
+    (result,) = [message["result"] for message in messages if "result" in message]
+    return result
+
+
+def test_http_a_made_up_session_id_keeps_no_interpreter(server):
+    """An id the server never gave out names no lasting workspace: each such
+    call gets a fresh interpreter, closed after it (made-up ids once kept an
+    interpreter each, past --max-sessions, until their idle timeout)."""
+    made_up = "made-up-" + secrets.token_hex(8)
+    assert _sessionless_call(server, "kept = 1", made_up)["isError"] is False
+    second = _sessionless_call(server, "kept", made_up)
+    assert second["isError"] is True and "NameError" in second["content"][0]["text"]
+
+
+def test_http_workspaces_live_in_the_pool_s_own_directory(server):
+    """Not in the server's home (which its user may not write, and which a
+    SIGKILLed server would leave holding its clients' files)."""
+    async def main() -> str:
+        async with http(server) as session:
+            return text(await session.call_tool("bash", {"command": "pwd"})).strip()
+    where = run(main)
+    assert not where.startswith(os.path.expanduser("~")) and "execpool" in where, where

@@ -20,13 +20,26 @@ to, since a call it cannot deliver is one nobody is waiting for.)
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-from typing import Any, AsyncContextManager, AsyncIterator, Callable, Dict, MutableMapping, Optional, Set, Tuple
+from typing import (
+    Any,
+    AsyncContextManager,
+    AsyncIterator,
+    Callable,
+    Dict,
+    Mapping,
+    MutableMapping,
+    Optional,
+    Set,
+    Tuple,
+)
 
 import anyio
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.responses import JSONResponse
 
+from ..agent.tools import SANDBOX_ROOT_ENV
 from ..pool.supervisor import ExecPool
 from ..shared.result import CANCELLED_TEXT
 from .calls import Outcome, Runner, Workspace
@@ -61,12 +74,20 @@ class Endpoint:
         self.pool = pool
         self.idle_timeout = idle_timeout
         self.gate = gate
+        # The clients' directories live under the pool's own, which goes with
+        # the pool even when the process is SIGKILLed, and which the pool's
+        # user can write wherever its home is (unless the caller chose a root).
+        os.environ.setdefault(SANDBOX_ROOT_ENV, pool.scratch_dir())
         server = create_server(Runner(pool, stateful=stateful), Catalog(stateful, timeout, max_timeout),
                                self._workspace, self._guard)
         # The service's guard checks Origin and Host before this app is reached.
         self.manager = StreamableHTTPSessionManager(app=server, session_idle_timeout=idle_timeout,
                                                     max_sessions=max_sessions)
         self._spaces: Dict[str, Workspace] = {}
+        # The session ids the SDK gave out (at each handshake), and when: a
+        # request may name only one of these for a workspace that lasts --
+        # a client on the sessionless protocol can put any id in the header.
+        self._given: Dict[str, float] = {}
         self._exchanges: Set[anyio.Event] = set()
         self._calls = 0
         self._quiet = anyio.Event()
@@ -85,6 +106,9 @@ class Endpoint:
         async def sent(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status.append(message["status"])
+                given = _header(message, SESSION_HEADER)
+                if given is not None and message["status"] < 300:
+                    self._given.setdefault(given, time.monotonic())
             await send(message)
 
         try:
@@ -119,7 +143,7 @@ class Endpoint:
 
     async def _workspace(self, ctx: Context) -> Tuple[Workspace, bool]:
         ident = _header(ctx.request.scope, SESSION_HEADER) if ctx.request is not None else None
-        if ident is None:
+        if ident is None or ident not in self._given:
             return Workspace(self.pool, self.idle_timeout), True
         space = self._spaces.get(ident)
         if space is None:
@@ -158,8 +182,13 @@ class Endpoint:
             for ident, space in list(self._spaces.items()):
                 if not space.running and now - space.last_used > self.idle_timeout:
                     await self._end(ident)
+            for ident, since in list(self._given.items()):
+                if ident not in self._spaces and now - since > self.idle_timeout:
+                    del self._given[ident]  # a session that never called a tool, gone by now
 
     async def _end(self, ident: Optional[str]) -> None:
+        if ident is not None:
+            self._given.pop(ident, None)
         space = self._spaces.pop(ident, None) if ident is not None else None
         if space is not None:
             await space.aclose()
@@ -189,6 +218,6 @@ def _until(receive: Callable, leave: anyio.Event) -> Callable:
     return wrapped
 
 
-def _header(scope: Dict[str, Any], name: str) -> Optional[str]:
+def _header(scope: Mapping[str, Any], name: str) -> Optional[str]:
     wanted = name.encode("latin-1")
     return next((value.decode("latin-1") for key, value in scope.get("headers", ()) if key.lower() == wanted), None)
