@@ -434,3 +434,21 @@ def test_http_workspaces_live_in_the_pool_s_own_directory(server):
             return text(await session.call_tool("bash", {"command": "pwd"})).strip()
     where = run(main)
     assert not where.startswith(os.path.expanduser("~")) and "execpool" in where, where
+
+
+def test_the_call_after_a_cancelled_cell_that_ignored_it_runs_in_a_new_interpreter():
+    """A cell that ignores its interrupt is killed with its interpreter; the
+    next call, sent at once, waited behind it and once failed with that
+    interpreter's end. It runs in a fresh one instead, and says so."""
+    async def main() -> None:
+        async with stdio() as s:
+            printed = Printed()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: s.call_tool("python", {
+                    "code": "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                            "print('in', flush=True)\ntime.sleep(100)"}, progress_callback=printed))
+                await printed.until("in\n")
+                tg.cancel_scope.cancel()
+            after = await s.call_tool("python", {"code": "1 + 1"})
+            assert not after.is_error and text(after).startswith("2"), text(after)
+    run(main)

@@ -167,13 +167,17 @@ class Runner:
             if isinstance(event, JobOutput) and forward is not None:
                 forward(event.text)
 
-        session, restarted = space.python()
-        try:
-            future = session.submit(call.source, timeout=call.timeout, on_event=on_event)
-        except SessionClosedError:  # it ended between the look and the cell: once more, in a new one
+        for last in (False, True):
             session, restarted = space.python()
-            future = session.submit(call.source, timeout=call.timeout, on_event=on_event)
-        result = await _settled(future)
+            try:
+                result = await _settled(session.submit(call.source, timeout=call.timeout, on_event=on_event))
+                break
+            except SessionClosedError:
+                # The interpreter ended before this cell ran -- between the
+                # look and the cell, or while the cell waited behind one that
+                # was killed for ignoring its interrupt: once more, in a new one.
+                if last:
+                    raise
         text = truncate(result.text, MAX_OUTPUT_CHARS)
         hint = missing_path_hint(result.text, session.cwd)
         for note in (hint, RESTARTED_NOTE if restarted else ""):
@@ -191,7 +195,6 @@ class Runner:
             lambda event: forward(event.text) if isinstance(event, JobOutput) else None)
         result = await _settled(self.pool.submit(job, on_event=on_event))
         return Outcome(result.text, is_error=result.status is not Status.OK)
-
 
     def _sandbox(self) -> Optional[str]:
         """A program's sandbox, by the tool layer's rule for its own tools:
