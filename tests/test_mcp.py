@@ -223,17 +223,18 @@ def test_a_cancel_kills_the_calls_whole_tree_at_once(doomed):
     run(main)
 
 
-def test_a_cancelled_python_cell_is_interrupted_and_the_state_kept():
+def test_a_cancelled_python_cell_dies_with_its_tree_and_the_state_is_kept(doomed):
     async def main() -> None:
         async with stdio() as s:
             await s.call_tool("python", {"code": "kept = 7"})
             printed = Printed()
             async with anyio.create_task_group() as tg:
-                tg.start_soon(lambda: s.call_tool("python", {"code": "import time\nprint('in', flush=True)\n"
-                                                                      "time.sleep(100)"}, progress_callback=printed))
-                await printed.until("in\n")
+                tg.start_soon(lambda: s.call_tool("python", {"code": DAEMON_THEN_WAIT}, progress_callback=printed))
+                daemon, interpreter = await printed.pids(2)
+                remember(doomed, [daemon])
                 tg.cancel_scope.cancel()
-            assert text(await s.call_tool("python", {"code": "kept"})) == "7"
+            assert await anyio.to_thread.run_sync(all_dead, [daemon], 5.0)
+            assert text(await s.call_tool("python", {"code": "import os\nkept, os.getpid()"})) == f"(7, {interpreter})"
     run(main)
 
 
@@ -277,6 +278,37 @@ def test_nothing_outlives_a_sigkilled_server(doomed):
             return pids
 
     assert all_dead(run(main), 10.0)
+
+
+def test_a_client_that_closes_the_server_s_stdout_has_gone_too(doomed):
+    """Its stdin left open: the first message the server cannot send ends
+    it as a closed stdin does -- its calls killed, exit 0 -- not a broken
+    pipe's traceback."""
+    server = subprocess.Popen([sys.executable, "-m", "execpool", "mcp", "--workers", "1", "--stateless"], cwd=REPO,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        def send(message: dict) -> None:
+            server.stdin.write((json.dumps({"jsonrpc": "2.0", **message}) + "\n").encode())
+            server.stdin.flush()
+
+        send({"id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                                          "clientInfo": {"name": "t", "version": "0"}}})
+        assert json.loads(server.stdout.readline())["id"] == 1
+        send({"method": "notifications/initialized"})
+        send({"id": 2, "method": "tools/call", "params": {
+            "name": "bash", "arguments": {"command": "echo PIDS $$; sleep 1; echo tick; sleep 300"},
+            "_meta": {"progressToken": "t"}}})
+        first = json.loads(server.stdout.readline())  # a progress notification: the call runs
+        assert first["method"] == "notifications/progress", first
+        pids = pids_in(first["params"]["message"])
+        remember(doomed, pids)
+        server.stdout.close()  # the tick's notification will find nobody
+        assert server.wait(DEADLINE_S) == 0
+        assert all_dead(pids, 5.0)
+        assert b"Traceback" not in server.stderr.read()
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_fifty_concurrent_calls_from_one_client():

@@ -187,6 +187,36 @@ def test_cancelling_a_running_cell_interrupts_it_and_a_queued_one_never_runs(poo
     py.close()
 
 
+@pytest.mark.parametrize("language", ["python", "bash"])
+def test_a_cancelled_cell_takes_what_it_started_and_spares_what_earlier_cells_did(pool, doomed, language):
+    """A cancel kills the call's tree as a job's does (SPEC §2), the
+    interpreter and what earlier cells left running excepted; a timeout
+    keeps what the cell started (the notebook's Stop is the cancel)."""
+    def start(code: str) -> str:
+        return f"import subprocess\nsubprocess.run({code!r}, shell=True)" if language == "python" else code
+
+    s = pool.session(language)
+    try:
+        earlier = s.run(start(DAEMON) + ("\nkept = 1" if language == "python" else "; KEPT=1"))
+        timed_out = s.run(start(DAEMON + "; sleep 60"), timeout=0.5)
+        assert timed_out.status is Status.TIMEOUT and timed_out.alive
+        kept = pids_in(earlier.stdout) + pids_in(timed_out.stdout)
+        remember(doomed, kept)
+        live = []
+        running = s.submit(start(DAEMON + "; sleep 300 & echo \"PIDS $!\"; sleep 60"), timeout=60,
+                           on_event=lambda event: live.append(event.text) if isinstance(event, JobOutput) else None)
+        assert wait_for(lambda: len(pids_in("".join(live))) == 2, 10)
+        doomed_now = pids_in("".join(live))
+        remember(doomed, doomed_now)
+        assert running.cancel() and running.result(10).status is Status.CANCELLED
+        assert all_dead(doomed_now, 5), doomed_now
+        assert not any(all_dead([pid], 0.2) for pid in kept), kept  # the negative control: a kill would reach them
+        assert s.run("kept" if language == "python" else "echo $KEPT").text.strip() == "1"
+    finally:
+        s.close()
+    assert all_dead(kept, 5)  # and the session's end takes them
+
+
 # -- bash ------------------------------------------------------------------------------------
 
 def test_bash_keeps_its_directory_exports_and_functions(sh):

@@ -8,7 +8,7 @@ never raises: a tool's own failure, a bad argument and an internal error are
 all text (SPEC §2, §4, §6).
 
 Result strings are rendered from the core ``Result`` in one place
-(``_render``): the pool keeps only the head the model will read (the job's
+(``tool_text``): the pool keeps only the head the model will read (the job's
 ``max_output_chars`` is this layer's limit), ``truncate`` adds the only
 truncation notice, and the missing-path hint is computed from the whole
 output -- the head plus the error lines the worker kept past it -- and
@@ -379,27 +379,61 @@ def _run_tool(tool_name: str, source: str, cancel_event: Optional[threading.Even
     try:
         if output_callback is not None and not callable(output_callback):
             raise TypeError(f"output_callback must be callable, not {type(output_callback).__name__}")
-        if pool is not None and not isinstance(pool, ExecPool):
-            raise TypeError(f"pool must be an execpool.ExecPool, not {type(pool).__name__}")
-        workdir = get_sandbox_workdir(session_id)
-        limit = MAX_OUTPUT_CHARS
         if pool is None:
             pool = _shared_pool()
-        job: Union[PythonJob, ShellJob]
-        sandbox = _sandbox(pool)
-        if tool_name == "python":
-            job = PythonJob(source, timeout=timeout, cwd=workdir, max_output_chars=limit,
-                            env={"PYTHONPATH": _python_path(pool)}, sandbox=sandbox)
-        else:
-            job = ShellJob(source, timeout=timeout, cwd=workdir, max_output_chars=limit, sandbox=sandbox)
+        job = tool_job(tool_name, source, pool, timeout=timeout, session_id=session_id)
         if output_callback is None:
             result = pool.run(job, cancel_event=cancel_event)
         else:
             result = _consume(pool.stream(job, tool_name=tool_name, cancel_event=cancel_event),
                               output_callback)
-        return _render(result, workdir, limit)
+        return tool_text(result, job)
     except Exception as exc:  # noqa: BLE001 - the model reads every failure as text
         return ERROR_PREFIX + _one_line(str(exc) or type(exc).__name__)
+
+
+def tool_job(tool_name: str, source: str, pool: ExecPool, *, timeout: Optional[float] = DEFAULT_TIMEOUT_S,
+             session_id: Optional[str] = None) -> Union[PythonJob, ShellJob]:
+    """The job :func:`python_exec` (``tool_name`` ``"python"``) or
+    :func:`bash_exec` (``"terminal"``) runs for a call: for a caller that
+    submits it itself -- an asyncio server awaiting the pool's future
+    rather than holding a thread per call -- and gives its Result to
+    :func:`tool_text`. Raises ValueError or TypeError for bad input."""
+    if not isinstance(pool, ExecPool):
+        raise TypeError(f"pool must be an execpool.ExecPool, not {type(pool).__name__}")
+    workdir = get_sandbox_workdir(session_id)
+    sandbox = _sandbox(pool)
+    if tool_name == "python":
+        return PythonJob(source, timeout=timeout, cwd=workdir, max_output_chars=MAX_OUTPUT_CHARS,
+                         env={"PYTHONPATH": _python_path(pool)}, sandbox=sandbox)
+    if tool_name == "terminal":
+        return ShellJob(source, timeout=timeout, cwd=workdir, max_output_chars=MAX_OUTPUT_CHARS, sandbox=sandbox)
+    raise ValueError(f"tool_name must be 'python' or 'terminal', not {tool_name!r}")
+
+
+def tool_text(result: Result, job: Union[PythonJob, ShellJob]) -> str:
+    """The model-facing string of a :func:`tool_job`'s Result (SPEC §2),
+    capped at ``MAX_OUTPUT_CHARS``, with the missing-path hint.
+
+    ``Result.text`` renders the status strings and exit codes; it is given
+    the already-truncated output as the whole output, so its own truncation
+    notice (for the pool's cap) never doubles ours.
+    """
+    if result.empty_message is not None or result.error is not None or result.cancelled or result.timed_out:
+        return result.text
+    shown = _truncate(result.output, result.output_chars, MAX_OUTPUT_CHARS)
+    text = dataclasses.replace(result, output=shown, output_chars=len(shown)).text
+    if result.truncated:
+        # The kept head may end inside the failing line; the worker kept that
+        # line whole, with every other line naming a missing file.
+        head = result.output[: result.output.rfind("\n") + 1]
+        scanned = head + "\n".join(result.error_lines)
+    else:
+        scanned = result.output
+    hint = missing_path_hint(scanned, str(job.cwd))
+    if not hint:
+        return text
+    return text + ("\n" if text.endswith("\n") else "\n\n") + hint
 
 
 def _sandbox(pool: ExecPool) -> Optional[Sandbox]:
@@ -441,30 +475,6 @@ def _consume(stream: Generator[dict, None, Result], output_callback: OutputCallb
                     callback = None
     finally:
         stream.close()
-
-
-def _render(result: Result, workdir: str, limit: int) -> str:
-    """The SPEC §2 string, with this layer's truncation and hint.
-
-    ``Result.text`` renders the status strings and exit codes; it is given
-    the already-truncated output as the whole output, so its own truncation
-    notice (for the pool's cap) never doubles ours.
-    """
-    if result.empty_message is not None or result.error is not None or result.cancelled or result.timed_out:
-        return result.text
-    shown = _truncate(result.output, result.output_chars, limit)
-    text = dataclasses.replace(result, output=shown, output_chars=len(shown)).text
-    if result.truncated:
-        # The kept head may end inside the failing line; the worker kept that
-        # line whole, with every other line naming a missing file.
-        head = result.output[: result.output.rfind("\n") + 1]
-        scanned = head + "\n".join(result.error_lines)
-    else:
-        scanned = result.output
-    hint = missing_path_hint(scanned, workdir)
-    if not hint:
-        return text
-    return text + ("\n" if text.endswith("\n") else "\n\n") + hint
 
 
 # --------------------------------------------------------------------------- dispatch

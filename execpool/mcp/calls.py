@@ -1,22 +1,23 @@
 """A checked call run on the pool for one client, and what the client owns.
 
 Runs in the MCP server's process, on its event loop (asyncio, under the
-SDK's anyio). Each call goes through the library's public face only: the
-tool layer (``execpool.tools``: its working directories, sandbox rule,
-``/mnt/data`` remap and model-facing strings) for bash and a stateless
-python, a session of the pool (``pool.session``, via the tool layer's
-``python_session``) for a stateful python, and ``pool.submit`` of a
-``CodeJob`` for run_code.
+SDK's anyio). Each call goes through the library's public face only, and
+holds no thread while it runs: the tool layer's job (``tool_job`` and
+``tool_text`` of ``execpool.tools``: its working directories, sandbox
+rule, ``/mnt/data`` remap and model-facing strings) for bash and a
+stateless python, a session of the pool (``pool.session``, via the tool
+layer's ``python_session``) for a stateful python, and a ``CodeJob`` for
+run_code -- each ``pool.submit``-ted and its future awaited.
 
 Cancellation is the event loop's: the SDK cancels a call's task when the
-client sends ``notifications/cancelled`` or goes away, and each kind of
-call turns that into the pool's own cancel at once -- the job's future
-cancelled (its whole tree killed, escaped daemons included), the tool
-layer's ``cancel_event`` set, or the running cell interrupted as a
-notebook's Stop does, its interpreter kept. What a connection started
-dies with it (``Workspace.aclose``); what the server started dies with
-the pool, which this process owns (its lifeline kills the rest if the
-process is SIGKILLed).
+client sends ``notifications/cancelled`` or goes away, and the awaited
+future is cancelled with it, which is the pool's own cancel, at once: a
+job's whole tree killed (escaped daemons included), or the running cell
+interrupted as a notebook's Stop does and what it started killed, its
+interpreter kept. What a connection started dies with it
+(``Workspace.aclose``); what the server started dies with the pool,
+which this process owns (its lifeline kills the rest if the process is
+SIGKILLed).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import functools
 import os
 import secrets
 import shutil
-import threading
 import time
 from concurrent.futures import Future
 from typing import Any, Callable, Optional, Tuple
@@ -38,25 +38,21 @@ import anyio.to_thread
 from ..agent.tools import (
     MAX_OUTPUT_CHARS,
     TOOL_SANDBOX_ENV,
-    bash_exec,
     get_sandbox_workdir,
     missing_path_hint,
-    python_exec,
     python_session,
+    tool_job,
+    tool_text,
     truncate,
 )
-from ..pool.future import JobOutput
+from ..pool.future import JobOutput, OutputCapped
 from ..pool.sessions import Session
 from ..pool.supervisor import ExecPool
 from ..shared.errors import SessionClosedError
 from ..shared.jobs import CodeJob
+from ..shared.output import STREAM_CAP_NOTICE
 from ..shared.result import CANCELLED_TEXT, ERROR_PREFIX, Status
-from .tools import BASH, PYTHON, RESET, RUN_CODE, Call
-
-#: Calls run on threads at once (bash, and python without state, block in
-#: the tool layer); more wait for one. A thread costs little while its call
-#: waits on the pool.
-TOOL_THREADS = 256
+from .tools import PYTHON, RESET, RUN_CODE, Call
 
 #: How the tool layer's strings begin when the call did not succeed (SPEC
 #: §2): they make the call an MCP tool error.
@@ -126,7 +122,6 @@ class Runner:
     def __init__(self, pool: ExecPool, *, stateful: bool) -> None:
         self.pool = pool
         self.stateful = stateful
-        self._threads = anyio.CapacityLimiter(TOOL_THREADS)
 
     async def run(self, call: Call, space: Workspace, on_output: Optional[OnOutput]) -> Outcome:
         space.running += 1
@@ -147,26 +142,19 @@ class Runner:
         return await self._tool_layer(call, space, on_output)
 
     async def _tool_layer(self, call: Call, space: Workspace, on_output: Optional[OnOutput]) -> Outcome:
-        run = python_exec if call.tool == PYTHON else bash_exec
-        assert call.tool in (PYTHON, BASH)
-        cancel = threading.Event()
-        invoke = functools.partial(run, call.source, cancel_event=cancel, timeout=call.timeout,
-                                   output_callback=_from_threads(on_output), session_id=space.session_id,
-                                   pool=self.pool)
+        """bash, and python without state: the tool layer's job, submitted
+        here and awaited on the loop (no thread held per call)."""
         try:
-            text = await anyio.to_thread.run_sync(invoke, abandon_on_cancel=True, limiter=self._threads)
-        except anyio.get_cancelled_exc_class():
-            cancel.set()  # the tool layer kills the tree and returns; nobody waits for its string
-            raise
+            job = tool_job("python" if call.tool == PYTHON else "terminal", call.source, self.pool,
+                           timeout=call.timeout, session_id=space.session_id)
+        except (TypeError, ValueError) as exc:
+            return Outcome(ERROR_PREFIX + " ".join(str(exc).splitlines()), is_error=True)
+        result = await _settled(self.pool.submit(job, on_event=_live(on_output)))
+        text = tool_text(result, job)
         return Outcome(text, is_error=text.startswith(FAILED_PREFIXES))
 
     async def _cell(self, call: Call, space: Workspace, on_output: Optional[OnOutput]) -> Outcome:
-        forward = _from_threads(on_output)
-
-        def on_event(event: object) -> None:
-            if isinstance(event, JobOutput) and forward is not None:
-                forward(event.text)
-
+        on_event = _live(on_output)
         for last in (False, True):
             session, restarted = space.python()
             try:
@@ -188,12 +176,9 @@ class Runner:
         return Outcome(text, images, result.status is not Status.OK)
 
     async def _program(self, call: Call, space: Workspace, on_output: Optional[OnOutput]) -> Outcome:
-        forward = _from_threads(on_output)
         job = CodeJob(call.language, call.source, timeout=call.timeout, cwd=space.workdir,
                       max_output_chars=MAX_OUTPUT_CHARS, sandbox=self._sandbox())
-        on_event = None if forward is None else (
-            lambda event: forward(event.text) if isinstance(event, JobOutput) else None)
-        result = await _settled(self.pool.submit(job, on_event=on_event))
+        result = await _settled(self.pool.submit(job, on_event=_live(on_output)))
         return Outcome(result.text, is_error=result.status is not Status.OK)
 
     def _sandbox(self) -> Optional[str]:
@@ -211,13 +196,17 @@ async def _settled(future: "Future[Any]") -> Any:
     return await asyncio.wrap_future(future)
 
 
-def _from_threads(on_output: Optional[OnOutput]) -> Optional[OnOutput]:
-    """``on_output`` callable from any thread (the pool's dispatcher, a
-    tool thread), run on the loop in the order called."""
+def _live(on_output: Optional[OnOutput]) -> Optional[Callable[[object], None]]:
+    """A pool ``on_event`` that hands a call's live output to ``on_output``
+    on the loop, in the order printed (the pool calls it from its
+    dispatcher), and the stream's notice once the live cap is hit."""
     if on_output is None:
         return None
     loop = asyncio.get_running_loop()
 
-    def forward(text: str) -> None:
-        loop.call_soon_threadsafe(on_output, text)
-    return forward
+    def on_event(event: object) -> None:
+        if isinstance(event, JobOutput):
+            loop.call_soon_threadsafe(on_output, event.text)
+        elif isinstance(event, OutputCapped):
+            loop.call_soon_threadsafe(on_output, STREAM_CAP_NOTICE)
+    return on_event

@@ -27,6 +27,7 @@ from ..shared.jobs import Limits
 from ..shared.kernel.sandbox import sandbox_support
 from .calls import Runner, Workspace
 from .server import Context, create_server
+from .stdio import loop_streams
 from .tools import Catalog
 
 MiB = 1 << 20
@@ -78,7 +79,7 @@ async def _serve(pool: ExecPool, args: argparse.Namespace) -> None:
         server = create_server(Runner(pool, stateful=args.stateful),
                                Catalog(args.stateful, args.timeout, args.max_timeout), workspace)
         try:
-            async with stdio_server() as (read, write):
+            async with loop_streams() as wire, stdio_server(*(wire or ())) as (read, write):
                 await server.run(read, write, server.create_initialization_options())
         finally:
             await space.aclose()

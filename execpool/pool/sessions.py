@@ -66,7 +66,8 @@ FORK_IN_SANDBOX = ("a session in a sandbox cannot be forked: a copy of its proce
 
 class CellFuture(Future):
     """A cell's future: its result is a CellResult. ``cancel()`` takes a
-    queued cell off the queue, or interrupts a running one -- which then
+    queued cell off the queue, or interrupts a running one and kills the
+    processes it started (as a job's cancel kills its tree) -- which then
     ends ``cancelled`` with the session alive, or, if it does not stop
     within the grace, with the session killed."""
 
@@ -193,7 +194,8 @@ class Session:
             raise
 
     def interrupt(self) -> bool:
-        """Interrupt the running cell, as its timeout would; False if none runs."""
+        """Cancel the running cell (``CellFuture.cancel``): interrupted, and
+        what it started killed; False if none runs."""
         with self._lock:
             cell = self._running
         return cell is not None and cell.fork is None and self._cancel(cell.future)

@@ -16,7 +16,10 @@ character split across reads of one pipe has nothing to do with the other.
 from __future__ import annotations
 
 import codecs
+import fcntl
 import io
+import struct
+import termios
 from collections import deque
 from typing import Literal
 
@@ -91,3 +94,12 @@ class Capture:
         else:
             joined = joined[joined.rfind("\n") + 1:]
         self.partial = joined[-MAX_ERROR_LINE_CHARS:]
+
+
+def waiting_bytes(fd: int) -> int:
+    """How many bytes a pipe holds now (0 once it is closed): what a cell
+    wrote before its reply is read up to there, no further."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0

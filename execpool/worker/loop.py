@@ -40,14 +40,11 @@ beyond it).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import secrets
 import selectors
 import signal
-import struct
-import termios
 import time
 from multiprocessing.connection import Connection
 from typing import Dict, List, Optional, Set
@@ -56,7 +53,7 @@ from ..shared import channel
 from ..shared.cells import FORK_TIMEOUT_S
 from ..shared.kernel import linux
 from ..shared.output import LiveBudget
-from .capture import Stream
+from .capture import Stream, waiting_bytes
 from .job import Ending, Phase, RunningJob
 from .jobdirs import JobDirs, unlink
 from .launch import Launcher
@@ -424,6 +421,8 @@ class Worker:
                 continue
             if link.forking is not None:
                 answer = self._forked(job, answer)
+            if link.cancelled:
+                self.tree.kill_cell(job, link.began)  # what it started in its last moments
             self._drain_output(job)
             printed = sum(capture.total for capture in job.captures) - link.printed_before
             self._send(channel.CellDone(job.start.job_id, answer, link.interrupted, printed))
@@ -465,10 +464,7 @@ class Worker:
         before the CellDone: as many bytes as each pipe holds at this
         moment, no more (a process the cell left may go on writing)."""
         for fd in list(job.pipes):
-            try:
-                waiting = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
-            except OSError:
-                continue
+            waiting = waiting_bytes(fd)
             while waiting > 0 and fd in job.pipes:
                 got = self._read_output(job, fd, min(READ_SIZE, waiting))
                 if not got:
@@ -488,6 +484,8 @@ class Worker:
         link.interrupted = True
         if link.started:
             self._signal_cell(job)
+        if link.cancelled:  # a call's cancel kills what it started, as a job's does; a timeout keeps it
+            self.tree.kill_cell(job, link.began)
         link.deadline = time.monotonic() + INTERRUPT_GRACE_S
         self.timers.add(link.deadline, Kind.CELL, job.start.job_id)
 

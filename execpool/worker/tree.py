@@ -18,7 +18,15 @@ import os
 from typing import Callable, Dict, Iterable, List, Optional, Set
 
 from ..shared.kernel.cgroups import JobGroup
-from ..shared.kernel.proctree import child_pids, count_tree, is_zombie, kill_tree, marker_of, stat_fields
+from ..shared.kernel.proctree import (
+    child_pids,
+    count_tree,
+    is_zombie,
+    kill_born_since,
+    kill_tree,
+    marker_of,
+    stat_fields,
+)
 from .job import RunningJob
 
 
@@ -95,6 +103,18 @@ class Tree:
                   scope=self.worker_pid, exclude=self.not_strays(), group=job.group, victims=victims,
                   spared=self._spare_made)
         victims.discard(job.pid)
+        job.victims |= victims
+        for pid in victims:
+            self.claimed[pid] = job
+
+    def kill_cell(self, job: RunningJob, since: int) -> None:
+        """A cancelled cell's processes: those of the session that began
+        since boot tick ``since`` (execpool/shared/kernel/proctree.py),
+        remembered as the session's like any its kill took."""
+        assert job.pid is not None
+        victims: set = set()
+        kill_born_since(job.pid, since, marker=job.marker, scope=self.worker_pid, exclude=self.not_strays(),
+                        spared=self._spare_made, victims=victims)
         job.victims |= victims
         for pid in victims:
             self.claimed[pid] = job

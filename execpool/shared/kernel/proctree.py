@@ -47,6 +47,9 @@ _MAX_SWEEPS = 8
 
 #: How long a sweep waits for its victims to die before looking again.
 _SWEEP_SETTLE_S = 0.2
+#: The unit of a start time in ``/proc/PID/stat`` (Linux only; 100 elsewhere
+#: so that importing this module works everywhere).
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def environ(pid: int) -> Optional[dict]:
@@ -256,6 +259,34 @@ def _marked(marker: str, scope: Optional[int], skip: set, pgids: frozenset,
         if marker_matches(marker_of(proc.pid), marker):
             found.append(proc)
     return found
+
+
+def boot_ticks() -> int:
+    """Now, in the unit and from the origin of a process's start time in
+    ``/proc/PID/stat`` (clock ticks since boot)."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * _TICKS_PER_S)
+
+
+def _born(pid: int) -> int:
+    """When ``pid`` began, in boot ticks; -1 once it is gone."""
+    fields = stat_fields(pid)
+    return int(fields[19]) if len(fields) > 19 else -1
+
+
+def kill_born_since(leader: int, since: int, *, marker: str, scope: int, exclude: Iterable[int] = (),
+                    spared: Optional[Callable[[int], bool]] = None, victims: Optional[set] = None) -> int:
+    """SIGKILL what a session's cell started: the children of ``leader``
+    (the session's interpreter or shell, spared) that began at or after
+    boot tick ``since``, the marked processes below ``scope`` (escaped
+    daemons) that did, and the subtrees of both; return how many were
+    signalled. What began before -- a server an earlier cell left running,
+    and the children it forks now -- is spared. A tick is 10 ms: a
+    process an earlier cell's leftovers start in the tick the cell began
+    in counts as the cell's."""
+    skip = {leader, *exclude}
+    roots = [pid for pid in child_pids(leader) if pid not in skip and _born(pid) >= since]
+    roots += [proc.pid for proc in _marked(marker, scope, skip, frozenset(), spared) if _born(proc.pid) >= since]
+    return _kill_all(_as_processes(pid for root in roots for pid in _subtree_pids(root)), victims)
 
 
 def count_tree(leader: Optional[int], marker: str, scope: int, exclude: Iterable[int] = (),

@@ -36,6 +36,8 @@ import socket
 import time
 from typing import List, Optional, Tuple
 
+from ...shared.kernel.proctree import boot_ticks
+
 #: A reply larger than this (a cell displaying tens of megabytes of
 #: images) ends the session: the worker holds a reply whole until its NUL.
 MAX_REPLY_BYTES = 32 << 20
@@ -97,6 +99,8 @@ class SessionLink:
         self.started = False  # the runtime said the cell runs: SIGINT reaches it
         self.interrupted = False
         self.cancelled = False
+        #: When the cell began, in boot ticks: what it started is what began since.
+        self.began = 0
         self.deadline: Optional[float] = None
         self.idle_since = time.monotonic()
         self.printed_before = 0
@@ -137,6 +141,7 @@ class SessionLink:
         self.printed_before = printed
         self.running = self._answering = True
         self.started = self.interrupted = self.cancelled = False
+        self.began = boot_ticks()
 
     def send_pending(self) -> None:
         """What of the cell the socket takes now; OSError once the runtime

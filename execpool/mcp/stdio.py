@@ -1,0 +1,104 @@
+"""The protocol's wire on this process's stdin and stdout, read and written
+on the event loop.
+
+Runs in ``execpool mcp``'s process. The SDK's own stdio transport wraps the
+standard streams as anyio files, which moves every line read and every
+write and flush to a worker thread: three thread hand-offs per call, most
+of the time a trivial call spends in this process. A client starts the
+server with pipes (or a socket) on both ends, which the event loop can
+watch directly; the SDK's transport still does the framing and parsing
+(its ``stdio_server`` takes the two streams given here), and serves where
+the loop cannot watch them (a regular file as stdin).
+
+While serving, fd 0 reads the null device and fd 1 writes to stderr, as the
+SDK arranges for its own streams, so that a stray print of this process or
+a child it starts with inherited descriptors cannot garble the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+from typing import AsyncIterator, Optional, Tuple
+
+#: Lines longer than this are read whole all the same (a 10 MB program in
+#: one call): only the reader's buffer limit, not a cap.
+_LINE_LIMIT = 1 << 30
+
+
+def _watchable(fd: int) -> bool:
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+class LineReader:
+    """The wire's lines, as the SDK iterates them (``async for``)."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+
+    def __aiter__(self) -> "LineReader":
+        return self
+
+    async def __anext__(self) -> str:
+        line = await self._reader.readline()
+        if not line:
+            raise StopAsyncIteration
+        return line.decode("utf-8", "replace")
+
+    def end(self) -> None:
+        """No more lines: the client can no longer hear the answers."""
+        self._reader.feed_eof()
+
+
+class LineWriter:
+    """The wire's other way: ``write`` then ``flush`` per message. A client
+    that closed its end (stdout) but not stdin has gone all the same: the
+    reading ends too, so the server winds down as when stdin closes, its
+    calls cancelled, instead of dying of a broken pipe."""
+
+    def __init__(self, writer: asyncio.StreamWriter, lines: LineReader) -> None:
+        self._writer = writer
+        self._lines = lines
+
+    async def write(self, text: str) -> None:
+        if not self._writer.is_closing():
+            self._writer.write(text.encode("utf-8"))
+
+    async def flush(self) -> None:
+        try:
+            await self._writer.drain()
+        except OSError:
+            self._writer.close()
+            self._lines.end()
+
+
+@contextlib.asynccontextmanager
+async def loop_streams() -> AsyncIterator[Optional[Tuple[LineReader, LineWriter]]]:
+    """The wire as loop-driven streams, fds 0 and 1 moved out of the way
+    for the rest of the process; None where the loop cannot watch them."""
+    if not (_watchable(0) and _watchable(1)):
+        yield None
+        return
+    loop = asyncio.get_running_loop()
+    wire_in, wire_out = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(2, 1)
+    reader = asyncio.StreamReader(limit=_LINE_LIMIT)
+    read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                                     os.fdopen(wire_in, "rb", buffering=0))
+    write_transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
+                                                              os.fdopen(wire_out, "wb", buffering=0))
+    lines = LineReader(reader)
+    try:
+        yield lines, LineWriter(asyncio.StreamWriter(write_transport, protocol, None, loop), lines)
+    finally:
+        read_transport.close()
+        write_transport.close()
