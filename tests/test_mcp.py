@@ -20,11 +20,12 @@ import httpx
 import httpx2
 import psutil
 import pytest
-from helpers import all_dead, pids_in, remember
+from helpers import all_dead, pids_in, remember, wait_for
 from hostile import SETSID_DAEMON
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from test_serve import DEADLINE_S, REPO, Server
+from test_serve_sessions import metric
 
 from execpool.tools import MAX_OUTPUT_CHARS
 
@@ -427,6 +428,38 @@ def test_http_a_call_takes_a_slot_and_a_full_service_says_busy():
         run(main)
     finally:
         assert busy.stop() == 0
+
+
+def test_http_interpreters_count_with_the_service_s_sessions_against_max_sessions():
+    """/mcp's interpreters and /v1/sessions share --max-sessions (each door
+    once had its own, so a client could open twice as many)."""
+    full = Server("--workers", "2", "--max-sessions", "2", env={"EXECPOOL_TOKEN": TOKEN})
+    full.client.headers["Authorization"] = f"Bearer {TOKEN}"
+    try:
+        opened = full.client.post("/v1/sessions", json={"language": "python"})
+        assert opened.status_code == 201, opened.text
+
+        async def main() -> None:
+            async with http(full) as first, http(full) as second:
+                assert text(await first.call_tool("python", {"code": "print('one')"})) == "one\n"
+                refused = await second.call_tool("python", {"code": "print('two')"})
+                assert refused.is_error and "execpool is busy (sessions_full)" in text(refused)
+                assert await anyio.to_thread.run_sync(
+                    lambda: full.client.post("/v1/sessions", json={"language": "python"}).status_code) == 503
+                assert text(await second.call_tool("bash", {"command": "echo stateless"})) == "stateless\n"
+                await first.call_tool("reset", {})
+                assert await anyio.to_thread.run_sync(
+                    wait_for, lambda: metric(full, "execpool_sessions_open") == 1, DEADLINE_S)
+                assert text(await second.call_tool("python", {"code": "print('two')"})) == "two\n"
+            # The clients gone, their interpreters went, and so did their places.
+            assert await anyio.to_thread.run_sync(
+                wait_for, lambda: metric(full, "execpool_sessions_open") == 1, DEADLINE_S)
+            again = await anyio.to_thread.run_sync(
+                lambda: full.client.post("/v1/sessions", json={"language": "python"}))
+            assert again.status_code == 201, again.text
+        run(main)
+    finally:
+        assert full.stop() == 0
 
 
 def _sessionless_call(server, code: str, session_id: str) -> dict:

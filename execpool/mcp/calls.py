@@ -66,6 +66,11 @@ RESTARTED_NOTE = ("[note] The interpreter of earlier calls had ended (idle too l
 #: Where live output goes: called on the event loop, in the order printed.
 OnOutput = Callable[[str], None]
 
+#: A place for one more interpreter where a server bounds them (``execpool
+#: serve``'s ``--max-sessions``): returns what gives it back, callable from
+#: any thread; raises ``execpool.mcp.server.Busy`` when there is none.
+Claim = Callable[[], Callable[[], None]]
+
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
@@ -81,11 +86,13 @@ class Workspace:
     """What one client's connection owns: a working directory -- the tool
     layer's, under a session id of its own, shared by every tool -- and,
     when python keeps state, its interpreter. ``aclose`` ends the
-    interpreter with its whole tree and removes the directory."""
+    interpreter with its whole tree and removes the directory. Each
+    interpreter holds a place of ``claim``'s while it lives."""
 
-    def __init__(self, pool: ExecPool, idle_timeout: float) -> None:
+    def __init__(self, pool: ExecPool, idle_timeout: float, claim: Optional[Claim] = None) -> None:
         self.pool = pool
         self.idle_timeout = idle_timeout
+        self._claim = claim
         self.session_id = "mcp-" + secrets.token_hex(8)
         self.workdir = get_sandbox_workdir(self.session_id)
         self._python: Optional[Session] = None
@@ -99,8 +106,17 @@ class Workspace:
         ended = self._python
         if ended is not None and ended.alive:
             return ended, False
-        self._python = python_session(self.session_id, self.pool, idle_timeout=self.idle_timeout)
-        return self._python, ended is not None
+        give_back = self._claim() if self._claim is not None else None
+        try:
+            session = python_session(self.session_id, self.pool, idle_timeout=self.idle_timeout)
+        except BaseException:
+            if give_back is not None:
+                give_back()
+            raise
+        if give_back is not None:
+            session.add_done_callback(lambda _: give_back())
+        self._python = session
+        return session, ended is not None
 
     async def reset(self) -> None:
         session, self._python = self._python, None

@@ -42,7 +42,7 @@ from starlette.responses import JSONResponse
 from ..agent.tools import SANDBOX_ROOT_ENV
 from ..pool.supervisor import ExecPool
 from ..shared.result import CANCELLED_TEXT
-from .calls import Outcome, Runner, Workspace
+from .calls import Claim, Outcome, Runner, Workspace
 from .server import Busy, Context, create_server
 from .settings import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_TIMEOUT_S, DEFAULT_TIMEOUT_S
 from .tools import Catalog
@@ -66,14 +66,16 @@ class Endpoint:
     """The ASGI app of ``/mcp`` on ``pool``. ``running()`` must be entered
     around serving it (the SDK's session manager lives there); ``close``
     ends it gracefully. ``max_sessions`` bounds the MCP sessions open at
-    once (each may hold an interpreter): past it, 503."""
+    once: past it, 503; ``claim`` bounds their interpreters, with other
+    sessions of the server's own."""
 
     def __init__(self, pool: ExecPool, *, stateful: bool = True, timeout: float = DEFAULT_TIMEOUT_S,
                  max_timeout: float = DEFAULT_MAX_TIMEOUT_S, idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S,
-                 max_sessions: Optional[int] = None, gate: Gate = no_gate) -> None:
+                 max_sessions: Optional[int] = None, gate: Gate = no_gate, claim: Optional[Claim] = None) -> None:
         self.pool = pool
         self.idle_timeout = idle_timeout
         self.gate = gate
+        self.claim = claim
         # The clients' directories live under the pool's own, which goes with
         # the pool even when the process is SIGKILLed, and which the pool's
         # user can write wherever its home is (unless the caller chose a root).
@@ -144,10 +146,10 @@ class Endpoint:
     async def _workspace(self, ctx: Context) -> Tuple[Workspace, bool]:
         ident = _header(ctx.request.scope, SESSION_HEADER) if ctx.request is not None else None
         if ident is None or ident not in self._given:
-            return Workspace(self.pool, self.idle_timeout), True
+            return Workspace(self.pool, self.idle_timeout, self.claim), True
         space = self._spaces.get(ident)
         if space is None:
-            space = self._spaces[ident] = Workspace(self.pool, self.idle_timeout)
+            space = self._spaces[ident] = Workspace(self.pool, self.idle_timeout, self.claim)
         return space, False
 
     async def _guard(self, ctx: Context, work: Callable[[], Any]) -> Outcome:

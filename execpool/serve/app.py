@@ -110,7 +110,8 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
     admission = Admission(max_in_flight or 2 * (os.cpu_count() or 2), max_queue, queue_timeout)
     jobs = ServiceJobs(pool, admission, Settings(defaults, heartbeat_s, min(max_body_bytes, DEFAULT_FETCH_MAX_BYTES)))
     routes = Routes(jobs, max_body_bytes=max_body_bytes, read_timeout=read_timeout)
-    sessions = SessionRoutes(ServiceSessions(jobs, max_sessions, session_idle_timeout), routes.body)
+    kept = ServiceSessions(jobs, max_sessions, session_idle_timeout)
+    sessions = SessionRoutes(kept, routes.body)
     metrics = jobs.metrics
 
     async def bad_request(request: Request, exc: Exception) -> Response:
@@ -137,7 +138,7 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
     async def gone(request: Request, exc: Exception) -> Response:
         return Response(status_code=499)  # nobody reads it: the client left while waiting or sending
 
-    mcp = _mcp_endpoint(jobs, defaults, max_sessions, session_idle_timeout)
+    mcp = _mcp_endpoint(jobs, defaults, kept)
     app = Starlette(routes=[
         Route("/", routes.page), Route("/favicon.ico", routes.no_icon),
         Route("/healthz", routes.healthz), Route("/readyz", routes.readyz), Route("/metrics", routes.metrics),
@@ -163,10 +164,10 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
     return app
 
 
-def _mcp_endpoint(jobs: ServiceJobs, defaults: Defaults, max_sessions: int, idle_timeout: float) -> Any:
+def _mcp_endpoint(jobs: ServiceJobs, defaults: Defaults, kept: ServiceSessions) -> Any:
     """The MCP server at ``/mcp`` (execpool/mcp/http.py), its calls in the
-    service's slots and its sessions as many as ``--max-sessions``; None
-    without the ``mcp`` extra."""
+    service's slots, its interpreters counted with the service's sessions
+    against ``--max-sessions``; None without the ``mcp`` extra."""
     try:
         from ..mcp.http import Endpoint
         from ..mcp.server import Busy
@@ -175,22 +176,31 @@ def _mcp_endpoint(jobs: ServiceJobs, defaults: Defaults, max_sessions: int, idle
             raise
         return None
 
+    def busy(exc: Rejected) -> Busy:
+        jobs.metrics.rejected.labels(exc.reason).inc()
+        return Busy(f"Execution error: execpool is busy ({exc.reason}); retry in {exc.retry_after} s.")
+
     @contextlib.asynccontextmanager
     async def slot(arrived: Optional[float]) -> AsyncIterator[None]:
         try:
             waited = await jobs.admission.acquire(since=arrived)
         except Rejected as exc:
-            jobs.metrics.rejected.labels(exc.reason).inc()
-            raise Busy(f"Execution error: execpool is busy ({exc.reason}); retry in {exc.retry_after} s.") from None
+            raise busy(exc) from None
         jobs.metrics.queue_wait.observe(waited)
         try:
             yield
         finally:
             jobs.admission.release()
 
+    def seat() -> Callable[[], None]:
+        try:
+            return kept.lend()
+        except Rejected as exc:
+            raise busy(exc) from None
+
     return Endpoint(jobs.pool, timeout=defaults.timeout or DEFAULT_TIMEOUT_S,
-                    max_timeout=defaults.max_timeout or DEFAULT_MAX_TIMEOUT_S, idle_timeout=idle_timeout,
-                    max_sessions=max_sessions, gate=slot)
+                    max_timeout=defaults.max_timeout or DEFAULT_MAX_TIMEOUT_S, idle_timeout=kept.idle_timeout,
+                    max_sessions=kept.max_sessions, gate=slot, claim=seat)
 
 
 async def _no_mcp(request: Request) -> Response:

@@ -7,8 +7,10 @@ pool's unguessable one, which is all a client has to name it -- with a
 directory of its own under the service's root (its files, removed when
 it ends). A cell takes a slot as a job does, so sessions share
 ``--max-in-flight`` with everything else; the number of sessions open is
-bounded apart (``--max-sessions``). A session that ends on its own (idle,
-killed) leaves the registry as it ends.
+bounded apart (``--max-sessions``), and the interpreters ``/mcp`` keeps
+for its clients count against the same bound (``lend``): else each door
+would let a client open as many again. A session that ends on its own
+(idle, killed) leaves the registry as it ends.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, AsyncIterator, Dict, List, Optional
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -64,10 +66,11 @@ class ServiceSessions:
         self.idle_timeout = idle_timeout
         self._open: Dict[str, _Open] = {}
         self._opening = 0  # sessions being made: they count against the cap already
+        self._lent = 0  # places held by /mcp's interpreters
         self._lock = threading.Lock()  # ends come on the pool's thread
         metrics = jobs.metrics
         self.cells = metrics.session_cells
-        metrics.sessions_open.set_function(lambda: len(self._open))
+        metrics.sessions_open.set_function(lambda: len(self._open) + self._lent)
 
     @property
     def defaults(self) -> Defaults:
@@ -120,9 +123,29 @@ class ServiceSessions:
         """A place among ``--max-sessions``, taken before any await: else
         concurrent requests would all find one free."""
         with self._lock:
-            if len(self._open) + self._opening >= self.max_sessions:
-                raise Rejected(Reason.SESSIONS_FULL, 5)
+            self._check_room()
             self._opening += 1
+
+    def lend(self) -> Callable[[], None]:
+        """A place among ``--max-sessions`` for a session kept elsewhere
+        (an ``/mcp`` client's interpreter); returns what gives it back,
+        from any thread, once. Rejected when there is none."""
+        with self._lock:
+            self._check_room()
+            self._lent += 1
+        held = True
+
+        def give_back() -> None:
+            nonlocal held
+            with self._lock:
+                if held:
+                    held = False
+                    self._lent -= 1
+        return give_back
+
+    def _check_room(self) -> None:
+        if len(self._open) + self._opening + self._lent >= self.max_sessions:
+            raise Rejected(Reason.SESSIONS_FULL, 5)
 
     def _register(self, session: Session, directory: str) -> None:
         with self._lock:
