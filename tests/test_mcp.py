@@ -25,6 +25,7 @@ from hostile import SETSID_DAEMON
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from test_serve import DEADLINE_S, REPO, Server
+from test_serve_hardening import _raw, _read_all
 from test_serve_sessions import metric
 
 from execpool.tools import MAX_OUTPUT_CHARS
@@ -460,6 +461,30 @@ def test_http_interpreters_count_with_the_service_s_sessions_against_max_session
         run(main)
     finally:
         assert full.stop() == 0
+
+
+def test_http_mcp_bodies_follow_the_service_s_size_and_time_limits():
+    """A 5 MB program is within --max-body-mb (the SDK's own 4 MiB bound
+    once answered it 413); a body over the limit is 413, and one that
+    trickles is 408 after --read-timeout (the SDK waited for it for ever)."""
+    s = Server("--workers", "1", "--max-body-mb", "8", "--read-timeout", "0.5", env={"EXECPOOL_TOKEN": TOKEN})
+    try:
+        size = 5 << 20
+
+        async def main() -> str:
+            async with http(s) as session:
+                return text(await session.call_tool("python", {"code": f"x = '{'a' * size}'\nprint(len(x))"}))
+        assert run(main) == f"{size}\n"
+        headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json",
+                   "Accept": "application/json, text/event-stream"}
+        big = httpx.post(s.url + "/mcp", content=b" " * (9 << 20), headers=headers, timeout=DEADLINE_S)
+        assert big.status_code == 413 and "8 MiB" in big.text, big.text
+        with _raw(s, f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"jsonrpc".encode()) as trickle:
+            answer = _read_all(trickle)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    finally:
+        assert s.stop() == 0
 
 
 def _sessionless_call(server, code: str, session_id: str) -> dict:

@@ -44,7 +44,7 @@ from ..pool.supervisor import ExecPool
 from ..shared.result import CANCELLED_TEXT
 from .calls import Claim, Outcome, Runner, Workspace
 from .server import Busy, Context, create_server
-from .settings import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_TIMEOUT_S, DEFAULT_TIMEOUT_S
+from .settings import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_TIMEOUT_S, DEFAULT_TIMEOUT_S
 from .tools import Catalog
 
 #: The ASGI scope key of an exchange's end (an ``anyio.Event``), for the call it carries.
@@ -67,11 +67,13 @@ class Endpoint:
     around serving it (the SDK's session manager lives there); ``close``
     ends it gracefully. ``max_sessions`` bounds the MCP sessions open at
     once: past it, 503; ``claim`` bounds their interpreters, with other
-    sessions of the server's own."""
+    sessions of the server's own. A body over ``max_body_bytes`` is
+    answered 413."""
 
     def __init__(self, pool: ExecPool, *, stateful: bool = True, timeout: float = DEFAULT_TIMEOUT_S,
                  max_timeout: float = DEFAULT_MAX_TIMEOUT_S, idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S,
-                 max_sessions: Optional[int] = None, gate: Gate = no_gate, claim: Optional[Claim] = None) -> None:
+                 max_sessions: Optional[int] = None, gate: Gate = no_gate, claim: Optional[Claim] = None,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.pool = pool
         self.idle_timeout = idle_timeout
         self.gate = gate
@@ -84,7 +86,7 @@ class Endpoint:
                                self._workspace, self._guard)
         # The service's guard checks Origin and Host before this app is reached.
         self.manager = StreamableHTTPSessionManager(app=server, session_idle_timeout=idle_timeout,
-                                                    max_sessions=max_sessions)
+                                                    max_sessions=max_sessions, max_request_body_size=max_body_bytes)
         self._spaces: Dict[str, Workspace] = {}
         # The session ids the SDK gave out (at each handshake), and when: a
         # request may name only one of these for a workspace that lasts --

@@ -18,6 +18,10 @@ DEFAULT_MAX_TIMEOUT_S = 3600.0
 #: HTTP, also how long an MCP session may go without a request in flight.
 DEFAULT_IDLE_TIMEOUT_S = 3600.0
 
+#: The largest request body ``/mcp`` reads where its server does not say
+#: (the SDK's own bound; ``execpool serve`` gives its ``--max-body-mb``).
+DEFAULT_MAX_BODY_BYTES = 4 << 20
+
 #: Seconds a call may wait for the tree it cancelled to be gone before the
 #: server stops waiting (the kill itself is the pool's, and at once).
 CANCEL_WAIT_S = 5.0

@@ -138,7 +138,7 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
     async def gone(request: Request, exc: Exception) -> Response:
         return Response(status_code=499)  # nobody reads it: the client left while waiting or sending
 
-    mcp = _mcp_endpoint(jobs, defaults, kept)
+    mcp = _mcp_endpoint(jobs, defaults, kept, max_body_bytes)
     app = Starlette(routes=[
         Route("/", routes.page), Route("/favicon.ico", routes.no_icon),
         Route("/healthz", routes.healthz), Route("/readyz", routes.readyz), Route("/metrics", routes.metrics),
@@ -153,7 +153,7 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
         Route("/v1/sessions/{ident}/stream", sessions.stream, methods=["POST"]),
         Route("/v1/sessions/{ident}/fork", sessions.fork, methods=["POST"]),
         Route("/run_jupyter", sessions.run_jupyter, methods=["POST"]),
-        Route("/mcp", mcp if mcp is not None else _no_mcp),
+        Route("/mcp", _Bodied(mcp, routes) if mcp is not None else _no_mcp),
     ], exception_handlers={BadField: bad_request, TooLarge: too_large, TooSlow: too_slow, Rejected: busy,
                            ClientGone: gone, ClientDisconnect: gone, NoSuchSession: no_session,
                            CannotFork: cannot_fork},
@@ -164,7 +164,7 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
     return app
 
 
-def _mcp_endpoint(jobs: ServiceJobs, defaults: Defaults, kept: ServiceSessions) -> Any:
+def _mcp_endpoint(jobs: ServiceJobs, defaults: Defaults, kept: ServiceSessions, max_body_bytes: int) -> Any:
     """The MCP server at ``/mcp`` (execpool/mcp/http.py), its calls in the
     service's slots, its interpreters counted with the service's sessions
     against ``--max-sessions``; None without the ``mcp`` extra."""
@@ -200,7 +200,33 @@ def _mcp_endpoint(jobs: ServiceJobs, defaults: Defaults, kept: ServiceSessions) 
 
     return Endpoint(jobs.pool, timeout=defaults.timeout or DEFAULT_TIMEOUT_S,
                     max_timeout=defaults.max_timeout or DEFAULT_MAX_TIMEOUT_S, idle_timeout=kept.idle_timeout,
-                    max_sessions=kept.max_sessions, gate=slot, claim=seat)
+                    max_sessions=kept.max_sessions, gate=slot, claim=seat, max_body_bytes=max_body_bytes)
+
+
+class _Bodied:
+    """``/mcp`` with the service's rules for a body (``--max-body-mb``,
+    ``--read-timeout``: 413, 408) before the SDK reads it, which would wait
+    for a trickled one for ever. A class, not a function: Starlette's
+    ``Route`` takes a function for a request handler, not an ASGI app."""
+
+    def __init__(self, app: Any, routes: Routes) -> None:
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope: Dict[str, Any], receive: Callable, send: Callable) -> None:
+        if scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        body = await self.routes.body(Request(scope, receive))
+        given = False
+
+        async def replayed() -> Dict[str, Any]:
+            nonlocal given
+            if given:
+                return await receive()
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await self.app(scope, replayed, send)
 
 
 async def _no_mcp(request: Request) -> Response:
