@@ -400,3 +400,35 @@ def test_batch_runs_its_jobs_with_the_interpreter_given(runtime, tmp_path):
     assert done.returncode == 0, done.stderr
     prefix = os.path.dirname(os.path.dirname(runtime))
     assert [json.loads(line)["output"] for line in out.read_text().splitlines()] == [f"{prefix}\n"] * 2
+
+
+def _huge_pages_mode() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().split("[", 1)[1].split("]", 1)[0]
+    except (OSError, IndexError):
+        return "unknown"
+
+
+#: Whether a 64 MiB allocation of the interpreter sits in huge pages, and
+#: whether the job or a program it starts sees the setting that asked.
+HUGE_PAGES = ("b = bytearray(64 << 20)\nb[::4096] = b'x' * len(b[::4096])\nimport os, subprocess\n"
+              "huge = [int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages')]\n"
+              "child = subprocess.run(['sh', '-c', 'echo ${GLIBC_TUNABLES-unset}'], capture_output=True, text=True)\n"
+              "print(huge[0] >= 32 << 10, 'GLIBC_TUNABLES' in os.environ, child.stdout.strip())")
+
+
+@pytest.mark.skipif(_huge_pages_mode() != "madvise",
+                    reason="huge pages on request only (the usual setting) tells the template's asking apart")
+def test_warm_interpreters_ask_for_huge_pages_unseen_and_a_pool_s_own_tunables_win():
+    """The template's malloc asks for transparent huge pages, so a session
+    holding much forks as fast as one holding little; neither a job nor
+    what it starts sees the setting, and a pool that gives its jobs glibc
+    tunables of its own has its template use those."""
+    with ExecPool(workers=1) as pool:
+        assert pool.run(PythonJob(HUGE_PAGES, warm=True)).output == "True False unset\n"
+        with pool.session("python") as session:
+            assert session.run(HUGE_PAGES).stdout == "True False unset\n"
+        assert pool.run(PythonJob(HUGE_PAGES)).output == "False False unset\n"  # cold: the system's way
+    with ExecPool(workers=1, env={"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) as pool:
+        assert pool.run(PythonJob(HUGE_PAGES, warm=True)).output == "False True glibc.malloc.hugetlb=0\n"

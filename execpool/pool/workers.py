@@ -278,8 +278,11 @@ class Workers:
 
     def _process_env(self) -> dict:
         """The whole environment of a worker or the lifeline: enough to run
-        Python and find this package, none of the caller's secrets."""
-        env = {k: v for k, v in self.config.tool_env.items() if k in ("PATH", "LANG", "LC_ALL", "LC_CTYPE")}
+        Python and find this package, none of the caller's secrets; and the
+        glibc tunables the jobs are given, which their warm template must
+        start with too (execpool/worker/warm/supply.py)."""
+        kept = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "GLIBC_TUNABLES")
+        env = {k: v for k, v in self.config.tool_env.items() if k in kept}
         env["PYTHONPATH"] = PACKAGE_PARENT
         return env
 
