@@ -28,6 +28,7 @@ from test_serve import DEADLINE_S, REPO, Server
 from test_serve_hardening import _raw, _read_all
 from test_serve_sessions import metric
 
+from execpool.mcp.stdio import LINE_LIMIT
 from execpool.tools import MAX_OUTPUT_CHARS
 
 TOKEN = "mcp-test-token"
@@ -308,6 +309,29 @@ def test_a_client_that_closes_the_server_s_stdout_has_gone_too(doomed):
         assert server.wait(DEADLINE_S) == 0
         assert all_dead(pids, 5.0)
         assert b"Traceback" not in server.stderr.read()
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_a_message_over_the_limit_is_dropped_and_the_server_reads_on():
+    """Red team: a line past the reader's limit crashed the server with a
+    traceback (after holding a gigabyte of it)."""
+    server = subprocess.Popen([sys.executable, "-m", "execpool", "mcp", "--workers", "1"], cwd=REPO,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        chunk = b"x" * (1 << 20)
+        for _ in range((LINE_LIMIT >> 20) + 1):
+            server.stdin.write(chunk)
+        server.stdin.write(b"\n" + json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"}}}).encode() + b"\n")
+        server.stdin.flush()
+        assert json.loads(server.stdout.readline())["id"] == 1
+        server.stdin.close()
+        assert server.wait(DEADLINE_S) == 0
+        said = server.stderr.read()
+        assert b"a message over 64 MiB was dropped" in said and b"Traceback" not in said, said[-2000:]
     finally:
         server.kill()
         server.wait()

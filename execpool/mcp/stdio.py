@@ -18,14 +18,25 @@ a child it starts with inherited descriptors cannot garble the wire.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import logging
 import os
 import stat
-from typing import AsyncIterator, Optional, Tuple
+from typing import AsyncIterator, Deque, Optional, Tuple
 
-#: Lines longer than this are read whole all the same (a 10 MB program in
-#: one call): only the reader's buffer limit, not a cap.
-_LINE_LIMIT = 1 << 30
+#: The longest message read (a 60 MB program in one call is one line); a
+#: longer one is dropped whole, said on stderr, and the server reads on --
+#: the client is told nothing, as the message's id is in what was dropped.
+#: As ``execpool serve``'s default ``--max-body-mb``.
+LINE_LIMIT = 64 << 20
+
+#: What one read takes off the pipe; the reader holds at most twice this
+#: unread before it stops reading (a client that sends faster than the
+#: server takes its messages waits).
+_CHUNK = 1 << 20
+
+logger = logging.getLogger("execpool")
 
 
 def _watchable(fd: int) -> bool:
@@ -37,19 +48,49 @@ def _watchable(fd: int) -> bool:
 
 
 class LineReader:
-    """The wire's lines, as the SDK iterates them (``async for``)."""
+    """The wire's lines, as the SDK iterates them (``async for``), framed
+    here rather than by ``StreamReader.readline``, whose overlong line
+    raises with no way to tell whether its end was read too."""
 
     def __init__(self, reader: asyncio.StreamReader) -> None:
         self._reader = reader
+        self._held = bytearray()  # the start of a line whose end has not come
+        self._lines: Deque[bytes] = collections.deque()
+        self._dropping = False  # in a line over the limit, until its end
 
     def __aiter__(self) -> "LineReader":
         return self
 
     async def __anext__(self) -> str:
-        line = await self._reader.readline()
-        if not line:
-            raise StopAsyncIteration
-        return line.decode("utf-8", "replace")
+        while not self._lines:
+            chunk = await self._reader.read(_CHUNK)
+            if not chunk:
+                if not self._held or self._dropping:
+                    raise StopAsyncIteration
+                self._lines.append(bytes(self._held))
+                self._held.clear()
+                break
+            self._take(chunk)
+        return self._lines.popleft().decode("utf-8", "replace")
+
+    def _take(self, chunk: bytes) -> None:
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end + 1]
+            if not self._dropping:
+                self._held += piece
+                if len(self._held) > LINE_LIMIT:
+                    logger.warning("execpool mcp: a message over %d MiB was dropped", LINE_LIMIT >> 20)
+                    self._held.clear()
+                    self._dropping = True
+            if end < 0:
+                return
+            if not self._dropping:
+                self._lines.append(bytes(self._held))
+            self._held.clear()
+            self._dropping = False
+            start = end + 1
 
     def end(self) -> None:
         """No more lines: the client can no longer hear the answers."""
@@ -91,7 +132,7 @@ async def loop_streams() -> AsyncIterator[Optional[Tuple[LineReader, LineWriter]
     os.dup2(null, 0)
     os.close(null)
     os.dup2(2, 1)
-    reader = asyncio.StreamReader(limit=_LINE_LIMIT)
+    reader = asyncio.StreamReader(limit=_CHUNK)
     read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
                                                      os.fdopen(wire_in, "rb", buffering=0))
     write_transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
