@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import base64
 import os
+import secrets
+import shutil
+import subprocess
 import signal
 import textwrap
 import threading
@@ -215,6 +218,77 @@ def test_a_cancelled_cell_takes_what_it_started_and_spares_what_earlier_cells_di
     finally:
         s.close()
     assert all_dead(kept, 5)  # and the session's end takes them
+
+
+def test_cancelling_a_first_cell_before_its_interpreter_starts_costs_nobody_else():
+    """Red team: the cancel of a cell whose session no interpreter had
+    taken yet (a fresh worker's template still starting) hit an assertion
+    and took the worker down, with every job on it."""
+    with ExecPool(workers=1) as fresh:
+        bystander = fresh.submit(ShellJob("sleep 1; echo still here", timeout=30))
+        with fresh.session("python") as session:
+            cell = session.submit("import time\ntime.sleep(30)", timeout=60)
+            cell.cancel()
+            assert cell.result(10).status is Status.CANCELLED
+            assert session.run("1 + 1").text == "2"
+        assert bystander.result(30).output == "still here\n"
+
+
+#: A C program that hops: three processes, each forking and letting its
+#: parent exit, over and over (a pid changes faster than one sweep lists
+#: and kills) for 2 s; then each that is still alive touches argv[2] and
+#: ends. Its name is argv[1]; it touches argv[3] once it hops.
+HOPPER_C = r"""
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+int main(int argc, char **argv) {
+    double start = now();
+    prctl(PR_SET_NAME, argv[1], 0, 0, 0);
+    if (fork()) _exit(0);
+    setsid();
+    for (int i = 1; i < 3; i++) if (fork() == 0) break;
+    close(open(argv[3], O_WRONLY | O_CREAT, 0644));
+    while (now() < start + 2) { pid_t pid = fork(); if (pid > 0) _exit(0); if (pid < 0) usleep(1000); }
+    int fd = open(argv[2], O_WRONLY | O_CREAT | O_APPEND, 0644);
+    write(fd, getenv("PATH") ? "marked\n" : "cleared\n", getenv("PATH") ? 7 : 8);
+    close(fd);
+    return 0;
+}
+"""
+
+
+def test_a_cancel_sweeps_until_a_hopping_daemon_with_a_cleared_environment_is_gone(tmp_path):
+    """Red team: one pass of the cancel's kill missed processes that fork
+    and exit faster than the pass (their new pids were born after the
+    listing), and a daemon that cleared its environment carried no marker
+    to be found by; the cancel now sweeps as a job's kill does, kills the
+    process groups the cell made at once, and looks in the session's
+    cgroup, where a daemon without its marker still is."""
+    if shutil.which("gcc") is None:
+        pytest.skip("no C compiler here")
+    from test_cgroups import _tier_available
+    if not _tier_available():
+        pytest.skip("no cgroup tier here")
+    hopper, survived, hopping = tmp_path / "hopper", tmp_path / "survived", tmp_path / "hopping"
+    (tmp_path / "hopper.c").write_text(HOPPER_C)
+    subprocess.run(["gcc", "-O1", "-o", str(hopper), str(tmp_path / "hopper.c")], check=True)
+    name = "xphop" + secrets.token_hex(4)
+    start = f"setsid sh -c 'exec env -i {hopper} {name} {survived} {hopping}' </dev/null >/dev/null 2>&1"
+    with ExecPool(workers=1, limits=Limits(processes=200)) as own, own.session("bash") as session:
+        live: list = []
+        cell = session.submit(f"{start}; until [ -e {hopping} ]; do sleep 0.01; done; echo started; sleep 60",
+                              timeout=60,
+                              on_event=lambda event: live.append(event.text) if isinstance(event, JobOutput) else None)
+        assert wait_for(lambda: "started" in "".join(live), 10)
+        cell.cancel()
+        assert cell.result(10).status is Status.CANCELLED
+        # A hopper the cancel missed says so once its 2 s of hopping are over.
+        assert not wait_for(survived.exists, 4), survived.read_text()
+        assert session.run("echo alive").stdout == "alive\n"
 
 
 # -- bash ------------------------------------------------------------------------------------

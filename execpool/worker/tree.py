@@ -110,11 +110,13 @@ class Tree:
     def kill_cell(self, job: RunningJob, since: int) -> None:
         """A cancelled cell's processes: those of the session that began
         since boot tick ``since`` (execpool/shared/kernel/proctree.py),
-        remembered as the session's like any its kill took."""
-        assert job.pid is not None
+        remembered as the session's like any its kill took. None while no
+        interpreter has taken the session yet: its cell started nothing."""
+        if job.pid is None:
+            return
         victims: set = set()
         kill_born_since(job.pid, since, marker=job.marker, scope=self.worker_pid, exclude=self.not_strays(),
-                        spared=self._spare_made, victims=victims)
+                        group=job.group, spared=self._spare_made, victims=victims)
         job.victims |= victims
         for pid in victims:
             self.claimed[pid] = job

@@ -267,6 +267,32 @@ def boot_ticks() -> int:
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * _TICKS_PER_S)
 
 
+def _group(pid: int) -> int:
+    """``pid``'s process group; -1 once it is gone."""
+    fields = stat_fields(pid)
+    return int(fields[2]) if len(fields) > 2 else -1
+
+
+def _groups_born_since(pgids: set, since: int, protected: set) -> list:
+    """Those of ``pgids`` whose every live member began at or after boot
+    tick ``since`` and is none of ``protected``: groups a cell made, which
+    a group kill may take whole (one an earlier cell's daemon is in is
+    not)."""
+    pgids = {pgid for pgid in pgids if _group_killable(pgid)}
+    if not pgids:
+        return []
+    mixed = set()
+    for pid in _all_pids():
+        fields = stat_fields(pid)
+        if len(fields) > 19 and int(fields[2]) in pgids and (pid in protected or int(fields[19]) < since):
+            mixed.add(int(fields[2]))
+    return sorted(pgids - mixed)
+
+
+def _all_pids() -> Iterator[int]:
+    return (int(name) for name in os.listdir("/proc") if name.isdigit())
+
+
 def _born(pid: int) -> int:
     """When ``pid`` began, in boot ticks; -1 once it is gone."""
     fields = stat_fields(pid)
@@ -274,19 +300,58 @@ def _born(pid: int) -> int:
 
 
 def kill_born_since(leader: int, since: int, *, marker: str, scope: int, exclude: Iterable[int] = (),
-                    spared: Optional[Callable[[int], bool]] = None, victims: Optional[set] = None) -> int:
+                    group: Optional[Any] = None, spared: Optional[Callable[[int], bool]] = None,
+                    victims: Optional[set] = None) -> int:
     """SIGKILL what a session's cell started: the children of ``leader``
     (the session's interpreter or shell, spared) that began at or after
     boot tick ``since``, the marked processes below ``scope`` (escaped
-    daemons) that did, and the subtrees of both; return how many were
-    signalled. What began before -- a server an earlier cell left running,
-    and the children it forks now -- is spared. A tick is 10 ms: a
-    process an earlier cell's leftovers start in the tick the cell began
-    in counts as the cell's."""
-    skip = {leader, *exclude}
-    roots = [pid for pid in child_pids(leader) if pid not in skip and _born(pid) >= since]
-    roots += [proc.pid for proc in _marked(marker, scope, skip, frozenset(), spared) if _born(proc.pid) >= since]
-    return _kill_all(_as_processes(pid for root in roots for pid in _subtree_pids(root)), victims)
+    daemons) and the members of the session's cgroup ``group`` (daemons
+    that cleared their environment too) that did, the process groups they
+    made, and the subtrees of all; swept again, as ``kill_tree`` does,
+    until none is left: a process that forks as it dies hands its child
+    on, a new pid the last sweep did not list, but not its group. Return
+    how many were signalled. What began before -- a server an earlier cell
+    left running, and the children it forks now -- is spared. A tick is
+    10 ms: a process an earlier cell's leftovers start in the tick the
+    cell began in counts as the cell's."""
+    protected = {leader, *exclude}
+    skip = set(protected)
+    own_group = _group(leader)
+    hit = 0
+    for _ in range(_MAX_SWEEPS):
+        listed = [pid for pid in child_pids(leader) if pid not in skip]
+        listed += [proc.pid for proc in _marked(marker, scope, skip, frozenset(), spared)]
+        if group is not None:
+            listed += [pid for pid in group.pids() if pid not in skip]
+        roots: dict = {}
+        for pid in dict.fromkeys(listed):
+            fields = stat_fields(pid)
+            if len(fields) > 19 and int(fields[19]) >= since \
+                    and not _an_elders_child(int(fields[1]), since, (leader, scope)):
+                roots[pid] = int(fields[2])
+        if not roots:
+            break
+        # The groups first, at once: a forking member cannot slip out of one
+        # between a listing and a kill, as it can out of a pid (one listed
+        # may be gone already, its child new).
+        for pgid in _groups_born_since(set(roots.values()) - {own_group}, since, protected):
+            _killpg(pgid)
+        swept = _as_processes(dict.fromkeys(pid for root in roots for pid in _subtree_pids(root) if pid not in skip))
+        hit += _kill_all(swept, victims)
+        skip.update(proc.pid for proc in swept)
+        _wait_dead([proc.pid for proc in swept], _SWEEP_SETTLE_S)
+    return hit
+
+
+def _an_elders_child(parent: int, since: int, starters: tuple) -> bool:
+    """Whether a process whose parent is ``parent`` was started by one that
+    began before boot tick ``since`` (a server an earlier cell left), other
+    than ``starters``: the session's interpreter, whose children are the
+    cell's, and the subreaper its orphans go to."""
+    if parent in starters:
+        return False
+    born = _born(parent)
+    return 0 <= born < since
 
 
 def count_tree(leader: Optional[int], marker: str, scope: int, exclude: Iterable[int] = (),
