@@ -9,10 +9,12 @@ import itertools
 import json
 import os
 import secrets
+import select
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 from typing import Any, AsyncIterator, Callable, List, Union
 
 import anyio
@@ -335,6 +337,47 @@ def test_a_message_over_the_limit_is_dropped_and_the_server_reads_on():
     finally:
         server.kill()
         server.wait()
+
+
+@pytest.mark.slow
+def test_a_client_that_does_not_read_its_answers_has_its_requests_wait():
+    """Red team: a client that sent requests and read no answer had the
+    server read them all and hold every answer (100 000 of them took it
+    past a gigabyte). Now the server reads no further while its answers
+    wait, and every one is there once the client reads."""
+    server = subprocess.Popen([sys.executable, "-m", "execpool", "mcp", "--workers", "1"], cwd=REPO,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        def message(body: dict) -> bytes:
+            return (json.dumps({"jsonrpc": "2.0", **body}) + "\n").encode()
+
+        server.stdin.write(message({"id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}))
+        server.stdin.write(message({"method": "notifications/initialized"}))
+        server.stdin.flush()
+        assert json.loads(server.stdout.readline())["id"] == 0
+        count = 20000
+        flood = b"".join(message({"id": i, "method": "tools/list"}) for i in range(1, count + 1))
+        fd = server.stdin.fileno()
+        os.set_blocking(fd, False)
+        sent = 0
+        while sent < len(flood) and select.select([], [fd], [], 2.0)[1]:
+            with contextlib.suppress(BlockingIOError):
+                sent += os.write(fd, flood[sent:])
+        assert sent < len(flood) // 2, f"the server took {sent} of {len(flood)} bytes of requests unanswered"
+        os.set_blocking(fd, True)
+        rest = threading.Thread(target=lambda: (server.stdin.write(flood[sent:]), server.stdin.flush()))
+        rest.start()
+        answered = {json.loads(server.stdout.readline())["id"] for _ in range(count)}
+        rest.join(DEADLINE_S)
+        assert answered == set(range(1, count + 1))
+        server.stdin.close()
+        assert server.wait(DEADLINE_S) == 0
+    finally:
+        server.kill()
+        server.wait()
+        for pipe in (server.stdin, server.stdout, server.stderr):
+            pipe.close()
 
 
 def test_fifty_concurrent_calls_from_one_client():

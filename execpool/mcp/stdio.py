@@ -23,7 +23,7 @@ import contextlib
 import logging
 import os
 import stat
-from typing import AsyncIterator, Deque, Optional, Tuple
+from typing import AsyncIterator, Awaitable, Callable, Deque, Optional, Tuple
 
 #: The longest message read (a 60 MB program in one call is one line); a
 #: longer one is dropped whole, said on stderr, and the server reads on --
@@ -31,10 +31,12 @@ from typing import AsyncIterator, Deque, Optional, Tuple
 #: As ``execpool serve``'s default ``--max-body-mb``.
 LINE_LIMIT = 64 << 20
 
-#: What one read takes off the pipe; the reader holds at most twice this
-#: unread before it stops reading (a client that sends faster than the
-#: server takes its messages waits).
+#: What one read takes off the reader's buffer.
 _CHUNK = 1 << 20
+#: The reader holds at most twice this unread before it stops reading the
+#: pipe: a client that sends faster than the server takes its messages
+#: waits, as one that does not read its answers does (``answers_out``).
+_BUFFER = 64 << 10
 
 logger = logging.getLogger("execpool")
 
@@ -57,11 +59,18 @@ class LineReader:
         self._held = bytearray()  # the start of a line whose end has not come
         self._lines: Deque[bytes] = collections.deque()
         self._dropping = False  # in a line over the limit, until its end
+        #: Returns once the answers written have gone out (or most of them):
+        #: awaited before each message is taken, so a client that stops
+        #: reading its answers has no more of its requests read, and the
+        #: server does not hold an answer for every request it sends.
+        self.answers_out: Optional[Callable[[], Awaitable[None]]] = None
 
     def __aiter__(self) -> "LineReader":
         return self
 
     async def __anext__(self) -> str:
+        if self.answers_out is not None:
+            await self.answers_out()
         while not self._lines:
             chunk = await self._reader.read(_CHUNK)
             if not chunk:
@@ -132,14 +141,16 @@ async def loop_streams() -> AsyncIterator[Optional[Tuple[LineReader, LineWriter]
     os.dup2(null, 0)
     os.close(null)
     os.dup2(2, 1)
-    reader = asyncio.StreamReader(limit=_CHUNK)
+    reader = asyncio.StreamReader(limit=_BUFFER)
     read_transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
                                                      os.fdopen(wire_in, "rb", buffering=0))
     write_transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
                                                               os.fdopen(wire_out, "wb", buffering=0))
     lines = LineReader(reader)
+    writer = LineWriter(asyncio.StreamWriter(write_transport, protocol, None, loop), lines)
+    lines.answers_out = writer.flush
     try:
-        yield lines, LineWriter(asyncio.StreamWriter(write_transport, protocol, None, loop), lines)
+        yield lines, writer
     finally:
         read_transport.close()
         write_transport.close()
