@@ -291,6 +291,30 @@ def test_a_cancel_sweeps_until_a_hopping_daemon_with_a_cleared_environment_is_go
         assert session.run("echo alive").stdout == "alive\n"
 
 
+def test_a_cancel_spares_the_work_an_earlier_cell_s_server_starts_during_the_cell(tmp_path, doomed):
+    """Red team: an earlier cell's server that answers a request through a
+    shell had the shell's child killed by a later cell's cancel (it was in
+    the session's cgroup, born since that cell began, its parent too): a
+    process is the cell's only if no ancestor short of the interpreter is
+    older than the cell."""
+    request, answer = tmp_path / "request", tmp_path / "answer"
+    server = (f"setsid sh -c 'until [ -e {request} ]; do sleep 0.01; done; "
+              f"sh -c \"sleep 300 & echo PIDS \\$! > {answer}; wait\"; sleep 300' </dev/null >/dev/null 2>&1 &")
+    with ExecPool(workers=1, limits=Limits(processes=64)) as own, own.session("bash") as session:
+        assert session.run(server + " sleep 0.05").exit_code == 0  # the next cell begins in a later tick
+        live: list = []
+        cell = session.submit(f"touch {request}; until [ -s {answer} ]; do sleep 0.01; done; echo asked; sleep 60",
+                              timeout=60,
+                              on_event=lambda event: live.append(event.text) if isinstance(event, JobOutput) else None)
+        assert wait_for(lambda: "asked" in "".join(live), 10)
+        pids = pids_in(answer.read_text())
+        remember(doomed, pids)
+        cell.cancel()
+        assert cell.result(10).status is Status.CANCELLED
+        assert len(pids) == 1 and not all_dead(pids, 0.5), "the server's work died with the cell"
+    assert all_dead(pids, 5)  # and the session's end takes it
+
+
 # -- bash ------------------------------------------------------------------------------------
 
 def test_bash_keeps_its_directory_exports_and_functions(sh):

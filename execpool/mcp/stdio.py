@@ -64,6 +64,7 @@ class LineReader:
         #: reading its answers has no more of its requests read, and the
         #: server does not hold an answer for every request it sends.
         self.answers_out: Optional[Callable[[], Awaitable[None]]] = None
+        self.transport: Optional[asyncio.BaseTransport] = None  # what reads the pipe
 
     def __aiter__(self) -> "LineReader":
         return self
@@ -102,8 +103,13 @@ class LineReader:
             start = end + 1
 
     def end(self) -> None:
-        """No more lines: the client can no longer hear the answers."""
-        self._reader.feed_eof()
+        """No more lines: the client can no longer hear the answers. The
+        pipe is closed, not only marked at its end: what the client still
+        sends would be fed after the end."""
+        if self.transport is not None:
+            self.transport.close()
+        else:
+            self._reader.feed_eof()
 
 
 class LineWriter:
@@ -147,6 +153,7 @@ async def loop_streams() -> AsyncIterator[Optional[Tuple[LineReader, LineWriter]
     write_transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
                                                               os.fdopen(wire_out, "wb", buffering=0))
     lines = LineReader(reader)
+    lines.transport = read_transport
     writer = LineWriter(asyncio.StreamWriter(write_transport, protocol, None, loop), lines)
     lines.answers_out = writer.flush
     try:

@@ -45,6 +45,10 @@ from .markers import JOB_MARKER_ENV, marker_matches
 
 _MAX_SWEEPS = 8
 
+#: How far up a process's ancestry a cancel looks for an earlier cell's
+#: server (a deeper one is taken as the cell's).
+_MAX_ANCESTRY = 64
+
 #: How long a sweep waits for its victims to die before looking again.
 _SWEEP_SETTLE_S = 0.2
 #: The unit of a start time in ``/proc/PID/stat`` (Linux only; 100 elsewhere
@@ -344,14 +348,21 @@ def kill_born_since(leader: int, since: int, *, marker: str, scope: int, exclude
 
 
 def _an_elders_child(parent: int, since: int, starters: tuple) -> bool:
-    """Whether a process whose parent is ``parent`` was started by one that
-    began before boot tick ``since`` (a server an earlier cell left), other
-    than ``starters``: the session's interpreter, whose children are the
-    cell's, and the subreaper its orphans go to."""
-    if parent in starters:
-        return False
-    born = _born(parent)
-    return 0 <= born < since
+    """Whether a process whose parent is ``parent`` descends from one that
+    began before boot tick ``since`` (a server an earlier cell left, and
+    the shell it runs a request in) other than ``starters``: the session's
+    interpreter, whose children are the cell's, and the subreaper its
+    orphans go to."""
+    for _ in range(_MAX_ANCESTRY):
+        if parent in starters or parent <= 1:
+            return False
+        fields = stat_fields(parent)
+        if len(fields) <= 19:
+            return False  # gone: its child is an orphan on its way to the subreaper
+        if int(fields[19]) < since:
+            return True
+        parent = int(fields[1])
+    return False
 
 
 def count_tree(leader: Optional[int], marker: str, scope: int, exclude: Iterable[int] = (),
