@@ -287,7 +287,9 @@ def test_sandbox_paths_add_reading_and_writing(pool, tmp_path):
     assert added.output.endswith("wrote\n") and (writable / "out").read_text() == "written\n"
     assert not (readable / "nope").exists()
     strict = pool.run(ShellJob(f"cat {readable}/data", sandbox="strict"))
-    assert "No such file or directory" in strict.output  # the control: the path was not in the view before
+    # The control: the path was not in the view before (the Result whole if not: once, under two suites at
+    # once, this job came back infra and the output left no trace of why).
+    assert "No such file or directory" in strict.output, (strict.status, strict.error, strict.output)
 
 
 @pytest.fixture
