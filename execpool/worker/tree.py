@@ -103,9 +103,7 @@ class Tree:
                   scope=self.worker_pid, exclude=self.not_strays(), group=job.group, victims=victims,
                   spared=self._spare_made)
         victims.discard(job.pid)
-        job.victims |= victims
-        for pid in victims:
-            self.claimed[pid] = job
+        self._claim(job, victims)
 
     def kill_cell(self, job: RunningJob, since: int) -> None:
         """A cancelled cell's processes: those of the session that began
@@ -117,6 +115,10 @@ class Tree:
         victims: set = set()
         kill_born_since(job.pid, since, marker=job.marker, scope=self.worker_pid, exclude=self.not_strays(),
                         group=job.group, spared=self._spare_made, victims=victims)
+        self._claim(job, victims)
+
+    def _claim(self, job: RunningJob, victims: Set[int]) -> None:
+        """What a kill took is the job's: waited for, and counted as its."""
         job.victims |= victims
         for pid in victims:
             self.claimed[pid] = job

@@ -297,12 +297,6 @@ def _all_pids() -> Iterator[int]:
     return (int(name) for name in os.listdir("/proc") if name.isdigit())
 
 
-def _born(pid: int) -> int:
-    """When ``pid`` began, in boot ticks; -1 once it is gone."""
-    fields = stat_fields(pid)
-    return int(fields[19]) if len(fields) > 19 else -1
-
-
 def kill_born_since(leader: int, since: int, *, marker: str, scope: int, exclude: Iterable[int] = (),
                     group: Optional[Any] = None, spared: Optional[Callable[[int], bool]] = None,
                     victims: Optional[set] = None) -> int:
