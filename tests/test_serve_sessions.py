@@ -198,14 +198,25 @@ def test_sessions_opened_at_once_never_pass_max_sessions(server):
 
 
 def test_fork_over_http(server):
-    """The service's sandbox (strict, its default) refuses a fork and says
-    why; a server without it forks, and the copy is a session of its own."""
-    boxed = open_session(server, language="python")
-    refused = server.client.post(f"/v1/sessions/{boxed}/fork")
-    assert refused.status_code == 409 and "sandbox" in refused.json()["detail"]
+    """A copy is a session of its own, with its parent's state and a copy of
+    its files, in the service's sandbox (strict, its default) and without
+    one; a bash session cannot be forked (409, saying why)."""
+    boxed = open_session(server, language="python", files={"seed.txt": b64(b"seed")})
+    run(server, boxed, "state = ['parent']\nopen('mine.txt', 'w').write('parent')")
+    answer = server.client.post(f"/v1/sessions/{boxed}/fork")
+    assert answer.status_code == 201, answer.text
+    copy = answer.json()["id"]
+    run(server, copy, "state.append('child')\nopen('mine.txt', 'w').write('child')")
+    assert run(server, boxed, "state, open('mine.txt').read()").json()["value"] == "(['parent'], 'parent')"
+    assert run(server, copy, "state, open('mine.txt').read(), open('seed.txt').read()").json()["value"] == (
+        "(['parent', 'child'], 'child', 'seed')")
     assert server.client.post(f"/v1/sessions/{secrets.token_urlsafe(16)}/fork").status_code == 404
-    assert run(server, boxed, "1").json()["value"] == "1"
-    server.client.delete(f"/v1/sessions/{boxed}")
+    for ident in (boxed, copy):
+        assert server.client.delete(f"/v1/sessions/{ident}").status_code == 204
+    shell = open_session(server, language="bash")
+    refused = server.client.post(f"/v1/sessions/{shell}/fork")
+    assert refused.status_code == 409 and "Python" in refused.json()["detail"]
+    server.client.delete(f"/v1/sessions/{shell}")
     plain = Server("--workers", "1", "--sandbox", "off", "--max-sessions", "2")
     try:
         parent = open_session(plain, language="python", files={"seed.txt": b64(b"seed")})

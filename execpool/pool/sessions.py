@@ -57,13 +57,6 @@ DEFAULT_IDLE_TIMEOUT_S = 600.0
 #: watchdog treats the worker as wedged.
 _CELL_SLACK_S = 5.0
 
-#: Why ``fork()`` refuses a sandboxed session.
-FORK_IN_SANDBOX = ("a session in a sandbox cannot be forked: a copy of its process keeps its mount namespace and "
-                   "Landlock domain, which no process can leave or widen, so it would write the same /tmp, home and "
-                   "directory as its parent (the README's Sessions section says more); open the session with "
-                   "sandbox=False to fork it")
-
-
 class CellFuture(Future):
     """A cell's future: its result is a CellResult. ``cancel()`` takes a
     queued cell off the queue, or interrupts a running one and kills the
@@ -209,13 +202,18 @@ class Session:
         of this session's private directory; a session given a ``cwd`` of
         the caller's shares that with its forks unless they are given one.
         Made in this session's turn: after the cells queued before, before
-        those queued after. Python sessions without a sandbox only:
-        SessionForkError otherwise (the README says why), or when the copy
-        could not start; SessionClosedError when this session is gone."""
+        those queued after. A sandboxed session's copy gets its own home,
+        ``/tmp`` and ``/dev/shm``, copies of its parent's, at the same paths
+        (a ``cwd`` is refused), within a budget of forks per family (the
+        README's Sessions section says which sandboxed sessions can fork).
+        SessionForkError for a bash session or one that cannot be forked,
+        or when the copy could not start; SessionClosedError when this
+        session is gone."""
         if self.language != "python":
             raise SessionForkError("only a Python session can be forked; a bash session cannot copy its shell")
-        if self._start.sandbox is not None:
-            raise SessionForkError(FORK_IN_SANDBOX)
+        if self._start.sandbox is not None and cwd is not None:
+            raise SessionForkError("a sandboxed session's copy gets its own home, /tmp and /dev/shm at the paths "
+                                   "its parent has them; it cannot be given a cwd")
         directory = self.cwd if cwd is None else _directory(cwd)
         child = Session(self._pool, self.language,
                         replace(self._start, job_id=self._pool._next_id(), cwd=directory, warm=False), directory)
@@ -375,6 +373,8 @@ class Session:
             why = said.get("error") if isinstance(said, dict) else None
             cell.future.set_exception(SessionForkError(f"the session could not be forked: {why or 'no copy'}"))
             return
+        if isinstance(said.get("directory"), str):
+            child.cwd = said["directory"]  # a sandboxed copy's own, made by its worker
         with child._lock:
             child._ready = True
             child._next()

@@ -93,8 +93,8 @@ def document() -> dict:
                            "copy-on-write, and its directory's files), independent from then on",
                 "responses": {"201": {"description": "the copy: {id, language, created, last_used, alive}"},
                               "404": {"description": "no such session"},
-                              "409": {"description": "this session cannot be forked (in a sandbox, the "
-                                                     "service's default; a bash session); the detail says why"},
+                              "409": {"description": "this session cannot be forked (a bash session, a "
+                                                     "sandboxed family that used its forks); the detail says why"},
                               **refused}}},
             "/run_jupyter": {"post": {"summary": "SandboxFusion's run_jupyter: the cells in one session of their own",
                                       "requestBody": _json({"$ref": "#/components/schemas/RunJupyterRequest"}),

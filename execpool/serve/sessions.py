@@ -47,14 +47,17 @@ class NoSuchSession(Exception):
 
 
 class CannotFork(Exception):
-    """A session that cannot be forked (409), with why: in a sandbox (the
-    service's default), a bash session, a copy that could not start."""
+    """A session that cannot be forked (409), with why: a bash session, a
+    sandboxed family out of forks, a copy that could not start."""
 
 
 @dataclasses.dataclass
 class _Open:
     session: Session
     directory: str
+    #: Whether the service made the directory (and removes it): a sandboxed
+    #: copy's is its worker's.
+    owned: bool = True
 
 
 class ServiceSessions:
@@ -93,7 +96,9 @@ class ServiceSessions:
         parent = self.get(ident)
         self._reserve()
         try:
-            directory = self.jobs.new_directory()
+            # A sandboxed copy's directory is one its worker made ready when
+            # its family started (Session.fork says why), named once it is.
+            directory = None if self.jobs.pool.config.sandbox is not None else self.jobs.new_directory()
             forking = asyncio.ensure_future(asyncio.to_thread(parent.session.fork, cwd=directory))
             gone = asyncio.ensure_future(disconnected(request))
             try:
@@ -113,7 +118,7 @@ class ServiceSessions:
                 raise
             finally:
                 gone.cancel()
-            self._register(child, directory)
+            self._register(child, directory or child.cwd, owned=directory is not None)
             return child
         finally:
             with self._lock:
@@ -147,9 +152,10 @@ class ServiceSessions:
         if len(self._open) + self._opening + self._lent >= self.max_sessions:
             raise Rejected(Reason.SESSIONS_FULL, 5)
 
-    def _register(self, session: Session, directory: str) -> None:
+    def _register(self, session: Session, directory: Optional[str], owned: bool = True) -> None:
+        assert directory is not None
         with self._lock:
-            self._open[session.id] = _Open(session, directory)
+            self._open[session.id] = _Open(session, directory, owned)
         loop = asyncio.get_running_loop()
         session.add_done_callback(lambda ended: _on_loop(loop, self._ended, ended))
 
@@ -177,7 +183,7 @@ class ServiceSessions:
     def _ended(self, session: Session) -> None:
         with self._lock:
             entry = self._open.pop(session.id, None)
-        if entry is not None:
+        if entry is not None and entry.owned:
             asyncio.ensure_future(asyncio.to_thread(remove_tree, entry.directory))
 
     def get(self, ident: str) -> _Open:
@@ -271,10 +277,11 @@ def _on_loop(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None
         pass
 
 
-def _discard_copy(forking: "asyncio.Future[Session]", directory: str) -> None:
+def _discard_copy(forking: "asyncio.Future[Session]", directory: Optional[str]) -> None:
     if not forking.cancelled() and forking.exception() is None:
         forking.result().close()
-    remove_tree(directory)
+    if directory is not None:
+        remove_tree(directory)
 
 
 def _json(body: bytes) -> Any:

@@ -34,5 +34,6 @@ class SessionClosedError(ExecPoolError, RuntimeError):
 
 class SessionForkError(ExecPoolError, RuntimeError):
     """``Session.fork()`` made no copy: the session cannot be forked (a bash
-    session, or one in a sandbox -- the README says why), or the copy could
-    not start. The message says which; the session itself goes on."""
+    session, a sandboxed family that used its forks -- the README says
+    which), or the copy could not start. The message says which; the
+    session itself goes on."""

@@ -90,6 +90,14 @@ struct net_port_attr {
 #define STEP_UNCOVER 8    /* detach the mount on a: what the template hides, for a job that names it */
 #define STEP_SAVE 9       /* open_tree(a) in the job's namespace: the template's, attached again by STEP_ATTACH */
 #define STEP_TOUCH 10     /* an empty file a, and the directories it lacks above it */
+#define STEP_WRITE 11     /* b written to the file a before the namespace is entered: a copy's id maps */
+/* How a view's mount namespace is had: copied from the template (the
+ * job's paths mounted in the copy), the job's own made ahead (entered as
+ * it is), or a sandboxed session's copy's (entered, and its paths mounted
+ * there: execpool/worker/sessions/family.py). */
+#define VIEW_COPIED 0
+#define VIEW_OWN 1
+#define VIEW_INTO 2
 struct view_step {
     int op;
     const char *a, *b;
@@ -99,7 +107,7 @@ struct confinement {
     int rulesets[MAX_RULESETS];
     struct sock_fprog filter;
     int has_view;
-    int own_namespace; /* mnt_fd is the job's own, made ahead (prepare_view): entered, not copied */
+    int own_namespace; /* VIEW_COPIED, VIEW_OWN or VIEW_INTO */
     int user_fd; /* the view's user namespace; -1 where the worker holds CAP_SYS_ADMIN */
     int mnt_fd;  /* the view's mount namespace, built once per worker */
     const char *cwd;
@@ -182,13 +190,28 @@ static int make_path(char *path, int file) {
 static int make_view(const struct confinement *c) {
     int clones[MAX_CLONES], n_clones = 0, in_user = 0, step = -1;
     char path[PATH_MAX];
-    if (c->own_namespace) {
+    if (c->own_namespace == VIEW_OWN) {
         if ((c->user_fd >= 0 && setns(c->user_fd, CLONE_NEWUSER) < 0) || setns(c->mnt_fd, CLONE_NEWNS) < 0)
             return 13;
         return chdir(c->cwd) < 0 ? 3 : -1;
     }
     for (int i = 0; i < c->n_steps; i++) {
         const struct view_step *s = &c->steps[i];
+        if (s->op == STEP_WRITE) {
+            int fd = open(s->a, O_WRONLY | O_CLOEXEC);
+            ssize_t length = (ssize_t)strlen(s->b);
+            int failed = fd < 0 || write(fd, s->b, (size_t)length) != length;
+            if (fd >= 0) {
+                int saved = errno;
+                close(fd);
+                errno = saved;
+            }
+            if (failed) {
+                step = 16;
+                goto done;
+            }
+            continue;
+        }
         if (s->op != STEP_CLONE_RW && s->op != STEP_CLONE_RO)
             continue;
         if (c->user_fd >= 0 && !in_user) {
@@ -214,7 +237,7 @@ static int make_view(const struct confinement *c) {
         step = 13;
         goto done;
     }
-    if (unshare(CLONE_NEWNS) < 0) {
+    if (c->own_namespace != VIEW_INTO && unshare(CLONE_NEWNS) < 0) {
         step = 14;
         goto done;
     }
@@ -486,9 +509,13 @@ static int parse_view(PyObject *view, struct confinement *c) {
     PyObject *steps;
     if (view == Py_None)
         return 0;
-    if (!PyArg_ParseTuple(view, "iiOyKp", &c->user_fd, &c->mnt_fd, &steps, &c->cwd, &c->own_rights,
+    if (!PyArg_ParseTuple(view, "iiOyKi", &c->user_fd, &c->mnt_fd, &steps, &c->cwd, &c->own_rights,
                           &c->own_namespace))
         return -1;
+    if (c->own_namespace < VIEW_COPIED || c->own_namespace > VIEW_INTO) {
+        PyErr_Format(PyExc_ValueError, "not a way to have a view's namespace: %d", c->own_namespace);
+        return -1;
+    }
     if (!PyTuple_Check(steps) || PyTuple_GET_SIZE(steps) > MAX_STEPS) {
         PyErr_Format(PyExc_ValueError, "the view's steps: a tuple of at most %d", MAX_STEPS);
         return -1;
@@ -498,7 +525,7 @@ static int parse_view(PyObject *view, struct confinement *c) {
         struct view_step *s = &c->steps[i];
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(steps, i), "iyy", &s->op, &s->a, &s->b))
             return -1;
-        if (s->op < STEP_CLONE_RW || s->op > STEP_TOUCH) {
+        if (s->op < STEP_CLONE_RW || s->op > STEP_WRITE) {
             PyErr_Format(PyExc_ValueError, "not a step of a view: %d", s->op);
             return -1;
         }
@@ -524,7 +551,7 @@ static int parse_confinement(PyObject *args, struct confinement *c) {
     if (fast == NULL)
         return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    if (n < 1 || n > MAX_RULESETS) {
+    if (n < (c->own_namespace == VIEW_INTO ? 0 : 1) || n > MAX_RULESETS) {
         Py_DECREF(fast);
         PyErr_Format(PyExc_ValueError, "the sandbox needs 1 to %d rulesets, not %zd", MAX_RULESETS, n);
         return -1;
@@ -732,8 +759,10 @@ PyDoc_STRVAR(prepare_view_doc,
 "the view's steps (sandbox as spawn takes it; its last ruleset learns the\n"
 "job's tmpfs directories) and leaves a descriptor of its namespace, the\n"
 "caller's, which the job's tool enters (a view with own_namespace) instead\n"
-"of copying the template and mounting its own paths then. Raises OSError\n"
-"naming the step that failed.");
+"of copying the template and mounting its own paths then. With a view\n"
+"that goes into a namespace (VIEW_INTO: a sandboxed session's copy's), the\n"
+"steps are taken there and no ruleset is needed. Raises OSError naming\n"
+"the step that failed.");
 
 static PyObject *prepare_view(PyObject *self, PyObject *args) {
     PyObject *sandbox;
@@ -741,7 +770,7 @@ static PyObject *prepare_view(PyObject *self, PyObject *args) {
     memset(&confinement, 0, sizeof confinement);
     if (!PyArg_ParseTuple(args, "O", &sandbox) || parse_confinement(sandbox, &confinement) < 0)
         return NULL;
-    if (!confinement.has_view || confinement.own_namespace) {
+    if (!confinement.has_view || confinement.own_namespace == VIEW_OWN) {
         PyErr_SetString(PyExc_ValueError, "prepare_view needs a view's steps");
         return NULL;
     }

@@ -23,6 +23,7 @@ from ..shared.kernel.cgroups import JobGroup
 from ..shared.output import LiveBudget
 from ..shared.result import Result, Status
 from .capture import MAX_ERROR_LINES, Capture
+from .sessions.family import Family
 from .sessions.link import SessionLink
 from .spawn import DEVNULL, memfd_holding
 from .view import View
@@ -128,6 +129,11 @@ class RunningJob:
         self.view: Optional[View] = None
         self.sandbox_tmp: Optional[str] = None
         self.group: Optional[JobGroup] = None
+        # A sandboxed Python session's spares for its forks, shared with its
+        # copies (execpool/worker/sessions/family.py), and how many Landlock
+        # layers its forks added.
+        self.family: Optional[Family] = None
+        self.added_layers = 0
         # A warm job's hand-over: the spare's ready pipe, what it said there.
         self.ready_fd: Optional[int] = None
         self.report = b""

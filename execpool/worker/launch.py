@@ -24,6 +24,7 @@ from .job import RunningJob
 from .jobdirs import JobDirs
 from .rulesets import Confiner
 from .sessions import runtime_source
+from .sessions.family import make_family
 from .spawn import RULESET_BUILDER, Setup, Tool, rlimit_values, start_tool
 from .view import HOME, TMP, Views
 
@@ -103,6 +104,24 @@ class Launcher:
             job.tmpdir = job.cwd = self.dirs.private()
         else:
             job.cwd = start.cwd
+        self._group(job)
+        job.env = dict(start.env)
+        job.env[JOB_MARKER_ENV] = job.marker
+        if start.sandbox is not None:
+            self._confine(job, made)
+
+    def prepare_copy(self, job: RunningJob, spare: str) -> None:
+        """What a sandboxed session's copy needs that its fork does not
+        bring: its spare as its directory (execpool/worker/sessions/family.py),
+        its cgroup, its marker."""
+        assert job.family is not None
+        job.tmpdir, job.cwd = spare, job.family.directory(spare)
+        self._group(job)
+        job.env = dict(job.start.env)
+        job.env[JOB_MARKER_ENV] = job.marker
+
+    def _group(self, job: RunningJob) -> None:
+        start = job.start
         if start.limits.needs_cgroup or start.session:
             tier = self.cgroups()
             processes = start.limits.processes
@@ -118,31 +137,36 @@ class Launcher:
                 raise OSError("Limits(memory=...) needs a cgroup memory controller, and execpool cannot "
                               "use one here")
             # else: the worker counts the job's processes itself (execpool/worker/loop.py)
-        job.env = dict(start.env)
-        job.env[JOB_MARKER_ENV] = job.marker
-        if start.sandbox is not None:
-            confiner = self.confiner()
-            template = None
-            if start.sandbox.read_only_view:
-                missing = confiner.support.missing_for(start.sandbox)
-                if missing is not None:
-                    raise OSError(missing)
-                views = self.views()
-                if made is not None:
-                    job.view, job.rulesets = made.view, (made.ruleset,)
-                else:
-                    job.view = views.plan(job.tmpdir, start.cwd, start.sandbox.read, start.sandbox.write,
-                                          start.python, confiner.hidden(), confiner.handled)
-                template = views.current()
-                job.env.update(TMPDIR=TMP, HOME=HOME, PATH=views.path(start.python, job.env.get("PATH", os.defpath)))
-                own: Tuple[str, ...] = (job.cwd,)
+
+    def _confine(self, job: RunningJob, made: Optional[Made]) -> None:
+        """Its view and rulesets; for a Python session that may fork, its
+        family's spares, ruled in now."""
+        start = job.start
+        assert start.sandbox is not None
+        confiner = self.confiner()
+        template = None
+        if start.sandbox.read_only_view:
+            missing = confiner.support.missing_for(start.sandbox)
+            if missing is not None:
+                raise OSError(missing)
+            views = self.views()
+            if made is not None:
+                job.view, job.rulesets = made.view, (made.ruleset,)
             else:
-                if start.cwd is not None:
-                    job.sandbox_tmp = self.dirs.private()  # removed with the job
-                own = tuple(dict.fromkeys((job.cwd, job.sandbox_tmp or job.cwd)))
-                job.env["TMPDIR"] = own[-1]  # the only temporary directory a sandboxed job may write
-            if made is None:
-                job.rulesets = confiner.rulesets(start.python, start.sandbox, own, template)
+                job.view = views.plan(job.tmpdir, start.cwd, start.sandbox.read, start.sandbox.write,
+                                      start.python, confiner.hidden(), confiner.handled)
+            template = views.current()
+            job.env.update(TMPDIR=TMP, HOME=HOME, PATH=views.path(start.python, job.env.get("PATH", os.defpath)))
+            own: Tuple[str, ...] = (job.cwd,)
+        else:
+            if start.cwd is not None:
+                job.sandbox_tmp = self.dirs.private()  # removed with the job
+            own = tuple(dict.fromkeys((job.cwd, job.sandbox_tmp or job.cwd)))
+            job.env["TMPDIR"] = own[-1]  # the only temporary directory a sandboxed job may write
+        if made is None:
+            job.rulesets = confiner.rulesets(start.python, start.sandbox, own, template)
+        if start.session and start.argv_kind == "python" and template is not None and not start.sandbox.write:
+            job.family = make_family(self.dirs.private, job.rulesets[-1], confiner.handled, start.cwd)
 
     def argv(self, job: RunningJob) -> List[str]:
         """The cold tool's argv, its script written in its directory."""

@@ -57,7 +57,17 @@ from .capture import Stream, waiting_bytes
 from .job import Ending, Phase, RunningJob
 from .jobdirs import JobDirs, unlink
 from .launch import Launcher
-from .sessions.link import INTERRUPT_GRACE_S, STARTED, WORKER_REPLY_BYTES, ProtocolError, SessionLink, fork_answer
+from .sessions.family import MAX_LAYERS, copy_layer, mount_copy
+from .sessions.fork import MOUNTED
+from .sessions.link import (
+    INTERRUPT_GRACE_S,
+    MOUNT,
+    STARTED,
+    WORKER_REPLY_BYTES,
+    ProtocolError,
+    SessionLink,
+    fork_answer,
+)
 from .spawn import give_back_memory, keep_own_peak_resettable, output_pipes
 from .timers import Kind, Timers
 from .tree import Tree
@@ -322,17 +332,25 @@ class Worker:
         if parent is None or link is None or link.running or parent.ending is not None:
             self._fail_start(child, OSError("the session ended before it could be forked"))
             return  # its end answers its turn
+        layer = -1
+        spec: Dict[str, object]
         try:
-            if parent.start.argv_kind != "python" or parent.start.sandbox is not None:
-                raise OSError("only a Python session without a sandbox can be forked")
-            self.launcher.prepare(child)
-            copy = child.cwd != parent.cwd
-            spec = {"marker": child.marker, "from": parent.cwd if copy else None, "to": child.cwd if copy else None}
+            if parent.start.argv_kind != "python":
+                raise OSError("only a Python session can be forked; a bash session cannot copy its shell")
+            if parent.start.sandbox is None:
+                self.launcher.prepare(child)
+                copy = child.cwd != parent.cwd
+                spec = {"marker": child.marker, "from": parent.cwd if copy else None, "to": child.cwd if copy else None}
+            else:
+                layer = self._prepare_confined_copy(parent, child)
+                assert child.family is not None
+                spec = {"marker": child.marker, "confine": {"paths": [target for _, target in child.family.trees]}}
             printed = sum(capture.total for capture in parent.captures)
             # A runtime not started yet (its spare is on the way) finds the
             # frame, descriptors and all, waiting on its socket.
             with output_pipes(True) as (readers, out_w, err_w), child.start_fds() as (sock_fd, join_fds):
-                link.begin_fork(json.dumps(spec).encode("utf-8"), [sock_fd, out_w, err_w, *join_fds], printed)
+                fds = [sock_fd, out_w, err_w, *join_fds, *([layer] if layer >= 0 else [])]
+                link.begin_fork(json.dumps(spec).encode("utf-8"), fds, printed)
         except ProtocolError as exc:
             self._fail_start(child, exc)
             self._broke_protocol(parent, exc)
@@ -341,12 +359,52 @@ class Worker:
             self._fail_start(child, exc)
             self._send(channel.CellDone(msg.job_id, json.dumps({"error": str(exc)}).encode("utf-8"), False, 0))
             return
+        finally:
+            if layer >= 0:
+                os.close(layer)  # the runtime's copy went down with the frame
         assert child.link is not None
         child.link.theirs.close()  # the runtime's copy went down with the frame
         link.forking = (child.start.job_id, readers)
         link.deadline = time.monotonic() + FORK_TIMEOUT_S
         self.timers.add(link.deadline, Kind.CELL, msg.job_id)
         self._watch_session(parent)
+
+    def _prepare_confined_copy(self, parent: RunningJob, child: RunningJob) -> int:
+        """A sandboxed session's copy takes its family's next spare
+        (execpool/worker/sessions/family.py) as its directory; the Landlock
+        layer it will enter, for the fork frame."""
+        family = parent.family
+        if family is None:
+            raise OSError("this sandboxed session cannot be forked: only one with the sandbox's view and no "
+                          "Sandbox(write=...) paths can give a copy directories of its own")
+        if parent.added_layers + 1 >= MAX_LAYERS:
+            raise OSError(f"a copy of a copy can be forked {MAX_LAYERS - 2} times deep in a sandbox "
+                          f"(each adds a Landlock layer), and this one is")
+        spare = family.take()
+        child.family, child.added_layers = family, parent.added_layers + 1
+        self.launcher.prepare_copy(child, spare)
+        confiner = self.launcher.confiner()
+        return copy_layer(confiner.handled, confiner.scoped, spare, family)
+
+    def _mount_copy(self, parent: RunningJob, said: bytes) -> None:
+        """A sandboxed session's copy, in namespaces of its own, waits for
+        its trees: mounted by a helper, then the copy is told. A pid that
+        is not the copy ends the session that named it."""
+        assert parent.link is not None and parent.link.forking is not None and parent.pid is not None
+        child = self.jobs.get(parent.link.forking[0])
+        pid = int(said) if said.isdigit() else 0
+        if child is None or child.link is None or child.tmpdir is None:
+            return  # the copy's job is gone: its parent's answer says so
+        if not pid or not self.tree.is_copy(pid, child):
+            self._broke_protocol(parent, ProtocolError("the session named a process that is not its copy"))
+            return
+        try:
+            assert child.family is not None
+            mount_copy(parent.pid, pid, child.tmpdir, child.family.trees)
+            child.link.sock.send(MOUNTED)
+        except OSError as exc:
+            child.error = f"the copy could not have directories of its own: {exc}"
+            os.kill(pid, signal.SIGKILL)  # its parent then answers that it died, and _forked says why
 
     def _forked(self, parent: RunningJob, answer: bytes) -> bytes:
         """The runtime answered a fork: the copy it names, if it is the
@@ -355,6 +413,8 @@ class Worker:
         child_id, readers = parent.link.forking
         child = self.jobs.get(child_id)
         pid, why = fork_answer(answer)
+        if child is not None and child.error is not None:
+            pid, why = None, child.error  # a sandboxed copy that could not have its directories
         if child is None or pid is None or not self.tree.is_copy(pid, child):
             for fd in readers:
                 os.close(fd)
@@ -366,6 +426,8 @@ class Worker:
         self._running(child, pid, readers)
         self._session_begins(child)
         self._count_processes(child)
+        if child.family is not None and child.start.cwd is not None:  # a sandboxed copy's: not the one asked for
+            return json.dumps({"pid": pid, "directory": child.cwd}).encode("utf-8")
         return json.dumps({"pid": pid}).encode("utf-8")
 
     def _abandon_fork(self, parent: RunningJob) -> None:
@@ -418,6 +480,11 @@ class Worker:
             if what == STARTED:
                 if link.interrupted:
                     self._signal_cell(job)  # the interrupt that waited for the cell's start
+                continue
+            if what == MOUNT:
+                self._mount_copy(job, answer)
+                if job.ending is not None:
+                    return
                 continue
             if link.forking is not None:
                 answer = self._forked(job, answer)
@@ -634,6 +701,8 @@ class Worker:
                 self.tree.stale(job.group)  # removed once its last process is reaped
         trashed = None
         tmp_trashed = None if job.sandbox_tmp is None else self.dirs.discard(job.sandbox_tmp)
+        if job.family is not None:
+            job.family.left(self._throw_away)
         if job.tmpdir is not None:
             trashed = self.dirs.discard(job.tmpdir)  # the script in it too
         elif job.script is not None:
@@ -651,11 +720,17 @@ class Worker:
             self.dirs.collect(tmp_trashed)
         if not self.jobs:
             self.tree.sweep_strays()  # after the Result: the tree it belongs to is dead already
-        self.launcher.make_ahead()
+        if not self.stopping:  # else its preparer is killed already, and no job is to come
+            self.launcher.make_ahead()
         if job.held_chars() >= TRIM_AFTER_CHARS:
             for capture in job.captures:
                 capture.release()
             give_back_memory()
+
+    def _throw_away(self, path: str) -> None:
+        trashed = self.dirs.discard(path)
+        if trashed is not None:
+            self.dirs.collect(trashed)
 
     def _shutdown(self) -> None:
         """Everything below the worker dies first, then every job still

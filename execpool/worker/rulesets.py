@@ -182,13 +182,8 @@ def build_ruleset(handled: int, scoped: int, rules: List[Tuple[int, int]], handl
                            ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0)))
     if ruleset < 0:
         raise errno_error("landlock_create_ruleset")
-    rule = _PathBeneath()
     try:
-        for fd, rights in rules:
-            rule.allowed_access, rule.parent_fd = rights, fd
-            if syscall(ctypes.c_long(_SYS_LANDLOCK_ADD_RULE), ctypes.c_int(ruleset),
-                        ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
-                raise errno_error("landlock_add_rule")
+        add_rules(ruleset, rules)
         for port, rights in ports:
             net = _NetPort(rights, port)
             if syscall(ctypes.c_long(_SYS_LANDLOCK_ADD_RULE), ctypes.c_int(ruleset), ctypes.c_int(_RULE_NET_PORT),
@@ -198,6 +193,16 @@ def build_ruleset(handled: int, scoped: int, rules: List[Tuple[int, int]], handl
         os.close(ruleset)
         raise
     return ruleset
+
+
+def add_rules(ruleset: int, rules: Iterable[Tuple[int, int]]) -> None:
+    """Grant each (descriptor, rights) in a ruleset not yet entered."""
+    rule = _PathBeneath()
+    for fd, rights in rules:
+        rule.allowed_access, rule.parent_fd = rights, fd
+        if syscall(ctypes.c_long(_SYS_LANDLOCK_ADD_RULE), ctypes.c_int(ruleset),
+                    ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+            raise errno_error("landlock_add_rule")
 
 
 def _beneath(path: str, ancestor: str) -> bool:

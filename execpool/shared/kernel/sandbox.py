@@ -372,9 +372,14 @@ def view_kind() -> int:
 #: directory (and its parents), attach the clone numbered ``a`` on ``b``, an
 #: empty tmpfs the job may write (its rule added to its last Landlock
 #: ruleset), detach what covers a hidden path the job names, clone a path
-#: of the view (to attach it again), an empty file (and its parents).
+#: of the view (to attach it again), an empty file (and its parents),
+#: text written to a file before the namespace is entered (a copy's id maps).
 (STEP_CLONE_RW, STEP_CLONE_RO, STEP_BIND, STEP_TMPFS, STEP_MKDIR, STEP_ATTACH, STEP_OWN_TMPFS, STEP_UNCOVER, STEP_SAVE,
- STEP_TOUCH) = range(1, 11)
+ STEP_TOUCH, STEP_WRITE) = range(1, 12)
+#: How a view's mount namespace is had (_spawn.c says the same): the
+#: template's copied, the job's own made ahead and entered, or a sandboxed
+#: session's copy's entered and its paths mounted there.
+VIEW_COPIED, VIEW_OWN, VIEW_INTO = 0, 1, 2
 _SYS_LANDLOCK_ADD_RULE, _RULE_PATH_BENEATH = 445, 1
 _MNT_DETACH, _UMOUNT_NOFOLLOW = 2, 8
 _MS_PRIVATE = 1 << 18
@@ -419,11 +424,11 @@ def _clone_tree(fd: int, path: bytes, read_only: bool) -> int:
     return tree
 
 
-def _make_view(view: tuple, ruleset: int) -> None:
+def make_view(view: tuple, ruleset: int) -> None:
     """execpool/worker/_spawn.c's make_view, through ctypes: ``ruleset`` is
     the job's own, which learns its tmpfs directories."""
     user_fd, mnt_fd, steps, cwd, own_rights, own_namespace = view
-    if own_namespace:  # made ahead for the job (execpool/worker/ahead.py): entered as it is
+    if own_namespace == VIEW_OWN:  # made ahead for the job (execpool/worker/ahead.py): entered as it is
         if user_fd >= 0 and _libc.setns(user_fd, _CLONE_NEWUSER) != 0 or _libc.setns(mnt_fd, _CLONE_NEWNS) != 0:
             raise errno_error("entering the sandbox's view (setns)")
         os.chdir(cwd)
@@ -431,7 +436,11 @@ def _make_view(view: tuple, ruleset: int) -> None:
     clones: list = []
     try:
         in_user = False
-        for op, path, _target in steps:
+        for op, path, text in steps:
+            if op == STEP_WRITE:
+                with open(path, "wb") as f:
+                    f.write(text)
+                continue
             if op not in (STEP_CLONE_RW, STEP_CLONE_RO):
                 continue
             if user_fd >= 0 and not in_user:
@@ -449,7 +458,7 @@ def _make_view(view: tuple, ruleset: int) -> None:
             raise errno_error("entering the sandbox's view (setns)")
         if _libc.setns(mnt_fd, _CLONE_NEWNS) != 0:
             raise errno_error("entering the sandbox's view (setns)")
-        if _libc.unshare(_CLONE_NEWNS) != 0:
+        if own_namespace != VIEW_INTO and _libc.unshare(_CLONE_NEWNS) != 0:
             raise errno_error("unshare(CLONE_NEWNS)")
         for op, a, b in steps:
             _view_step(op, a, b, clones, ruleset, own_rights)
@@ -481,16 +490,49 @@ def _view_step(op: int, a: bytes, b: bytes, clones: list, ruleset: int, own_righ
         clones.append(_clone_tree(-1, a, False))
         failed = False
     elif op == STEP_ATTACH:
-        target = linux.open_unlinked(os.fsdecode(b))
-        try:
-            failed = syscall(ctypes.c_long(_SYS_MOVE_MOUNT), ctypes.c_int(clones[int(a)]), b"", ctypes.c_int(target),
-                             b"", ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH | _MOVE_MOUNT_T_EMPTY_PATH)) != 0
-        finally:
-            os.close(target)
+        attach(clones[int(a)], os.fsdecode(b))
+        failed = False
     else:
         return
     if failed:
         raise errno_error("mounting the job's own paths")
+
+
+def attach(tree: int, target: str) -> None:
+    """Mount a detached tree (:func:`clone_tree`) on ``target``, reached
+    without following a link."""
+    fd = linux.open_unlinked(target)
+    try:
+        if syscall(ctypes.c_long(_SYS_MOVE_MOUNT), ctypes.c_int(tree), b"", ctypes.c_int(fd), b"",
+                   ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH | _MOVE_MOUNT_T_EMPTY_PATH)) != 0:
+            raise errno_error(f"mounting the job's own paths ({target})")
+    finally:
+        os.close(fd)
+
+
+def unshare(kinds: int) -> None:
+    if _libc.unshare(kinds) != 0:
+        raise errno_error(f"unshare({kinds:#x})")
+
+
+def _drop_capabilities() -> None:
+    _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL before 4.3: none to clear
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    if _libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
+        raise errno_error("capset")
+
+
+def _restrict(ruleset_fd: int) -> None:
+    if syscall(ctypes.c_long(_SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(ruleset_fd), ctypes.c_uint32(0)) != 0:
+        raise errno_error("landlock_restrict_self")
+
+
+def confine_again(ruleset_fd: int) -> None:
+    """For a confined process that unshared a user namespace (a session's
+    copy, execpool/worker/sessions/fork.py): give up the capabilities it
+    holds there, then enter one more Landlock layer."""
+    _drop_capabilities()
+    _restrict(ruleset_fd)
 
 
 def enter(rulesets: Tuple[int, ...], view: Optional[tuple] = None) -> None:
@@ -500,15 +542,11 @@ def enter(rulesets: Tuple[int, ...], view: Optional[tuple] = None) -> None:
     For a freshly forked tool or a warm spare, before any of the job's code
     runs; raises OSError naming the step that failed."""
     if view is not None:
-        _make_view(view, rulesets[-1])
+        make_view(view, rulesets[-1])
     if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise errno_error("prctl(PR_SET_NO_NEW_PRIVS)")
-    _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL before 4.3: none to clear
-    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
-    if _libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
-        raise errno_error("capset")
+    _drop_capabilities()
     for ruleset_fd in rulesets:
-        if syscall(ctypes.c_long(_SYS_LANDLOCK_RESTRICT_SELF), ctypes.c_int(ruleset_fd), ctypes.c_uint32(0)) != 0:
-            raise errno_error("landlock_restrict_self")
+        _restrict(ruleset_fd)
     if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(_fprog), 0, 0) != 0:
         raise errno_error("prctl(PR_SET_SECCOMP)")

@@ -26,22 +26,32 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Set
 
-from ...shared.kernel import linux
+from ...shared.kernel import linux, sandbox
 from ...shared.kernel.markers import JOB_MARKER_ENV
 from ..warm.spare import stamp_marker
+
+#: The byte the worker sends a sandboxed copy once its trees are mounted.
+MOUNTED = b"\x01"
+_CLONE_NEWUSER, _CLONE_NEWNS = 0x10000000, 0x00020000
 
 #: How long a copy made through a middle process waits for the middle one
 #: to exit (it does at once), and so for its re-parenting to the worker.
 _REPARENT_WAIT_S = 2.0
 
 
-def fork_copy(runtime: Any, spec: Optional[Dict[str, Any]], fds: List[int]) -> Optional[Dict[str, Any]]:
+def fork_copy(runtime: Any, spec: Optional[Dict[str, Any]], fds: List[int],
+              ask_mount: Callable[[int], None]) -> Optional[Dict[str, Any]]:
     """In the parent, ``{"pid": N}`` or ``{"error": why}``; in the copy,
-    None, once it is its own session."""
-    if not isinstance(spec, dict) or len(fds) < 3 or not isinstance(spec.get("marker"), str):
+    None, once it is its own session. A sandboxed session's copy (the spec's
+    ``confine``) has its own namespaces first, and the parent asks the worker
+    to mount its trees there (``ask_mount``) before it goes on."""
+    confine = spec.get("confine") if isinstance(spec, dict) else None
+    if not isinstance(spec, dict) or len(fds) < (4 if confine else 3) or not isinstance(spec.get("marker"), str) \
+            or confine is not None and not isinstance(confine, dict):
         for fd in fds:
             os.close(fd)
         return {"error": "the worker sent a fork without what it needs"}
@@ -60,7 +70,7 @@ def fork_copy(runtime: Any, spec: Optional[Dict[str, Any]], fds: List[int]) -> O
     if pid == 0:
         try:
             os.close(said_r)
-            _become(runtime, spec, fds, worker)
+            _become(runtime, spec, fds, worker, said_w)
             os.write(said_w, b"%d" % os.getpid())
         except BaseException as exc:  # noqa: BLE001 - the parent says why; the copy goes
             os.write(said_w, f"the copy could not start: {type(exc).__name__}: {exc}".encode("utf-8", "replace"))
@@ -70,7 +80,7 @@ def fork_copy(runtime: Any, spec: Optional[Dict[str, Any]], fds: List[int]) -> O
     os.close(said_w)
     for fd in fds:
         os.close(fd)
-    said = _read_all(said_r)
+    said = _read_said(said_r, ask_mount)
     if said.isdigit():
         return {"pid": int(said)}
     return {"error": said.decode("utf-8", "replace") or "the copy died before it started"}
@@ -116,8 +126,10 @@ def _threads() -> int:
         return 2  # unknown: the safe way
 
 
-def _become(runtime: Any, spec: Dict[str, Any], fds: List[int], worker: int) -> None:
+def _become(runtime: Any, spec: Dict[str, Any], fds: List[int], worker: int, said_w: int) -> None:
     """The copy leaves everything of its parent's that it can name."""
+    confine = spec.get("confine")
+    layer = fds.pop() if confine else -1
     sock, out_fd, err_fd, *joins = fds
     for fd in joins:
         os.write(fd, b"0")  # into the copy's own cgroup
@@ -132,24 +144,78 @@ def _become(runtime: Any, spec: Dict[str, Any], fds: List[int], worker: int) -> 
     os.close(err_fd)
     os.close(runtime.channel.detach())  # the parent's socket: closed, not shut down
     runtime.channel = socket.socket(fileno=sock)
-    source, target = spec.get("from"), spec.get("to")
-    here = os.getcwd()
-    if isinstance(source, str) and isinstance(target, str):
-        with os.scandir(source) as entries:
-            if next(entries, None) is not None:
-                shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
-        if here == source or here.startswith(source.rstrip(os.sep) + os.sep):
-            here = target + here[len(source):]
-    os.chdir(here)
-    if os.environ.get("PWD"):
-        os.environ["PWD"] = here
     os.environ[JOB_MARKER_ENV] = spec["marker"]
     stamp_marker(spec["marker"])
+    here = os.getcwd()
+    if confine:
+        _own_trees(runtime.channel, confine, layer, said_w)
+    else:
+        source, target = spec.get("from"), spec.get("to")
+        if isinstance(source, str) and isinstance(target, str):
+            copy_tree(source, target)
+            if here == source or here.startswith(source.rstrip(os.sep) + os.sep):
+                here = target + here[len(source):]
+    os.chdir(here)  # in a confined copy, the same path in its own trees
+    if os.environ.get("PWD"):
+        os.environ["PWD"] = here
 
 
-def _read_all(fd: int) -> bytes:
-    chunks = []
+def _own_trees(channel: socket.socket, confine: Dict[str, Any], layer: int, said_w: int) -> None:
+    """A sandboxed session's copy: in namespaces of its own, it asks (through
+    its parent) for its trees, copies its parent's files into them and
+    enters its own Landlock layer (execpool/worker/sessions/family.py)."""
+    paths = [path for path in confine.get("paths", ()) if isinstance(path, str)]
+    theirs = [(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), path) for path in paths]
+    try:
+        sandbox.unshare(_CLONE_NEWUSER | _CLONE_NEWNS)
+        os.write(said_w, b"+%d\n" % os.getpid())
+        if channel.recv(1) != MOUNTED:
+            raise OSError("the worker did not mount the copy's directories")
+        for fd, path in theirs:
+            copy_tree(f"/proc/self/fd/{fd}", path)
+    finally:
+        for fd, _ in theirs:
+            os.close(fd)
+    sandbox.confine_again(layer)
+    os.close(layer)
+
+
+def copy_tree(source: str, target: str) -> None:
+    """``source``'s files into ``target`` (made if missing): directories,
+    regular files and links as they are; what another filesystem has
+    mounted in it, pipes, sockets and devices left out -- opening a pipe
+    would wait for ever."""
+    device = os.stat(source).st_dev
+
+    def left_out(directory: str, names: List[str]) -> Set[str]:
+        out = set()
+        for name in names:
+            try:
+                info = os.lstat(os.path.join(directory, name))
+            except OSError:
+                out.add(name)
+                continue
+            if info.st_dev != device or not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)
+                                             or stat.S_ISLNK(info.st_mode)):
+                out.add(name)
+        return out
+
+    with os.scandir(source) as entries:
+        if next(entries, None) is None:
+            return
+    shutil.copytree(source, target, symlinks=True, ignore=left_out, dirs_exist_ok=True)
+
+
+def _read_said(fd: int, ask_mount: Callable[[int], None]) -> bytes:
+    """What the copy says on its pipe: its pid once it is ready, or why it
+    could not be; a sandboxed one first says ``+pid`` to have its trees
+    mounted, which the worker is asked for at once."""
+    said = b""
     while chunk := os.read(fd, 4096):
-        chunks.append(chunk)
+        said += chunk
+        if said.startswith(b"+") and b"\n" in said:
+            line, _, said = said.partition(b"\n")
+            if line[1:].isdigit():
+                ask_mount(int(line[1:]))
     os.close(fd)
-    return b"".join(chunks)
+    return said

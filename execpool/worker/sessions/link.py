@@ -15,7 +15,8 @@ colon, its reply and a NUL -- JSON from Python, the exit status from bash
 turn as a cell does: its frame is the number, ``*`` and a JSON spec, sent
 with the copy's descriptors, and its reply names the copy
 (execpool/worker/sessions/fork.py), which the worker checks before it
-says anything of it.
+says anything of it; a sandboxed session's copy first asks for its own
+trees (the number, ``+`` and its pid: execpool/worker/sessions/family.py).
 
 The session's own code can write on that socket too. It can end its own
 cell early or garble its reply, which the caller reads as untrusted
@@ -52,8 +53,9 @@ _READ_SIZE = 1 << 16
 #: Bytes read from one session's socket per turn of the worker's loop.
 READ_BUDGET = 4 * _READ_SIZE
 
-#: What the runtime said: its cell started, or its reply.
-STARTED, REPLY = "started", "reply"
+#: What the runtime said: its cell started, its reply, or (a sandboxed
+#: session forking) the pid of a copy waiting for its trees.
+STARTED, REPLY, MOUNT = "started", "reply", "mount"
 
 
 def fork_answer(answer: bytes) -> Tuple[Optional[int], str]:
@@ -109,6 +111,7 @@ class SessionLink:
         #: While a fork is the turn: the copy's job and its output pipes'
         #: read ends, until the copy runs it.
         self.forking: Optional[Tuple[int, List[int]]] = None
+        self.mount_asked = False  # a sandboxed fork's copy asks for its trees once
 
     @property
     def runtime_fd(self) -> int:
@@ -140,7 +143,7 @@ class SessionLink:
         self.cell += 1
         self.printed_before = printed
         self.running = self._answering = True
-        self.started = self.interrupted = self.cancelled = False
+        self.started = self.interrupted = self.cancelled = self.mount_asked = False
         self.began = boot_ticks()
 
     def send_pending(self) -> None:
@@ -218,6 +221,9 @@ class SessionLink:
         if frame == b"%d!" % self.cell and not self.started:
             self.started = True
             return STARTED, b""
+        if self.forking is not None and not self.mount_asked and frame.startswith(b"%d+" % self.cell):
+            self.mount_asked = True
+            return MOUNT, frame[len(b"%d+" % self.cell):]
         number, colon, answer = frame.partition(b":")
         if not colon or number != b"%d" % self.cell:
             raise ProtocolError("the session wrote on its socket what its runtime never writes")

@@ -27,7 +27,9 @@ the number and ``!`` once SIGINT would interrupt it, and its reply, after
 the cell's output is flushed, is the number, a colon, one JSON object --
 ``{"value", "data", "display", "error", "execution_count", "cost"}`` -- and
 a NUL. A fork comes as its number, ``*`` and a JSON spec, with the
-copy's descriptors; the reply is the fork's (execpool/worker/sessions/fork.py).
+copy's descriptors; the reply is the fork's (execpool/worker/sessions/fork.py),
+after, for a sandboxed session, the number, ``+`` and the copy's pid: the
+copy waits for its trees.
 The cost is the CPU the cell took (the session's process, and the
 processes it waited for) and the session's peak resident memory so far.
 """
@@ -63,7 +65,7 @@ MAX_PLAIN_CHARS = 1_000_000
 MAX_MIME_CHARS = 8_000_000
 
 #: A fork frame's descriptors: the copy's socket, stdout, stderr and cgroup files.
-_MAX_FORK_FDS = 8
+_MAX_FORK_FDS = 10
 
 _in_cell = False
 
@@ -191,7 +193,7 @@ class Runtime:
             digits = len(frame) - len(frame.lstrip(b"0123456789"))
             tag, kind, body = frame[:digits], frame[digits:digits + 1], frame[digits + 1:]
             if kind == b"*":
-                reply = self._fork(body)
+                reply = self._fork(tag, body)
                 if reply is None:
                     continue  # the copy: its parent answers the fork
             else:
@@ -217,17 +219,18 @@ class Runtime:
         del self._buffer[:end + 1]
         return frame
 
-    def _fork(self, body: bytes) -> Optional[bytes]:
+    def _fork(self, tag: bytes, body: bytes) -> Optional[bytes]:
         """A copy of this session, to become another session: the parent's
         reply (JSON: the copy's pid, or why there is none); None in the copy,
-        which serves its own socket from here on."""
+        which serves its own socket from here on. A sandboxed copy's request
+        for its trees goes up as the number, ``+`` and its pid."""
         fds, self._fds = self._fds, []
         from .fork import fork_copy  # only a fork needs it
         try:
             spec = json.loads(body)
         except ValueError:
             spec = None
-        result = fork_copy(self, spec, fds)
+        result = fork_copy(self, spec, fds, lambda pid: self.channel.sendall(tag + b"+%d\0" % pid))
         if result is None:
             self._buffer.clear()  # the parent's frames are not the copy's
             return None

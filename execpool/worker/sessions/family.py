@@ -1,0 +1,255 @@
+"""A sandboxed Python session's forks: the directories its copies will
+write, ruled in before the session starts, and the mounts that give a copy
+its own.
+
+Runs in the worker process (``Family``, ``copy_layer``) and in a short-lived
+fork of it (``mount_copy``'s helper). Why it takes all this: a copy is a
+fork of a confined process, so it keeps its parent's Landlock domain, which
+no process can leave or widen, and its mount namespace, where ``/tmp``, the
+home and ``/dev/shm`` are its parent's. A confined process may not mount.
+So:
+
+- **Spares, ruled in at the start.** A session that may fork starts with
+  FAMILY_FORKS spare directories in the worker's ``jobs_dir`` (each a
+  ``home``, ``tmp`` and ``shm``), every right on them in its own ruleset:
+  the only new directories a copy can ever write are ones its first
+  ancestor's domain already granted. No process of the family can reach
+  them by path until the worker mounts one into a copy's namespace: the
+  ``jobs_dir`` is covered in every view. The family shares them; a fork
+  takes the next.
+- **A namespace of its own, mounted from outside.** The copy, before any
+  cell of its own runs, unshares a user and a mount namespace (and a
+  network one when its session has no network), and waits. A helper of the
+  worker maps the copy's ids (the same ids), enters its namespaces and
+  mounts the spare's trees over ``/tmp``, ``/dev/shm`` and the home, with
+  what was mounted beneath them (an interpreter that lives in ``/tmp``)
+  again. The copy copies its parent's files into them, drops the
+  capabilities its namespace gave it, and enters a layer of its own
+  (``copy_layer``): writing only its own trees and the family's unused
+  spares, signals and abstract sockets scoped to itself. From then on it
+  reaches neither its parent's files and processes nor its siblings'.
+
+What it does not stop: an ancestor reaches its copies. A Landlock domain
+may trace the domains nested in it, and the copy's user namespace is its
+parent's user's, so a parent's process can open a copy's files through
+``/proc/<pid>/root``. The README's threat model says so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import time
+from typing import Callable, List, Optional, Tuple
+
+from ...shared.kernel.sandbox import (
+    STEP_ATTACH,
+    STEP_CLONE_RW,
+    STEP_MKDIR,
+    STEP_SAVE,
+    STEP_WRITE,
+    VIEW_INTO,
+    child_arguments,
+    make_view,
+)
+from ..helper import fork_helper
+from ..rulesets import DEVICES, FS_TRUNCATE, FS_WRITE_FILE, READ, add_rules, build_ruleset
+from ..spawn import _spawn
+from ..view import HOME, SHM, TMP
+
+#: How many copies a sandboxed session's family (it, its copies and
+#: theirs) can make: each is a spare made when the session starts.
+FAMILY_FORKS = 8
+#: A copy's trees in its spare, and where its view mounts each (a session
+#: given a working directory has a fourth: ``Family.trees``).
+TREES = (("home", HOME), ("tmp", TMP), ("shm", SHM))
+#: Landlock's ceiling on a process's layers (LANDLOCK_MAX_NUM_LAYERS): a
+#: copy adds one to its parent's.
+MAX_LAYERS = 16
+#: How long the worker waits for the helper that mounts a copy's trees.
+MOUNT_TIMEOUT_S = 5.0
+_MOUNTER_NAME = "execpool-mount"
+
+
+class Family:
+    """The spares a sandboxed session and its copies share, removed when
+    the last of them ends. ``trees``: each spare's directories and where a
+    copy's view mounts each -- the home, /tmp, /dev/shm, and the session's
+    working directory where the caller gave it one (at its own path)."""
+
+    def __init__(self, spares: List[str], trees: Tuple[Tuple[str, str], ...]) -> None:
+        self.spares = spares
+        self.trees = trees
+        self.members = 1
+
+    def take(self) -> str:
+        """The next spare, for a copy; OSError when none is left."""
+        if not self.spares:
+            raise OSError(f"a sandboxed session and its copies can make {FAMILY_FORKS} forks in all (each needs "
+                          f"directories its first session's Landlock rules named when it started); they are made")
+        self.members += 1
+        return self.spares.pop(0)
+
+    def directory(self, spare: str) -> str:
+        """Where a copy's working directory is on the host: its spare's
+        ``work`` for a session given one, else its home."""
+        return os.path.join(spare, self.trees[-1][0])
+
+    def left(self, discard: Callable[[str], None]) -> None:
+        """A member ended; the last one takes the unused spares with it."""
+        self.members -= 1
+        if self.members == 0:
+            for spare in self.spares:
+                discard(spare)
+            self.spares.clear()
+
+
+def make_family(private: Callable[[], str], ruleset: int, rights: int, cwd: Optional[str]) -> Family:
+    """The spares of a session about to start (``cwd``: the working
+    directory the caller gave it, if any), every right on their trees added
+    to ``ruleset`` (the session's own, not yet entered)."""
+    trees = TREES + ((("work", cwd),) if cwd is not None else ())
+    spares: List[str] = []
+    rules: List[Tuple[int, int]] = []
+    try:
+        for _ in range(FAMILY_FORKS):
+            spare = private()
+            spares.append(spare)
+            for name, target in trees:
+                path = os.path.join(spare, name)
+                os.mkdir(path, 0o700)
+                if target in (TMP, SHM):
+                    os.chmod(path, 0o1777)  # as the tmpfs the session's own are
+                rules.append((os.open(path, os.O_PATH | os.O_CLOEXEC), rights))
+        add_rules(ruleset, rules)
+    finally:
+        for fd, _ in rules:
+            os.close(fd)
+    return Family(spares, trees)
+
+
+def copy_layer(handled: int, scoped: int, spare: str, family: Family) -> int:
+    """The Landlock layer a copy enters once it has its own trees: writing
+    only those, the family's unused spares (for its own forks) and the
+    devices; reading is its parent's layers' business. A ruleset
+    descriptor, for the caller to close."""
+    writes = handled & ~READ
+    opened: List[Tuple[int, int]] = []
+    try:
+        for directory in (spare, *family.spares):
+            for name, _ in family.trees:
+                opened.append((os.open(os.path.join(directory, name), os.O_PATH | os.O_CLOEXEC), writes))
+        for device in DEVICES:
+            try:
+                opened.append((os.open(device, os.O_PATH | os.O_CLOEXEC), writes & (FS_WRITE_FILE | FS_TRUNCATE)))
+            except OSError:
+                continue
+        return build_ruleset(writes, scoped, opened)
+    finally:
+        for fd, _ in opened:
+            os.close(fd)
+
+
+def mount_copy(parent_pid: int, pid: int, spare: str, trees: Tuple[Tuple[str, str], ...]) -> None:
+    """Give the copy ``pid`` (unshared, waiting) its own trees from
+    ``spare``; OSError naming the step that failed. The view's machinery
+    does it (execpool/worker/_spawn.c's make_view, in a vfork child, or its
+    ctypes twin in a helper without the extension): in the user namespace
+    the session's tool runs in (the view's own where the worker lacks
+    CAP_SYS_ADMIN), the spare's trees cloned and the copy's own user and
+    group mapped, each to itself (no other: nothing joining its namespace
+    can take another id); in the copy's mount namespace, each tree mounted
+    over its place, with what was mounted on that place again on it."""
+    user_fd = copy_mnt = -1
+    try:
+        user_fd = os.open(f"/proc/{parent_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        if os.fstat(user_fd).st_ino == os.stat("/proc/self/ns/user").st_ino:
+            os.close(user_fd)
+            user_fd = -1
+        copy_mnt = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        steps = [(STEP_CLONE_RW, os.fsencode(os.path.join(spare, name)), b"") for name, _ in trees]
+        with open(f"/proc/{pid}/status") as f:
+            ids = dict(line.split(":", 1) for line in f if line.startswith(("Uid:", "Gid:")))
+        for name, key in (("uid_map", "Uid"), ("gid_map", "Gid")):
+            own = ids[key].split()[1]  # the effective id: the copy's only one, as it was
+            steps.append((STEP_WRITE, os.fsencode(f"/proc/{pid}/{name}"), f"{own} {own} 1\n".encode()))
+        with open(f"/proc/{pid}/mountinfo") as f:
+            mountinfo = f.read()
+        targets = [target for _, target in trees]
+        # What is mounted beneath a tree goes on the copy's again -- but a
+        # tree mounted in another (a working directory in /tmp), which is
+        # the copy's own.
+        saved = [path for target in targets for path in _mounts_beneath(mountinfo, target) if path not in targets]
+        steps += [(STEP_SAVE, os.fsencode(path), b"") for path in saved]
+        for index, target in sorted(enumerate(targets), key=lambda pair: pair[1].count("/")):
+            steps += [(STEP_MKDIR, os.fsencode(target), b""), (STEP_ATTACH, b"%d" % index, os.fsencode(target))]
+        for index, path in enumerate(saved, start=len(trees)):
+            steps += [(STEP_MKDIR, os.fsencode(path), b""), (STEP_ATTACH, b"%d" % index, os.fsencode(path))]
+        view = (user_fd, copy_mnt, tuple(steps), b"/", 0, VIEW_INTO)
+        if _spawn is not None:
+            os.close(_spawn.prepare_view(child_arguments((), view)))
+        else:
+            _in_helper(lambda: make_view(view, -1))
+    finally:
+        for fd in (user_fd, copy_mnt):
+            if fd >= 0:
+                os.close(fd)
+
+
+def _in_helper(body: Callable[[], None]) -> None:
+    """``body`` in a fork of the worker, which never changes namespaces
+    itself; OSError with what it raised."""
+    read_end, write_end = os.pipe()
+
+    def run() -> None:
+        try:
+            body()
+        except BaseException as exc:  # noqa: BLE001 - said to the worker
+            os.write(write_end, str(exc).encode("utf-8", "replace") or b"failed")
+
+    try:
+        helper = fork_helper(_MOUNTER_NAME, (write_end,), run)
+    finally:
+        os.close(write_end)
+    try:
+        said = _read_until(read_end, time.monotonic() + MOUNT_TIMEOUT_S)
+    finally:
+        os.close(read_end)
+    if said is None:
+        os.kill(helper, signal.SIGKILL)
+    os.waitpid(helper, 0)
+    if said is None:
+        raise OSError(f"mounting the copy's directories took over {MOUNT_TIMEOUT_S:g} s")
+    if said:
+        raise OSError(said.decode("utf-8", "replace"))
+
+
+def _read_until(fd: int, deadline: float) -> Optional[bytes]:
+    chunks: List[bytes] = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _mounts_beneath(mountinfo: str, target: str) -> List[str]:
+    """The mount points on the mount that is visible at ``target`` (not on
+    one it covers: the view's own ``/tmp`` covers the template's)."""
+    mounts = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        mounts.append((fields[0], fields[1], _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), fields[4])))
+    at_target = [ident for ident, _, point in mounts if point == target]
+    covered = {parent for _, parent, point in mounts if point == target}
+    top = next((ident for ident in reversed(at_target) if ident not in covered), None)
+    return sorted({point for _, parent, point in mounts if parent == top and point != target})
+
+
+#: How mountinfo writes a space, a tab, a newline or a backslash in a path.
+_OCTAL = re.compile(r"\\([0-7]{3})")

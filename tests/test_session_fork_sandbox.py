@@ -1,0 +1,208 @@
+"""``Session.fork()`` in the strict sandbox (SPEC §8, the README's Sessions
+section): a copy holds its parent's state and copies of its files, at the
+same paths, and from then on reaches nothing of its parent's or its
+siblings' -- not their files (its own /tmp, home, /dev/shm and working
+directory), not their processes; within a budget of forks per family,
+whose unused directories go with its last member. The pool runs as root
+here; one test runs it as ``nobody``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from helpers import run_as_nobody, wait_for, worker_records
+
+from execpool import ExecPool, SessionClosedError, SessionForkError, sandbox_support
+
+pytestmark = pytest.mark.skipif(not sandbox_support().available, reason="the kernel lacks the sandbox")
+
+DEADLINE_S = 30.0
+
+#: Writes a file in each of the trees a copy gets of its own.
+PLANT = textwrap.dedent("""\
+    import os
+    state = ['parent']
+    for path in ('/tmp/t.txt', os.path.expanduser('~/h.txt'), '/dev/shm/s.txt', 'w.txt'):
+        open(path, 'w').write('parent')
+""")
+READ_ALL = "[open(p).read() for p in ('/tmp/t.txt', os.path.expanduser('~/h.txt'), '/dev/shm/s.txt', 'w.txt')]"
+WRITE_ALL = ("for p in ('/tmp/t.txt', os.path.expanduser('~/h.txt'), '/dev/shm/s.txt', 'w.txt'):\n"
+             "    open(p, 'w').write(WHO)")
+
+#: A cell that tries what a copy must not do to ``PID``'s process (its
+#: parent's, a sibling's): a dict of what each attempt met.
+REACH = textwrap.dedent("""\
+    import os, subprocess
+    def attempt(f):
+        try:
+            f()
+            return 'done'
+        except OSError as exc:
+            return type(exc).__name__
+    {
+        'its /tmp': attempt(lambda: open(f'/proc/{PID}/root/tmp/t.txt').read()),
+        'its directory': attempt(lambda: open(f'/proc/{PID}/cwd/w.txt', 'a').write('x')),
+        'its user namespace': attempt(lambda: os.open(f'/proc/{PID}/ns/user', os.O_RDONLY)),
+        'a signal': attempt(lambda: os.kill(PID, 0)),
+        'from a child process': subprocess.run(['cat', f'/proc/{PID}/root/tmp/t.txt'],
+                                                capture_output=True).returncode,
+        'capabilities': open('/proc/self/status').read().split('CapEff:')[1].split()[0],
+    }
+""")
+REFUSED = {"its /tmp": "PermissionError", "its directory": "PermissionError",
+           "its user namespace": "PermissionError", "a signal": "PermissionError", "from a child process": 1,
+           "capabilities": "0000000000000000"}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ExecPool(workers=1) as p:
+        yield p
+
+
+def _spares(pool) -> list:
+    """The spare directories the worker holds for sandboxed families."""
+    jobs_dir = worker_records(pool)[0].jobs_dir
+    return [name for name in os.listdir(jobs_dir)
+            if os.path.isdir(os.path.join(jobs_dir, name, "shm")) and os.path.isdir(os.path.join(jobs_dir, name, "tmp"))]
+
+
+def test_a_sandboxed_copy_holds_its_parent_s_state_and_files_of_its_own(pool):
+    with pool.session("python", sandbox="strict") as parent:
+        assert parent.run(PLANT + "os.getcwd()").status == "ok"
+        place = parent.run("os.getcwd()").value
+        with parent.fork() as child:
+            assert child.cwd is None  # private, as its parent's
+            assert child.run(f"state, {READ_ALL}, os.getcwd()").value == f"(['parent'], {['parent'] * 4}, {place})"
+            child.run("state.append('child')\nWHO = 'child'\n" + WRITE_ALL)
+            assert parent.run(f"state, {READ_ALL}").value == f"(['parent'], {['parent'] * 4})"
+            parent.run("WHO = 'parent again'\n" + WRITE_ALL)
+            assert child.run(f"state, {READ_ALL}").value == f"(['parent', 'child'], {['child'] * 4})"
+            with child.fork() as grandchild:
+                assert grandchild.run(f"state, {READ_ALL}").value == f"(['parent', 'child'], {['child'] * 4})"
+                grandchild.run("WHO = 'grandchild'\n" + WRITE_ALL)
+                assert child.run(READ_ALL).value == str(["child"] * 4)
+
+
+def test_a_sandboxed_copy_reaches_neither_its_parent_nor_its_sibling(pool):
+    with pool.session("python", sandbox="strict") as parent:
+        parent.run(PLANT)
+        with parent.fork() as first, parent.fork() as second:
+            for copy, other in ((first, parent), (first, second), (second, first)):
+                pid = other.run("os.getpid()").value
+                reached = copy.run(REACH.replace("PID", pid))
+                assert reached.status == "ok", reached.text
+                assert reached.value == repr(REFUSED)
+
+
+def test_a_sandboxed_session_given_a_directory_forks_into_one_of_its_own(pool, tmp_path):
+    (tmp_path / "seed.txt").write_text("seed")
+    with pool.session("python", sandbox="strict", cwd=tmp_path) as parent:
+        parent.run(PLANT)
+        with parent.fork() as child:
+            assert child.cwd is not None and child.cwd != str(tmp_path)
+            assert sorted(os.listdir(child.cwd)) == ["seed.txt", "w.txt"]
+            assert child.run("os.getcwd()").value == repr(str(tmp_path))  # the same path, its own files
+            child.run("WHO = 'child'\n" + WRITE_ALL)
+            assert (tmp_path / "w.txt").read_text() == "parent"
+            assert open(os.path.join(child.cwd, "w.txt")).read() == "child"
+            place = child.cwd
+        assert wait_for(lambda: not os.path.exists(place), DEADLINE_S), "the copy's directory outlived it"
+        with pytest.raises(SessionForkError, match="cannot be given a cwd"):
+            parent.fork(cwd=tmp_path)
+        assert parent.run("open('w.txt').read()").value == "'parent'"
+
+
+def test_a_family_makes_its_forks_then_says_why_and_its_directories_go_with_it(pool):
+    from execpool.worker.sessions.family import FAMILY_FORKS
+
+    before = len(_spares(pool))
+    with pool.session("python", sandbox="strict") as parent:
+        parent.run("x = 1")
+        assert len(_spares(pool)) == before + FAMILY_FORKS
+        first = parent.fork()
+        copies = [first, first.fork()]  # a copy's fork counts for the family
+        copies += [parent.fork() for _ in range(FAMILY_FORKS - 2)]
+        with pytest.raises(SessionForkError, match=f"make {FAMILY_FORKS} forks in all"):
+            parent.fork()
+        with pytest.raises(SessionForkError, match="forks in all"):
+            first.fork()
+        assert parent.run("x").value == "1" and first.run("x").value == "1"
+        for copy in copies:
+            copy.close()
+    assert wait_for(lambda: len(_spares(pool)) == before, DEADLINE_S), _spares(pool)
+
+
+def test_an_unused_family_leaves_no_directories(pool):
+    before = len(_spares(pool))
+    with pool.session("python", sandbox="strict") as session:
+        assert session.run("1").value == "1"
+    assert wait_for(lambda: len(_spares(pool)) == before, DEADLINE_S), _spares(pool)
+
+
+def test_a_sandboxed_session_forks_as_nobody():
+    """The worker lacks CAP_SYS_ADMIN: its view lives in a user namespace
+    of its own, which the copy's mounts are made from."""
+    script = textwrap.dedent("""\
+        import json, os
+        from execpool import ExecPool
+        with ExecPool(workers=1) as pool, pool.session("python", sandbox="strict") as parent:
+            parent.run("import os\\nopen('/tmp/t.txt', 'w').write('parent')\\nx = 7")
+            pid = parent.run("os.getpid()").value
+            with parent.fork() as child:
+                seen = child.run("x, open('/tmp/t.txt').read(), os.getuid()").value
+                child.run("open('/tmp/t.txt', 'w').write('child')")
+                reach = child.run(f"import subprocess\\n"
+                                  f"subprocess.run(['cat', '/proc/{pid}/root/tmp/t.txt']).returncode").value
+            print(json.dumps([seen, parent.run("open('/tmp/t.txt').read()").value, reach]))
+    """)
+    done = run_as_nobody(script)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == [f"(7, 'parent', {65534})", "'parent'", "1"]
+
+
+def test_a_pool_closed_with_sandboxed_sessions_open_says_nothing_of_its_preparer():
+    """Regression: each open session's end made the worker ask its preparer,
+    killed already, for the next job's namespace, and log that it was gone."""
+    script = ("from execpool import ExecPool\n"
+              "with ExecPool(workers=1) as pool:\n"
+              "    sessions = [pool.session('python', sandbox='strict') for _ in range(2)]\n"
+              "    print([s.run('1').value for s in sessions])\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout == "['1', '1']\n", done.stderr
+    assert "preparer" not in done.stderr, done.stderr
+
+
+#: Run in a sandboxed session: its runtime answers the next fork by asking
+#: for ``VICTIM``'s trees to be mounted, as a copy's parent would.
+FORGED_MOUNT = """
+import gc, json
+from execpool.worker.sessions.python import Runtime
+runtime = next(o for o in gc.get_objects() if isinstance(o, Runtime))
+def forged(tag, body):
+    runtime.channel.sendall(tag + b"+VICTIM\\0")
+    return json.dumps({"error": "no copy"}).encode() + b"\\0"
+runtime._fork = forged
+"""
+
+
+def test_a_session_naming_another_process_for_its_copy_s_mounts_is_ended():
+    """The worker mounts a copy's trees only in its own child carrying the
+    copy's marker: a session that names another session's process ends,
+    and the process it named is left alone."""
+    with ExecPool(workers=1) as own:
+        with own.session("python", sandbox="strict") as victim:
+            pid = int(victim.run("import os\nos.getpid()").value)
+            mounts = victim.run("open('/proc/self/mountinfo').read()").value
+            liar = own.session("python", sandbox="strict")
+            liar.run(FORGED_MOUNT.replace("VICTIM", str(pid)))
+            with pytest.raises(SessionClosedError, match="not its copy"):
+                liar.fork()
+            assert not liar.alive
+            assert victim.run("open('/proc/self/mountinfo').read()").value == mounts
+            assert victim.run("os.getpid()").value == str(pid)
