@@ -95,6 +95,12 @@ class JobDirs:
         with contextlib.suppress(FileExistsError):
             os.mkdir(self.trash, 0o700)
 
+    def drop(self, path: str) -> None:
+        """:meth:`discard` and :meth:`collect` at once: a directory no Result waits for."""
+        trashed = self.discard(path)
+        if trashed is not None:
+            self.collect(trashed)
+
     def collect(self, trashed: str, script: Optional[str] = None) -> None:
         """Delete a directory :meth:`discard` moved to the trash, with the
         job's ``script`` in it: here when that leaves it empty (one rmdir,

@@ -24,7 +24,7 @@ from .job import RunningJob
 from .jobdirs import JobDirs
 from .rulesets import Confiner
 from .sessions import runtime_source
-from .sessions.family import make_family
+from .sessions.family import Spares
 from .spawn import RULESET_BUILDER, Setup, Tool, rlimit_values, start_tool
 from .view import HOME, TMP, Views
 
@@ -55,6 +55,8 @@ class Launcher:
         self._confiner_missing: Optional[str] = None
         self._views: Optional[Views] = None
         self.ahead = Ahead(dirs)
+        #: Sandboxed Python sessions' spares for their forks, made at the first.
+        self.spares: Optional[Spares] = None
 
     def cgroups(self) -> Optional[Cgroups]:
         """The cgroup tier, detected the first time a job needs it; None
@@ -87,6 +89,8 @@ class Launcher:
         if self.cgroup_tier is not None:
             self.cgroup_tier.close()
         self.ahead.close()
+        if self.spares is not None:
+            self.spares.close()
         if self._views is not None:
             self._views.close()
         if self._confiner is not None:
@@ -166,7 +170,9 @@ class Launcher:
         if made is None:
             job.rulesets = confiner.rulesets(start.python, start.sandbox, own, template)
         if start.session and start.argv_kind == "python" and template is not None and not start.sandbox.write:
-            job.family = make_family(self.dirs.private, job.rulesets[-1], confiner.handled, start.cwd)
+            if self.spares is None:
+                self.spares = Spares(self.dirs.private, self.dirs.drop)
+            job.family = self.spares.family(job.rulesets[-1], confiner.handled, start.cwd)
 
     def argv(self, job: RunningJob) -> List[str]:
         """The cold tool's argv, its script written in its directory."""
@@ -194,9 +200,12 @@ class Launcher:
         return self.ahead.take(start.python, self.views().current(confiner.hidden()))
 
     def make_ahead(self) -> None:
-        """Ask for the next jobs' own namespaces, if jobs that fit have come: once a Result is out."""
+        """Ask for the next jobs' own namespaces, if jobs that fit have come,
+        and make the next sandboxed session's spares: once a Result is out."""
         if self.ahead.wanted is not None and self._confiner is not None and self._views is not None:
             self.ahead.ask(self._confiner, self._views)
+        if self.spares is not None:
+            self.spares.refill()
 
     def start(self, job: RunningJob, argv: List[str]) -> Tuple[int, List[int]]:
         """Start the job's cold tool; its pid and output pipes."""

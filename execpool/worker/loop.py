@@ -701,8 +701,8 @@ class Worker:
                 self.tree.stale(job.group)  # removed once its last process is reaped
         trashed = None
         tmp_trashed = None if job.sandbox_tmp is None else self.dirs.discard(job.sandbox_tmp)
-        if job.family is not None:
-            job.family.left(self._throw_away)
+        if job.family is not None and self.launcher.spares is not None:
+            self.launcher.spares.give_back(job.family.left())
         if job.tmpdir is not None:
             trashed = self.dirs.discard(job.tmpdir)  # the script in it too
         elif job.script is not None:
@@ -726,11 +726,6 @@ class Worker:
             for capture in job.captures:
                 capture.release()
             give_back_memory()
-
-    def _throw_away(self, path: str) -> None:
-        trashed = self.dirs.discard(path)
-        if trashed is not None:
-            self.dirs.collect(trashed)
 
     def _shutdown(self) -> None:
         """Everything below the worker dies first, then every job still

@@ -74,10 +74,11 @@ _MOUNTER_NAME = "execpool-mount"
 
 
 class Family:
-    """The spares a sandboxed session and its copies share, removed when
-    the last of them ends. ``trees``: each spare's directories and where a
-    copy's view mounts each -- the home, /tmp, /dev/shm, and the session's
-    working directory where the caller gave it one (at its own path)."""
+    """The spares a sandboxed session and its copies share, given back to
+    the worker's stock when the last of them ends. ``trees``: the
+    directories of each spare a copy gets and where its view mounts each --
+    the home, /tmp, /dev/shm, and the session's working directory where the
+    caller gave it one (at its own path)."""
 
     def __init__(self, spares: List[str], trees: Tuple[Tuple[str, str], ...]) -> None:
         self.spares = spares
@@ -97,37 +98,85 @@ class Family:
         ``work`` for a session given one, else its home."""
         return os.path.join(spare, self.trees[-1][0])
 
-    def left(self, discard: Callable[[str], None]) -> None:
-        """A member ended; the last one takes the unused spares with it."""
+    def left(self) -> List[str]:
+        """A member ended: the spares no copy took, once the last one has."""
         self.members -= 1
-        if self.members == 0:
-            for spare in self.spares:
-                discard(spare)
-            self.spares.clear()
+        if self.members:
+            return []
+        unused, self.spares = self.spares, []
+        return unused
 
 
-def make_family(private: Callable[[], str], ruleset: int, rights: int, cwd: Optional[str]) -> Family:
-    """The spares of a session about to start (``cwd``: the working
-    directory the caller gave it, if any), every right on their trees added
-    to ``ruleset`` (the session's own, not yet entered)."""
-    trees = TREES + ((("work", cwd),) if cwd is not None else ())
-    spares: List[str] = []
-    rules: List[Tuple[int, int]] = []
-    try:
-        for _ in range(FAMILY_FORKS):
-            spare = private()
-            spares.append(spare)
-            for name, target in trees:
-                path = os.path.join(spare, name)
-                os.mkdir(path, 0o700)
-                if target in (TMP, SHM):
-                    os.chmod(path, 0o1777)  # as the tmpfs the session's own are
-                rules.append((os.open(path, os.O_PATH | os.O_CLOEXEC), rights))
-        add_rules(ruleset, rules)
-    finally:
-        for fd, _ in rules:
-            os.close(fd)
-    return Family(spares, trees)
+class Spares:
+    """The worker's stock of spares, made off a session's start (after a
+    Result is out) and given back unused when a family ends: most
+    sessions never fork, and theirs are used again, never made or removed.
+    A spare is reused only once no process whose domain granted it lives
+    (its family has ended); it was never mounted, so nothing wrote in it.
+
+    ``private`` makes a fresh directory in the worker's ``jobs_dir``,
+    ``discard`` removes one."""
+
+    def __init__(self, private: Callable[[], str], discard: Callable[[str], None]) -> None:
+        self._private = private
+        self._discard = discard
+        self._stock: List[str] = []
+
+    def family(self, ruleset: int, rights: int, cwd: Optional[str]) -> Family:
+        """FAMILY_FORKS spares for a session about to start (``cwd``: the
+        working directory the caller gave it, if any), every right on their
+        trees added to ``ruleset`` (the session's own, not yet entered)."""
+        trees = TREES + ((("work", cwd),) if cwd is not None else ())
+        while len(self._stock) < FAMILY_FORKS:
+            self._stock.append(self._make())
+        spares, self._stock = self._stock[:FAMILY_FORKS], self._stock[FAMILY_FORKS:]
+        rules: List[Tuple[int, int]] = []
+        try:
+            for spare in spares:
+                for name, _ in trees:
+                    rules.append((os.open(os.path.join(spare, name), os.O_PATH | os.O_CLOEXEC), rights))
+            add_rules(ruleset, rules)
+        except BaseException:
+            for spare in spares:
+                self._discard(spare)
+            raise
+        finally:
+            for fd, _ in rules:
+                os.close(fd)
+        return Family(spares, trees)
+
+    def give_back(self, spares: List[str]) -> None:
+        for spare in spares:
+            if len(self._stock) < _STOCK:
+                self._stock.append(spare)
+            else:
+                self._discard(spare)
+
+    def refill(self) -> None:
+        """Make what the stock lacks for the next session, once the worker
+        has nothing more urgent (a Result just went out)."""
+        while len(self._stock) < FAMILY_FORKS:
+            self._stock.append(self._make())
+
+    def close(self) -> None:
+        for spare in self._stock:
+            self._discard(spare)
+        self._stock.clear()
+
+    def _make(self) -> str:
+        spare = self._private()
+        for name in _SPARE_DIRECTORIES:
+            path = os.path.join(spare, name)
+            os.mkdir(path, 0o700)
+            if name in ("tmp", "shm"):
+                os.chmod(path, 0o1777)  # as the tmpfs the session's own are
+        return spare
+
+
+#: What a spare holds: a copy's home, /tmp, /dev/shm and working directory.
+_SPARE_DIRECTORIES = ("home", "tmp", "shm", "work")
+#: The stock kept at most: two families' worth.
+_STOCK = 2 * FAMILY_FORKS
 
 
 def copy_layer(handled: int, scoped: int, spare: str, family: Family) -> int:
