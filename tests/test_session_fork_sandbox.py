@@ -69,7 +69,7 @@ def _spares(pool) -> list:
     """The spare directories the worker holds for sandboxed families."""
     jobs_dir = worker_records(pool)[0].jobs_dir
     return [name for name in os.listdir(jobs_dir)
-            if os.path.isdir(os.path.join(jobs_dir, name, "shm")) and os.path.isdir(os.path.join(jobs_dir, name, "tmp"))]
+            if all(os.path.isdir(os.path.join(jobs_dir, name, tree)) for tree in ("tmp", "shm"))]
 
 
 def test_a_sandboxed_copy_holds_its_parent_s_state_and_files_of_its_own(pool):
@@ -212,3 +212,16 @@ def test_a_session_naming_another_process_for_its_copy_s_mounts_is_ended():
             assert not liar.alive
             assert victim.run("open('/proc/self/mountinfo').read()").value == mounts
             assert victim.run("os.getpid()").value == str(pid)
+
+
+@pytest.mark.parametrize("sandbox", [False, "strict"])
+def test_a_fork_leaves_out_a_pipe_in_its_parent_s_files(pool, sandbox):
+    """Regression: a named pipe in the session's directory failed the fork
+    (shutil refuses to copy one); the copy has the rest."""
+    with pool.session("python", sandbox=sandbox) as parent:
+        parent.run("import os\nos.mkfifo('pipe')\nopen('kept.txt', 'w').write('kept')")
+        if sandbox:
+            parent.run("os.mkfifo('/tmp/pipe')")  # its own /tmp
+        with parent.fork() as child:
+            assert child.run("open('kept.txt').read(), os.path.exists('pipe'), os.path.exists('/tmp/pipe')").value \
+                == "('kept', False, False)"

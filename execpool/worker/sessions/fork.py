@@ -14,9 +14,14 @@ threaded libraries (OpenBLAS, glibc's allocator) need in a copy.
 
 Before the parent answers, the copy has left its parent's session and
 process group, armed its death signal, joined its cgroup, taken its own
-output pipes and socket, copied the directory and moved into it, and
-stamped its own marker: from then on nothing of its parent's is its own.
-It reports its pid, or why it could not, on a pipe its parent reads.
+output pipes and socket, stamped its own marker, copied the directory and
+moved into it: from then on nothing of its parent's is its own. A
+sandboxed session's copy (execpool/worker/sessions/family.py) instead
+unshares a user and a mount namespace, says ``+`` and its pid on the pipe
+(the parent asks the worker to mount the copy's own trees), waits for the
+worker's word on its socket, copies its parent's files into those trees
+and enters a Landlock layer of its own. The copy reports its pid, or why it
+could not start, on the pipe its parent reads.
 """
 
 from __future__ import annotations
@@ -152,7 +157,7 @@ def _become(runtime: Any, spec: Dict[str, Any], fds: List[int], worker: int, sai
     else:
         source, target = spec.get("from"), spec.get("to")
         if isinstance(source, str) and isinstance(target, str):
-            copy_tree(source, target)
+            _copy_tree(source, target)
             if here == source or here.startswith(source.rstrip(os.sep) + os.sep):
                 here = target + here[len(source):]
     os.chdir(here)  # in a confined copy, the same path in its own trees
@@ -172,7 +177,7 @@ def _own_trees(channel: socket.socket, confine: Dict[str, Any], layer: int, said
         if channel.recv(1) != MOUNTED:
             raise OSError("the worker did not mount the copy's directories")
         for fd, path in theirs:
-            copy_tree(f"/proc/self/fd/{fd}", path)
+            _copy_tree(f"/proc/self/fd/{fd}", path)
     finally:
         for fd, _ in theirs:
             os.close(fd)
@@ -180,11 +185,12 @@ def _own_trees(channel: socket.socket, confine: Dict[str, Any], layer: int, said
     os.close(layer)
 
 
-def copy_tree(source: str, target: str) -> None:
+def _copy_tree(source: str, target: str) -> None:
     """``source``'s files into ``target`` (made if missing): directories,
     regular files and links as they are; what another filesystem has
-    mounted in it, pipes, sockets and devices left out -- opening a pipe
-    would wait for ever."""
+    mounted in it (the view's mounts, which the copy has again), pipes,
+    sockets and devices left out -- a copy of one cannot be made, and the
+    fork failed on it."""
     device = os.stat(source).st_dev
 
     def left_out(directory: str, names: List[str]) -> Set[str]:
