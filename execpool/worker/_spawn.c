@@ -88,7 +88,7 @@ struct net_port_attr {
 #define STEP_ATTACH 6     /* the clone numbered a on b */
 #define STEP_OWN_TMPFS 7  /* STEP_TMPFS, writable by the job: a rule in its last ruleset */
 #define STEP_UNCOVER 8    /* detach the mount on a: what the template hides, for a job that names it */
-#define STEP_SAVE 9       /* open_tree(a) in the job's namespace: the template's, attached again by STEP_ATTACH */
+#define STEP_SAVE 9       /* open_tree(a), a reached without a link, in the job's namespace: attached again by STEP_ATTACH */
 #define STEP_TOUCH 10     /* an empty file a, and the directories it lacks above it */
 #define STEP_WRITE 11     /* b written to the file a before the namespace is entered: a copy's id maps */
 /* How a view's mount namespace is had: copied from the template (the
@@ -276,7 +276,15 @@ static int make_view(const struct confinement *c) {
             failed = umount2(s->a, MNT_DETACH | UMOUNT_NOFOLLOW_) < 0;
             break;
         case STEP_SAVE: {
-            int tree = n_clones < MAX_CLONES ? clone_tree(-1, s->a, 0) : -1;
+            /* Reached without following a link: in a session's copy's
+             * namespace (VIEW_INTO) its parent may have put one there. */
+            int fd = n_clones < MAX_CLONES ? open_unlinked(s->a) : -1;
+            int tree = fd < 0 ? -1 : clone_tree(fd, NULL, 0);
+            if (fd >= 0) {
+                int saved = errno;
+                close(fd);
+                errno = saved;
+            }
             failed = tree < 0;
             if (!failed)
                 clones[n_clones++] = tree;

@@ -134,6 +134,9 @@ class RunningJob:
         # layers its forks added.
         self.family: Optional[Family] = None
         self.added_layers = 0
+        #: A sandboxed copy's own user namespace, held from when its trees
+        #: were mounted: where its own copies' are (-1: not a copy).
+        self.user_ns = -1
         # A warm job's hand-over: the spare's ready pipe, what it said there.
         self.ready_fd: Optional[int] = None
         self.report = b""
@@ -221,6 +224,9 @@ class RunningJob:
         """Everything it holds for its tool's start, once its Result is out."""
         if self.link is not None:
             self.link.close()
+        if self.user_ns >= 0:
+            os.close(self.user_ns)
+            self.user_ns = -1
         self.close_rulesets()
         if self.view is not None:
             self.view.close()

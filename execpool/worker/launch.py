@@ -172,7 +172,7 @@ class Launcher:
         if start.session and start.argv_kind == "python" and template is not None and not start.sandbox.write:
             if self.spares is None:
                 self.spares = Spares(self.dirs.private, self.dirs.drop)
-            job.family = self.spares.family(job.rulesets[-1], confiner.handled, start.cwd)
+            job.family = self.spares.family(job.rulesets[-1], confiner.handled, start.cwd, template.user_fd)
 
     def argv(self, job: RunningJob) -> List[str]:
         """The cold tool's argv, its script written in its directory."""

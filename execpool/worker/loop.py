@@ -398,10 +398,21 @@ class Worker:
         if not pid or not self.tree.is_copy(pid, child):
             self._broke_protocol(parent, ProtocolError("the session named a process that is not its copy"))
             return
+        assert child.family is not None
+        given = parent.user_ns if parent.user_ns >= 0 else child.family.user_ns
         try:
-            assert child.family is not None
-            mount_copy(parent.pid, pid, child.tmpdir, child.family.trees)
-            child.link.sock.send(MOUNTED)
+            # The namespaces a cell may have moved its interpreter to are
+            # not the ones to clone and map in: the fork is refused then.
+            if _user_ns(f"/proc/{parent.pid}") != _user_ns("/proc/self" if given < 0 else given):
+                raise OSError("the session left the user namespace it was started in")
+            copy_user = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                mount_copy(pid, child.tmpdir, child.family.trees, given)
+                child.link.sock.send(MOUNTED)
+            except BaseException:
+                os.close(copy_user)
+                raise
+            child.user_ns = copy_user
         except OSError as exc:
             child.error = f"the copy could not have directories of its own: {exc}"
             os.kill(pid, signal.SIGKILL)  # its parent then answers that it died, and _forked says why
@@ -766,3 +777,9 @@ def main(argv: List[str]) -> None:
         return  # the pool is gone (or garbled its channel) before it said what to do
     assert isinstance(config, channel.WorkerConfig)
     Worker(conn_in, Connection(write_fd, readable=False), config).serve()
+
+
+def _user_ns(where: "str | int") -> int:
+    """The inode of a user namespace: a process's (its /proc directory) or
+    one held open."""
+    return os.fstat(where).st_ino if isinstance(where, int) else os.stat(f"{where}/ns/user").st_ino

@@ -10,6 +10,7 @@ import ctypes
 import os
 import platform
 import signal
+from typing import Optional
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -99,18 +100,20 @@ class _OpenHow(ctypes.Structure):
 
 
 _SYS_OPENAT2 = 437  # the same number on every architecture
-_RESOLVE_NO_MAGICLINKS, _RESOLVE_NO_SYMLINKS = 0x02, 0x04
+_RESOLVE_NO_MAGICLINKS, _RESOLVE_NO_SYMLINKS, _RESOLVE_BENEATH = 0x02, 0x04, 0x08
 _AT_FDCWD = -100
 
 
-def open_unlinked(path: str) -> int:
+def open_unlinked(path: str, beneath: Optional[int] = None) -> int:
     """An ``O_PATH`` descriptor of ``path`` reached without following any
     link (``openat2``): where a job may write a directory on the way, it
     could put a link there between the worker resolving a path and using
-    it. Raises OSError (ELOOP where a link is on the way)."""
-    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
-    fd = int(_libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(_AT_FDCWD), os.fsencode(path), ctypes.byref(how),
-                           ctypes.c_size_t(ctypes.sizeof(how))))
+    it. ``beneath``: a directory descriptor ``path`` is relative to and
+    may not leave. Raises OSError (ELOOP where a link is on the way)."""
+    resolve = _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS | (0 if beneath is None else _RESOLVE_BENEATH)
+    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, resolve)
+    fd = int(_libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(_AT_FDCWD if beneath is None else beneath),
+                           os.fsencode(path), ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how))))
     if fd < 0:
         errno = ctypes.get_errno()
         raise OSError(errno, os.strerror(errno), path)

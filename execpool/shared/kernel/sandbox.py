@@ -487,7 +487,11 @@ def _view_step(op: int, a: bytes, b: bytes, clones: list, ruleset: int, own_righ
     elif op == STEP_UNCOVER:
         failed = _libc.umount2(a, _MNT_DETACH | _UMOUNT_NOFOLLOW) != 0
     elif op == STEP_SAVE:
-        clones.append(_clone_tree(-1, a, False))
+        fd = linux.open_unlinked(os.fsdecode(a))
+        try:
+            clones.append(_clone_tree(fd, a, False))
+        finally:
+            os.close(fd)
         failed = False
     elif op == STEP_ATTACH:
         attach(clones[int(a)], os.fsdecode(b))

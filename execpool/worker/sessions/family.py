@@ -41,13 +41,14 @@ import os
 import re
 import select
 import signal
+import stat
 import time
 from typing import Callable, List, Optional, Tuple
 
+from ...shared.kernel.linux import open_unlinked
 from ...shared.kernel.sandbox import (
     STEP_ATTACH,
     STEP_CLONE_RW,
-    STEP_MKDIR,
     STEP_SAVE,
     STEP_WRITE,
     VIEW_INTO,
@@ -80,9 +81,13 @@ class Family:
     the home, /tmp, /dev/shm, and the session's working directory where the
     caller gave it one (at its own path)."""
 
-    def __init__(self, spares: List[str], trees: Tuple[Tuple[str, str], ...]) -> None:
+    def __init__(self, spares: List[str], trees: Tuple[Tuple[str, str], ...], user_ns: int) -> None:
         self.spares = spares
         self.trees = trees
+        #: The user namespace its first session was started in (the view's,
+        #: held here so that its number is not given to another; -1: the
+        #: worker's own): where its copies' spares are cloned and ids mapped.
+        self.user_ns = user_ns
         self.members = 1
 
     def take(self) -> str:
@@ -103,6 +108,9 @@ class Family:
         self.members -= 1
         if self.members:
             return []
+        if self.user_ns >= 0:
+            os.close(self.user_ns)
+            self.user_ns = -1
         unused, self.spares = self.spares, []
         return unused
 
@@ -122,10 +130,12 @@ class Spares:
         self._discard = discard
         self._stock: List[str] = []
 
-    def family(self, ruleset: int, rights: int, cwd: Optional[str]) -> Family:
+    def family(self, ruleset: int, rights: int, cwd: Optional[str], user_ns: int) -> Family:
         """FAMILY_FORKS spares for a session about to start (``cwd``: the
-        working directory the caller gave it, if any), every right on their
-        trees added to ``ruleset`` (the session's own, not yet entered)."""
+        working directory the caller gave it, if any; ``user_ns``: the user
+        namespace its view puts it in, -1 for the worker's own), every right
+        on their trees added to ``ruleset`` (the session's own, not yet
+        entered)."""
         trees = TREES + ((("work", cwd),) if cwd is not None else ())
         while len(self._stock) < FAMILY_FORKS:
             self._stock.append(self._make())
@@ -143,7 +153,7 @@ class Spares:
         finally:
             for fd, _ in rules:
                 os.close(fd)
-        return Family(spares, trees)
+        return Family(spares, trees, -1 if user_ns < 0 else os.dup(user_ns))
 
     def give_back(self, spares: List[str]) -> None:
         for spare in spares:
@@ -201,50 +211,78 @@ def copy_layer(handled: int, scoped: int, spare: str, family: Family) -> int:
             os.close(fd)
 
 
-def mount_copy(parent_pid: int, pid: int, spare: str, trees: Tuple[Tuple[str, str], ...]) -> None:
+def mount_copy(pid: int, spare: str, trees: Tuple[Tuple[str, str], ...], user_fd: int) -> None:
     """Give the copy ``pid`` (unshared, waiting) its own trees from
-    ``spare``; OSError naming the step that failed. The view's machinery
-    does it (execpool/worker/_spawn.c's make_view, in a vfork child, or its
-    ctypes twin in a helper without the extension): in the user namespace
-    the session's tool runs in (the view's own where the worker lacks
-    CAP_SYS_ADMIN), the spare's trees cloned and the copy's own user and
-    group mapped, each to itself (no other: nothing joining its namespace
-    can take another id); in the copy's mount namespace, each tree mounted
-    over its place, with what was mounted on that place again on it."""
-    user_fd = copy_mnt = -1
+    ``spare``; OSError naming the step that failed. ``user_fd``: the user
+    namespace the copy's parent was given (-1: the worker's own), where the
+    copy's spare is cloned and its ids mapped.
+
+    The view's machinery does it (execpool/worker/_spawn.c's make_view, in
+    a vfork child, or its ctypes twin in a helper without the extension):
+    the spare's trees cloned, the copy's own user and group mapped, each to
+    itself (no other: nothing joining its namespace can take another id);
+    then, in the copy's mount namespace, each tree mounted over its place,
+    with what was mounted beneath that place again on it. That namespace is
+    its parent's until then, which the parent can still change: every path
+    there is reached without following a link, and the directories the
+    mounts need are made beforehand, here, in the spare, which no process
+    of the family can reach yet."""
+    targets = [target for _, target in trees]
+    with open(f"/proc/{pid}/mountinfo") as f:
+        mountinfo = f.read()
+    # What is mounted beneath a tree goes on the copy's again -- but a tree
+    # mounted in another (a working directory in /tmp), which is the copy's own.
+    saved = [(path, target) for target in targets for path in _mounts_beneath(mountinfo, target)
+             if path not in targets]
+    root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        user_fd = os.open(f"/proc/{parent_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-        if os.fstat(user_fd).st_ino == os.stat("/proc/self/ns/user").st_ino:
-            os.close(user_fd)
-            user_fd = -1
-        copy_mnt = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-        steps = [(STEP_CLONE_RW, os.fsencode(os.path.join(spare, name)), b"") for name, _ in trees]
-        with open(f"/proc/{pid}/status") as f:
-            ids = dict(line.split(":", 1) for line in f if line.startswith(("Uid:", "Gid:")))
-        for name, key in (("uid_map", "Uid"), ("gid_map", "Gid")):
-            own = ids[key].split()[1]  # the effective id: the copy's only one, as it was
-            steps.append((STEP_WRITE, os.fsencode(f"/proc/{pid}/{name}"), f"{own} {own} 1\n".encode()))
-        with open(f"/proc/{pid}/mountinfo") as f:
-            mountinfo = f.read()
-        targets = [target for _, target in trees]
-        # What is mounted beneath a tree goes on the copy's again -- but a
-        # tree mounted in another (a working directory in /tmp), which is
-        # the copy's own.
-        saved = [path for target in targets for path in _mounts_beneath(mountinfo, target) if path not in targets]
-        steps += [(STEP_SAVE, os.fsencode(path), b"") for path in saved]
-        for index, target in sorted(enumerate(targets), key=lambda pair: pair[1].count("/")):
-            steps += [(STEP_MKDIR, os.fsencode(target), b""), (STEP_ATTACH, b"%d" % index, os.fsencode(target))]
-        for index, path in enumerate(saved, start=len(trees)):
-            steps += [(STEP_MKDIR, os.fsencode(path), b""), (STEP_ATTACH, b"%d" % index, os.fsencode(path))]
+        for path, target in [*saved, *((other, target) for other in targets for target in targets
+                                       if other != target and other.startswith(target.rstrip("/") + "/"))]:
+            _make_in_spare(spare, trees, target, path, _is_dir(root, path))
+    finally:
+        os.close(root)
+    steps = [(STEP_CLONE_RW, os.fsencode(os.path.join(spare, name)), b"") for name, _ in trees]
+    with open(f"/proc/{pid}/status") as f:
+        ids = dict(line.split(":", 1) for line in f if line.startswith(("Uid:", "Gid:")))
+    for name, key in (("uid_map", "Uid"), ("gid_map", "Gid")):
+        own = ids[key].split()[1]  # the effective id: the copy's only one, as it was
+        steps.append((STEP_WRITE, os.fsencode(f"/proc/{pid}/{name}"), f"{own} {own} 1\n".encode()))
+    steps += [(STEP_SAVE, os.fsencode(path), b"") for path, _ in saved]
+    steps += [(STEP_ATTACH, b"%d" % index, os.fsencode(target))
+              for index, target in sorted(enumerate(targets), key=lambda pair: pair[1].count("/"))]
+    steps += [(STEP_ATTACH, b"%d" % index, os.fsencode(path)) for index, (path, _) in enumerate(saved, len(trees))]
+    copy_mnt = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    try:
         view = (user_fd, copy_mnt, tuple(steps), b"/", 0, VIEW_INTO)
         if _spawn is not None:
             os.close(_spawn.prepare_view(child_arguments((), view)))
         else:
             _in_helper(lambda: make_view(view, -1))
     finally:
-        for fd in (user_fd, copy_mnt):
-            if fd >= 0:
-                os.close(fd)
+        os.close(copy_mnt)
+
+
+def _is_dir(root: int, path: str) -> bool:
+    """Whether ``path`` in the copy's namespace (its ``/proc/<pid>/root``)
+    is a directory, reached without a link and without leaving it."""
+    fd = open_unlinked(path.lstrip("/") or ".", beneath=root)
+    try:
+        return stat.S_ISDIR(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
+
+
+def _make_in_spare(spare: str, trees: Tuple[Tuple[str, str], ...], target: str, path: str, is_dir: bool) -> None:
+    """``path`` (beneath ``target``) made in the spare's tree for ``target``,
+    a directory or an empty file: a mount point for the copy's view."""
+    name = next(name for name, place in trees if place == target)
+    inside = os.path.normpath(os.path.relpath(path, target))
+    if inside.startswith(".."):
+        raise OSError(f"{path} is not beneath {target}")
+    where = os.path.join(spare, name, inside)
+    os.makedirs(where if is_dir else os.path.dirname(where), 0o755, exist_ok=True)
+    if not is_dir:
+        os.close(os.open(where, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
 
 
 def _in_helper(body: Callable[[], None]) -> None:
