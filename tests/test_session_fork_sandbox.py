@@ -225,3 +225,18 @@ def test_a_fork_leaves_out_a_pipe_in_its_parent_s_files(pool, sandbox):
         with parent.fork() as child:
             assert child.run("open('kept.txt').read(), os.path.exists('pipe'), os.path.exists('/tmp/pipe')").value \
                 == "('kept', False, False)"
+
+
+def test_a_session_that_left_its_user_namespace_is_refused_a_fork(pool):
+    """Its copy's spare is cloned and its ids mapped in the user namespace
+    the session was given, never in one its cells moved it to -- here its
+    own copy's, which a parent may join (the README says why); the
+    worker's helper once joined that one, unconfined."""
+    with pool.session("python", sandbox="strict") as parent, parent.fork() as copy:
+        pid = copy.run("import os\nos.getpid()").value
+        moved = parent.run(f"import ctypes, os\nfd = os.open('/proc/{pid}/ns/user', os.O_RDONLY)\n"
+                           f"ctypes.CDLL(None, use_errno=True).setns(fd, 0x10000000)")
+        assert moved.value == "0", moved.text
+        with pytest.raises(SessionForkError, match="left the user namespace it was started in"):
+            parent.fork()
+        assert parent.run("'goes on'").value == "'goes on'" and copy.run("'so does it'").value == "'so does it'"
