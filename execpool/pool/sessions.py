@@ -141,7 +141,9 @@ class Session:
         self._pool = pool
         self._start = start
         #: Its directory when the caller gave one (None: a private one the
-        #: worker made, removed with the session).
+        #: worker made, removed with the session). A sandboxed copy of a
+        #: session given one has one its worker made, named here once the
+        #: fork is made and removed with the copy.
         self.cwd = cwd
         self._future = JobFuture(start.job_id)
         self._handle = SessionHandle(self._future, self, pool._stats)
