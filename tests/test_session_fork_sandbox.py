@@ -240,3 +240,4 @@ def test_a_session_that_left_its_user_namespace_is_refused_a_fork(pool):
         with pytest.raises(SessionForkError, match="left the user namespace it was started in"):
             parent.fork()
         assert parent.run("'goes on'").value == "'goes on'" and copy.run("'so does it'").value == "'so does it'"
+

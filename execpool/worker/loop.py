@@ -413,7 +413,7 @@ class Worker:
                 os.close(copy_user)
                 raise
             child.user_ns = copy_user
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a view's bounds (the session's own view keeps within)
             child.error = f"the copy could not have directories of its own: {exc}"
             os.kill(pid, signal.SIGKILL)  # its parent then answers that it died, and _forked says why
 
