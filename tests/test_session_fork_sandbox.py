@@ -241,3 +241,21 @@ def test_a_session_that_left_its_user_namespace_is_refused_a_fork(pool):
             parent.fork()
         assert parent.run("'goes on'").value == "'goes on'" and copy.run("'so does it'").value == "'so does it'"
 
+
+
+#: Run in a sandboxed session: its runtime answers the next fork with a
+#: copy that never asked for its own directories.
+UNMOUNTED_COPY = """
+from execpool.worker.sessions import fork
+fork._own_trees = lambda channel, confine, layer, said_w: None
+"""
+
+
+def test_a_sandboxed_copy_that_never_had_its_own_directories_is_no_session(pool):
+    """A parent's cell can change how its copy starts: a copy that skips
+    asking for its directories is refused, not run on its parent's."""
+    with pool.session("python", sandbox="strict") as parent:
+        parent.run(UNMOUNTED_COPY)
+        with pytest.raises(SessionForkError, match="never had directories of its own"):
+            parent.fork()
+        assert parent.run("'goes on'").value == "'goes on'"

@@ -426,6 +426,10 @@ class Worker:
         pid, why = fork_answer(answer)
         if child is not None and child.error is not None:
             pid, why = None, child.error  # a sandboxed copy that could not have its directories
+        if child is not None and child.family is not None and pid is not None and child.user_ns < 0:
+            # A sandboxed copy never runs on its parent's directories (its
+            # process, nobody's now, goes as a stray).
+            pid, why = None, "the session's copy never had directories of its own"
         if child is None or pid is None or not self.tree.is_copy(pid, child):
             for fd in readers:
                 os.close(fd)
