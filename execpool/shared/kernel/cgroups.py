@@ -29,10 +29,11 @@ made, killing falls back to process groups and job markers
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 #: Rounds of "kill every pid listed" before giving up on a v1 group; a group
 #: under a pids cap cannot outgrow a round by more than the cap.
@@ -97,10 +98,40 @@ class JobGroup:
                 pass
         return found
 
+    @contextlib.contextmanager
+    def forks_held(self) -> Iterator[None]:
+        """No process of the group can fork meanwhile (its ``pids.max`` is
+        0, then what it was): a kill of some of its processes that must not
+        miss one forking as it dies. Nothing held where it has no pids
+        controller."""
+        held = []
+        for path in self.paths:
+            limit = os.path.join(path, "pids.max")
+            try:
+                with open(limit) as f:
+                    was = f.read().strip()
+                _write(limit, "0")
+            except OSError:
+                continue
+            held.append((limit, was))
+        try:
+            yield
+        finally:
+            for limit, was in held:
+                try:
+                    _write(limit, was)
+                except OSError:
+                    pass  # the group is gone
+
     def kill(self) -> None:
         """SIGKILL everything in the group. v2 has one write for it; on v1 a
-        few rounds of killing what is listed end even a fork storm, since the
-        pids cap bounds what can appear between two rounds."""
+        few rounds of killing what is listed end even a fork storm: its
+        ``pids.max`` is 0 first, so nothing new appears between two rounds."""
+        for path in self.paths:
+            try:
+                _write(os.path.join(path, "pids.max"), "0")
+            except OSError:
+                continue
         if self.version == 2:
             try:
                 _write(os.path.join(self.paths[0], "cgroup.kill"), "1")

@@ -28,6 +28,7 @@ Reaping is the caller's job: the worker reaps every child on SIGCHLD.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import functools
 import io
 import os
@@ -307,12 +308,18 @@ def kill_born_since(leader: int, since: int, *, marker: str, scope: int, exclude
     that cleared their environment too) that did, the process groups they
     made, and the subtrees of all; swept again, as ``kill_tree`` does,
     until none is left: a process that forks as it dies hands its child
-    on, a new pid the last sweep did not list, but not its group. Return
-    how many were signalled. What began before -- a server an earlier cell
+    on, a new pid the last sweep did not list, but not its group -- and
+    where the session has a cgroup, none of its processes can fork
+    meanwhile. Return how many were signalled. What began before -- a server an earlier cell
     left running, and the children it forks now -- is spared. A tick is
     10 ms: a process an earlier cell's leftovers start in the tick the
     cell began in counts as the cell's."""
-    protected = {leader, *exclude}
+    with group.forks_held() if group is not None else contextlib.nullcontext():
+        return _sweep_born_since(leader, since, marker, scope, {leader, *exclude}, group, spared, victims)
+
+
+def _sweep_born_since(leader: int, since: int, marker: str, scope: int, protected: set, group: Optional[Any],
+                      spared: Optional[Callable[[int], bool]], victims: Optional[set]) -> int:
     skip = set(protected)
     own_group = _group(leader)
     hit = 0
