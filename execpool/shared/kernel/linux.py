@@ -9,8 +9,9 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import re
 import signal
-from typing import Optional
+from typing import List, Optional, Tuple
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -118,3 +119,17 @@ def open_unlinked(path: str, beneath: Optional[int] = None) -> int:
         errno = ctypes.get_errno()
         raise OSError(errno, os.strerror(errno), path)
     return fd
+
+
+#: How mountinfo writes a space, a tab, a newline or a backslash in a path.
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+def mounts(mountinfo: str) -> List[Tuple[str, str, str]]:
+    """A ``/proc/<pid>/mountinfo``'s mounts: (mount id, parent's id, mount
+    point), the point's escapes undone."""
+    found = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        found.append((fields[0], fields[1], _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), fields[4])))
+    return found

@@ -38,14 +38,13 @@ parent's user's, so a parent's process can open a copy's files through
 from __future__ import annotations
 
 import os
-import re
 import select
 import signal
 import stat
 import time
 from typing import Callable, List, Optional, Tuple
 
-from ...shared.kernel.linux import open_unlinked
+from ...shared.kernel.linux import mounts, open_unlinked
 from ...shared.kernel.sandbox import (
     STEP_ATTACH,
     STEP_CLONE_RW,
@@ -328,15 +327,8 @@ def _read_until(fd: int, deadline: float) -> Optional[bytes]:
 def _mounts_beneath(mountinfo: str, target: str) -> List[str]:
     """The mount points on the mount that is visible at ``target`` (not on
     one it covers: the view's own ``/tmp`` covers the template's)."""
-    mounts = []
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        mounts.append((fields[0], fields[1], _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), fields[4])))
-    at_target = [ident for ident, _, point in mounts if point == target]
-    covered = {parent for _, parent, point in mounts if point == target}
+    found = mounts(mountinfo)
+    at_target = [ident for ident, _, point in found if point == target]
+    covered = {parent for _, parent, point in found if point == target}
     top = next((ident for ident in reversed(at_target) if ident not in covered), None)
-    return sorted({point for _, parent, point in mounts if parent == top and point != target})
-
-
-#: How mountinfo writes a space, a tab, a newline or a backslash in a path.
-_OCTAL = re.compile(r"\\([0-7]{3})")
+    return sorted({point for _, parent, point in found if parent == top and point != target})

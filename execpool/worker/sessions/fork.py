@@ -157,7 +157,7 @@ def _become(runtime: Any, spec: Dict[str, Any], fds: List[int], worker: int, sai
     else:
         source, target = spec.get("from"), spec.get("to")
         if isinstance(source, str) and isinstance(target, str):
-            _copy_tree(source, target)
+            _copy_tree(source, target, source, _mount_points())
             if here == source or here.startswith(source.rstrip(os.sep) + os.sep):
                 here = target + here[len(source):]
     os.chdir(here)  # in a confined copy, the same path in its own trees
@@ -170,6 +170,7 @@ def _own_trees(channel: socket.socket, confine: Dict[str, Any], layer: int, said
     its parent) for its trees, copies its parent's files into them and
     enters its own Landlock layer (execpool/worker/sessions/family.py)."""
     paths = [path for path in confine.get("paths", ()) if isinstance(path, str)]
+    mounted = _mount_points()  # its parent's, which it shares until it unshares
     theirs = [(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), path) for path in paths]
     try:
         sandbox.unshare(_CLONE_NEWUSER | _CLONE_NEWNS)
@@ -177,7 +178,7 @@ def _own_trees(channel: socket.socket, confine: Dict[str, Any], layer: int, said
         if channel.recv(1) != MOUNTED:
             raise OSError("the worker did not mount the copy's directories")
         for fd, path in theirs:
-            _copy_tree(f"/proc/self/fd/{fd}", path)
+            _copy_tree(f"/proc/self/fd/{fd}", path, path, mounted)
     finally:
         for fd, _ in theirs:
             os.close(fd)
@@ -185,24 +186,25 @@ def _own_trees(channel: socket.socket, confine: Dict[str, Any], layer: int, said
     os.close(layer)
 
 
-def _copy_tree(source: str, target: str) -> None:
+def _copy_tree(source: str, target: str, origin: str, mounted: Set[str]) -> None:
     """``source``'s files into ``target`` (made if missing): directories,
-    regular files and links as they are; what another filesystem has
-    mounted in it (the view's mounts, which the copy has again), pipes,
-    sockets and devices left out -- a copy of one cannot be made, and the
-    fork failed on it."""
-    device = os.stat(source).st_dev
+    regular files and links as they are; what is mounted in it (``mounted``:
+    the mount points, as paths beneath ``origin``, the path ``source`` is
+    reached at -- the view's mounts, which a sandboxed copy has again),
+    pipes, sockets and devices left out: a copy of one cannot be made, and
+    the fork failed on it."""
 
     def left_out(directory: str, names: List[str]) -> Set[str]:
         out = set()
+        here = os.path.join(origin, os.path.relpath(directory, source))
         for name in names:
             try:
-                info = os.lstat(os.path.join(directory, name))
+                mode = os.lstat(os.path.join(directory, name)).st_mode
             except OSError:
                 out.add(name)
                 continue
-            if info.st_dev != device or not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)
-                                             or stat.S_ISLNK(info.st_mode)):
+            if os.path.normpath(os.path.join(here, name)) in mounted or not (
+                    stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
                 out.add(name)
         return out
 
@@ -210,6 +212,12 @@ def _copy_tree(source: str, target: str) -> None:
         if next(entries, None) is None:
             return
     shutil.copytree(source, target, symlinks=True, ignore=left_out, dirs_exist_ok=True)
+
+
+def _mount_points() -> Set[str]:
+    """Every mount point in this process's mount namespace."""
+    with open("/proc/self/mountinfo") as f:
+        return {point for _, _, point in linux.mounts(f.read())}
 
 
 def _read_said(fd: int, ask_mount: Callable[[int], None]) -> bytes:
