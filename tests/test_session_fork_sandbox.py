@@ -259,3 +259,30 @@ def test_a_sandboxed_copy_that_never_had_its_own_directories_is_no_session(pool)
         with pytest.raises(SessionForkError, match="never had directories of its own"):
             parent.fork()
         assert parent.run("'goes on'").value == "'goes on'"
+
+
+#: Run in a session: its runtime answers the next fork naming a pid past a C int.
+HUGE_PID = """
+from execpool.worker.sessions import fork
+def huge(runtime, spec, fds, ask_mount):
+    for fd in fds:
+        os.close(fd)
+    if spec.get("confine"):
+        ask_mount(2 ** 62)
+    return {"pid": 2 ** 62}
+fork.fork_copy = huge
+"""
+
+
+@pytest.mark.parametrize("sandbox", [False, "strict"])
+def test_a_session_naming_a_pid_past_a_c_int_for_its_copy_costs_no_one_else(sandbox):
+    """Red team: the worker's check of the copy's pid passed it to waitid,
+    whose OverflowError took down the worker with every session and job on it."""
+    with ExecPool(workers=1) as own:
+        with own.session("python", sandbox="strict") as bystander:
+            bystander.run("state = 'kept'")
+            liar = own.session("python", sandbox=sandbox)
+            liar.run("import os\n" + HUGE_PID)
+            with pytest.raises((SessionForkError, SessionClosedError), match="not its copy"):
+                liar.fork()
+            assert bystander.run("state").value == "'kept'"

@@ -29,6 +29,9 @@ from ..shared.kernel.proctree import (
 )
 from .job import RunningJob
 
+#: The kernel's ceiling on pid numbers (PID_MAX_LIMIT on 64-bit).
+PID_MAX_LIMIT = 1 << 22
+
 
 class Tree:
     """The worker's book of its jobs' processes."""
@@ -57,8 +60,8 @@ class Tree:
         the copy stamps the marker before it says its pid, and a session can
         stamp no process but its own, so it cannot hand the worker another
         job's process to be killed as the copy's."""
-        if pid in self.not_strays():
-            return False
+        if not 0 < pid <= PID_MAX_LIMIT or pid in self.not_strays():
+            return False  # the session's word: any number, a C int's overflow included
         try:
             os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except (ChildProcessError, OSError):
