@@ -146,6 +146,21 @@ def test_a_copy_that_cannot_start_fails_the_fork_not_the_session(pool, tmp_path)
         assert parent.run("'fine'").value == "'fine'"
 
 
+def test_why_a_copy_could_not_start_is_told_short(pool, tmp_path):
+    """Red team: a copy that failed on each of thousands of files said so
+    for each, and the fork's error ran to 16 MB."""
+    with pool.session("python") as parent:
+        parent.run("for i in range(3000):\n    open(f'f{i}', 'w').close()")
+        target = tmp_path / "target"
+        target.mkdir()
+        for index in range(3000):
+            (target / f"f{index}").mkdir()  # a directory where the copy needs a file
+        with pytest.raises(SessionForkError, match="could not start") as refused:
+            parent.fork(cwd=target)
+        assert len(str(refused.value)) < 2200, len(str(refused.value))
+        assert parent.run("'fine'").value == "'fine'"
+
+
 def test_a_dead_worker_ends_parent_and_fork_with_infra(doomed):
     with ExecPool(workers=1) as own:
         parent = own.session("python")

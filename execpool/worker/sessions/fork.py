@@ -43,6 +43,12 @@ from ..warm.spare import stamp_marker
 MOUNTED = b"\x01"
 _CLONE_NEWUSER, _CLONE_NEWNS = 0x10000000, 0x00020000
 
+#: Why a copy could not start is told in at most this many characters (a
+#: copy of thousands of files could fail on each), and read in at most
+#: this many bytes.
+_WHY_CHARS = 2000
+_SAID_BYTES = 4 * _WHY_CHARS + 64
+
 #: How long a copy made through a middle process waits for the middle one
 #: to exit (it does at once), and so for its re-parenting to the worker.
 _REPARENT_WAIT_S = 2.0
@@ -78,7 +84,9 @@ def fork_copy(runtime: Any, spec: Optional[Dict[str, Any]], fds: List[int],
             _become(runtime, spec, fds, worker, said_w)
             os.write(said_w, b"%d" % os.getpid())
         except BaseException as exc:  # noqa: BLE001 - the parent says why; the copy goes
-            os.write(said_w, f"the copy could not start: {type(exc).__name__}: {exc}".encode("utf-8", "replace"))
+            why = f"the copy could not start: {type(exc).__name__}: {exc}"
+            why = why if len(why) <= _WHY_CHARS else why[:_WHY_CHARS] + " [...]"
+            os.write(said_w, why.encode("utf-8", "replace"))
             os._exit(1)
         os.close(said_w)
         return None
@@ -226,7 +234,7 @@ def _read_said(fd: int, ask_mount: Callable[[int], None]) -> bytes:
     mounted, which the worker is asked for at once."""
     said = b""
     while chunk := os.read(fd, 4096):
-        said += chunk
+        said = (said + chunk)[:_SAID_BYTES]
         if said.startswith(b"+") and b"\n" in said:
             line, _, said = said.partition(b"\n")
             if line[1:].isdigit():
