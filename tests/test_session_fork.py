@@ -150,11 +150,11 @@ def test_why_a_copy_could_not_start_is_told_short(pool, tmp_path):
     """Red team: a copy that failed on each of thousands of files said so
     for each, and the fork's error ran to 16 MB."""
     with pool.session("python") as parent:
-        parent.run("for i in range(3000):\n    open(f'f{i}', 'w').close()")
+        parent.run("import os\nfor i in range(3000):\n    os.mkdir(f'd{i}')")
         target = tmp_path / "target"
         target.mkdir()
         for index in range(3000):
-            (target / f"f{index}").mkdir()  # a directory where the copy needs a file
+            (target / f"d{index}").write_text("")  # a file where the copy needs a directory
         with pytest.raises(SessionForkError, match="could not start") as refused:
             parent.fork(cwd=target)
         assert len(str(refused.value)) < 2200, len(str(refused.value))
