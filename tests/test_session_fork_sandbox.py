@@ -286,3 +286,25 @@ def test_a_session_naming_a_pid_past_a_c_int_for_its_copy_costs_no_one_else(sand
             with pytest.raises((SessionForkError, SessionClosedError), match="not its copy"):
                 liar.fork()
             assert bystander.run("state").value == "'kept'"
+
+
+#: Run in a sandboxed session: its next copy makes a user namespace but
+#: stays in its parent's mount namespace, and asks for its trees there.
+SHARED_MOUNTS = """
+from execpool.worker.sessions import fork
+def shared(channel, confine, layer, said_w):
+    fork.sandbox.unshare(fork._CLONE_NEWUSER)
+    os.write(said_w, b"+%d\\n" % os.getpid())
+    channel.recv(1)
+fork._own_trees = shared
+"""
+
+
+def test_a_copy_that_kept_its_parent_s_mount_namespace_gets_no_trees_there(pool):
+    """Red team: the worker mounted a spare over whatever mount namespace
+    the copy was in -- its parent's, for a copy its parent's cell changed."""
+    with pool.session("python", sandbox="strict") as parent:
+        parent.run("import os\nopen('/tmp/mine', 'w').write('parent')\n" + SHARED_MOUNTS)
+        with pytest.raises(SessionForkError, match="did not make a mount namespace of its own"):
+            parent.fork()
+        assert parent.run("os.listdir('/tmp'), open('/tmp/mine').read()").value == "(['mine'], 'parent')"

@@ -37,6 +37,7 @@ parent's user's, so a parent's process can open a copy's files through
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import signal
@@ -243,6 +244,7 @@ def mount_copy(pid: int, spare: str, trees: Tuple[Tuple[str, str], ...], user_fd
     steps = [(STEP_CLONE_RW, os.fsencode(os.path.join(spare, name)), b"") for name, _ in trees]
     with open(f"/proc/{pid}/status") as f:
         ids = dict(line.split(":", 1) for line in f if line.startswith(("Uid:", "Gid:")))
+    steps.append((STEP_WRITE, os.fsencode(f"/proc/{pid}/setgroups"), b"deny"))  # no group dropped
     for name, key in (("uid_map", "Uid"), ("gid_map", "Gid")):
         own = ids[key].split()[1]  # the effective id: the copy's only one, as it was
         steps.append((STEP_WRITE, os.fsencode(f"/proc/{pid}/{name}"), f"{own} {own} 1\n".encode()))
@@ -252,6 +254,7 @@ def mount_copy(pid: int, spare: str, trees: Tuple[Tuple[str, str], ...], user_fd
     steps += [(STEP_ATTACH, b"%d" % index, os.fsencode(path)) for index, (path, _) in enumerate(saved, len(trees))]
     copy_mnt = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     try:
+        _check_own(pid, copy_mnt)
         view = (user_fd, copy_mnt, tuple(steps), b"/", 0, VIEW_INTO)
         if _spawn is not None:
             os.close(_spawn.prepare_view(child_arguments((), view)))
@@ -259,6 +262,22 @@ def mount_copy(pid: int, spare: str, trees: Tuple[Tuple[str, str], ...], user_fd
             _in_helper(lambda: make_view(view, -1))
     finally:
         os.close(copy_mnt)
+
+
+def _check_own(pid: int, mnt: int) -> None:
+    """OSError unless the mount namespace ``mnt`` is the copy's own: made in
+    its new user namespace (a copy its parent's cell changed could have
+    kept its parent's, or joined another)."""
+    owner = fcntl.ioctl(mnt, _NS_GET_USERNS)
+    try:
+        if os.fstat(owner).st_ino != os.stat(f"/proc/{pid}/ns/user").st_ino:
+            raise OSError("the session's copy did not make a mount namespace of its own")
+    finally:
+        os.close(owner)
+
+
+#: ioctl(2) on a namespace's descriptor: its owning user namespace's (linux/nsfs.h).
+_NS_GET_USERNS = 0xB701
 
 
 def _is_dir(root: int, path: str) -> bool:
