@@ -130,10 +130,8 @@ class RunningJob:
         self.sandbox_tmp: Optional[str] = None
         self.group: Optional[JobGroup] = None
         # A sandboxed Python session's spares for its forks, shared with its
-        # copies (execpool/worker/sessions/family.py), and how many Landlock
-        # layers its forks added.
+        # copies (execpool/worker/sessions/family.py).
         self.family: Optional[Family] = None
-        self.added_layers = 0
         #: A sandboxed copy's own user namespace, held from when its trees
         #: were mounted: where its own copies' are (-1: not a copy).
         self.user_ns = -1

@@ -57,7 +57,7 @@ from .capture import Stream, waiting_bytes
 from .job import Ending, Phase, RunningJob
 from .jobdirs import JobDirs, unlink
 from .launch import Launcher
-from .sessions.family import MAX_LAYERS, copy_layer, mount_copy
+from .sessions.family import copy_layer, mount_copy
 from .sessions.fork import MOUNTED
 from .sessions.link import (
     INTERRUPT_GRACE_S,
@@ -377,11 +377,8 @@ class Worker:
         if family is None:
             raise OSError("this sandboxed session cannot be forked: only one with the sandbox's view and no "
                           "Sandbox(write=...) paths can give a copy directories of its own")
-        if parent.added_layers + 1 >= MAX_LAYERS:
-            raise OSError(f"a copy of a copy can be forked {MAX_LAYERS - 2} times deep in a sandbox "
-                          f"(each adds a Landlock layer), and this one is")
         spare = family.take()
-        child.family, child.added_layers = family, parent.added_layers + 1
+        child.family = family
         self.launcher.prepare_copy(child, spare)
         confiner = self.launcher.confiner()
         return copy_layer(confiner.handled, confiner.scoped, spare, family)

@@ -66,9 +66,11 @@ FAMILY_FORKS = 8
 #: A copy's trees in its spare, and where its view mounts each (a session
 #: given a working directory has a fourth: ``Family.trees``).
 TREES = (("home", HOME), ("tmp", TMP), ("shm", SHM))
-#: Landlock's ceiling on a process's layers (LANDLOCK_MAX_NUM_LAYERS): a
-#: copy adds one to its parent's.
-MAX_LAYERS = 16
+#: Landlock's ceiling on a process's layers (LANDLOCK_MAX_NUM_LAYERS). A
+#: session has one and each copy adds one to its parent's, so a family's
+#: forks, however nested, stay beneath it.
+_MAX_LAYERS = 16
+assert 1 + FAMILY_FORKS <= _MAX_LAYERS
 #: How long the worker waits for the helper that mounts a copy's trees.
 MOUNT_TIMEOUT_S = 5.0
 _MOUNTER_NAME = "execpool-mount"
