@@ -338,3 +338,21 @@ def test_drain_without_process_groups(monkeypatch, reader):
     assert (output, timed_out) == ("hi\n", True)
     assert proc.returncode == -9
     assert time.monotonic() - start < 5
+
+
+def test_a_marker_is_looked_for_only_in_the_start_of_an_environment():
+    """Red team: a daemon pointed its environment at 64 MB of its memory,
+    and the worker read it all, at every job's end, for the marker -- two
+    seconds of its loop each time. The marker is looked for in the first
+    MARKER_SCAN_BYTES only: past them, a process is unmarked, as one that
+    cleared its environment is."""
+    padding = {f"PAD{n}": "x" * (100 << 10) for n in range(proctree.MARKER_SCAN_BYTES // (100 << 10) + 1)}
+    first = _spawn(["sleep", "30"], env={"EXECPOOL_JOB": "first", **padding, "EXECPOOL_JOB2": "x"})
+    past = _spawn(["sleep", "30"], env={**padding, "EXECPOOL_JOB": "past"})
+    try:
+        assert proctree.marker_of(first.pid) == "first"
+        assert proctree.marker_of(past.pid) is None
+    finally:
+        for proc in (first, past):
+            proc.kill()
+            proc.wait()

@@ -305,3 +305,18 @@ def test_closing_the_pool_while_a_fork_copies_ends_every_session_cleanly(tmp_pat
         forking.result(30)
     ended = neighbour._future.result(10)
     assert ended.status is Status.INFRA and "the pool was closed while this job ran" in ended.error, ended
+
+
+def test_a_fork_answered_with_brackets_nested_past_the_parser_costs_no_one_else():
+    """Red team: a runtime's fork answer of 100000 ``[`` raised
+    RecursionError in the worker's JSON parser, which took the worker down
+    with every session and job on it."""
+    with ExecPool(workers=1) as own:
+        with own.session("python") as bystander:
+            bystander.run("state = 'kept'")
+            with own.session("python") as liar:
+                liar.run("import gc\nruntime = [o for o in gc.get_objects() if type(o).__name__ == 'Runtime'][0]\n"
+                         "runtime._fork = lambda tag, body: b'[' * 100000 + b'\\0'")
+                with pytest.raises(SessionForkError, match="garbage"):
+                    liar.fork()
+            assert bystander.run("state").value == "'kept'"

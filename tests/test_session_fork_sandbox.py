@@ -15,9 +15,10 @@ import sys
 import textwrap
 
 import pytest
-from helpers import run_as_nobody, wait_for, worker_records
+from helpers import alive, run_as_nobody, wait_for, worker_records
 
-from execpool import ExecPool, SessionClosedError, SessionForkError, sandbox_support
+from execpool import ExecPool, Limits, SessionClosedError, SessionForkError, sandbox_support
+from execpool.worker.sessions.family import FAMILY_FORKS
 
 pytestmark = pytest.mark.skipif(not sandbox_support().available, reason="the kernel lacks the sandbox")
 
@@ -119,7 +120,6 @@ def test_a_sandboxed_session_given_a_directory_forks_into_one_of_its_own(pool, t
 
 
 def test_a_family_makes_its_forks_then_says_why_and_its_directories_go_with_it(pool):
-    from execpool.worker.sessions.family import FAMILY_FORKS
 
     with pool.session("python", sandbox="strict") as parent:
         parent.run("x = 1")
@@ -138,17 +138,19 @@ def test_a_family_makes_its_forks_then_says_why_and_its_directories_go_with_it(p
     assert wait_for(lambda: len(held - set(_spares(pool))) >= FAMILY_FORKS, DEADLINE_S), (held, _spares(pool))
 
 
-def test_the_spares_of_sessions_that_never_fork_are_used_again(pool):
-    """Most sessions never fork: their spares go back to the worker's stock
-    and serve the next session, neither made nor removed once per session."""
+def test_the_spares_a_family_did_not_use_serve_no_other(pool):
+    """Red team: a family's unused spares went back to the worker's stock
+    while a process of that family, whose Landlock domain grants them,
+    could still live. They are removed with the family; the stock is made
+    again after the Result, off the next session's start."""
     with pool.session("python", sandbox="strict") as first:
         assert first.run("1").value == "1"
-    assert wait_for(lambda: len(_spares(pool)) > 0, DEADLINE_S)
+    assert wait_for(lambda: len(_spares(pool)) >= FAMILY_FORKS, DEADLINE_S)
     stock = set(_spares(pool))
-    for _ in range(3):
-        with pool.session("python", sandbox="strict") as session:
-            assert session.run("1").value == "1"
-    assert set(_spares(pool)) == stock
+    with pool.session("python", sandbox="strict") as session:
+        assert session.run("1").value == "1"
+    assert wait_for(lambda: len(_spares(pool)) >= FAMILY_FORKS and not stock & set(_spares(pool)), DEADLINE_S), \
+        (stock, _spares(pool))
 
 
 def test_a_sandboxed_session_forks_as_nobody():
@@ -293,7 +295,7 @@ def test_a_session_naming_a_pid_past_a_c_int_for_its_copy_costs_no_one_else(sand
 SHARED_MOUNTS = """
 from execpool.worker.sessions import fork
 def shared(channel, confine, layer, said_w):
-    fork.sandbox.unshare(fork._CLONE_NEWUSER)
+    fork.sandbox.unshare_capless(fork._CLONE_NEWUSER)
     os.write(said_w, b"+%d\\n" % os.getpid())
     channel.recv(1)
 fork._own_trees = shared
@@ -308,3 +310,113 @@ def test_a_copy_that_kept_its_parent_s_mount_namespace_gets_no_trees_there(pool)
         with pytest.raises(SessionForkError, match="did not make a mount namespace of its own"):
             parent.fork()
         assert parent.run("os.listdir('/tmp'), open('/tmp/mine').read()").value == "(['mine'], 'parent')"
+
+
+#: Run in a sandboxed session: its next copy keeps the capabilities its new
+#: user namespace gives it, asks for its trees all the same, and once they
+#: are mounted (its ids mapped: a root's) sets a file capability in its /tmp.
+CAPABLE_COPY = """
+import ctypes, os, struct
+from execpool.worker.sessions import fork
+def capable(channel, confine, layer, said_w):
+    if ctypes.CDLL(None, use_errno=True).unshare(0x10000000 | 0x00020000) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+    os.write(said_w, b"+%d\\n" % os.getpid())
+    if channel.recv(1) == fork.MOUNTED:
+        open('/tmp/capped', 'w').close()
+        os.setxattr('/tmp/capped', 'security.capability', struct.pack('<5I', 0x02000001, ~0 & 0xFFFFFFFF, 0, 0, 0))
+fork._own_trees = capable
+"""
+
+
+def _with_file_capability(root: str) -> list:
+    found = []
+    for directory, _, files in os.walk(root):
+        for name in files:
+            try:
+                os.getxattr(os.path.join(directory, name), "security.capability", follow_symlinks=False)
+            except OSError:
+                continue
+            found.append(os.path.join(directory, name))
+    return found
+
+
+def test_a_copy_that_keeps_its_capabilities_gets_no_ids_mapped(pool):
+    """Red team, as root: a copy runs what its parent's cell made of the
+    fork's code; one that kept the capabilities of its new user namespace
+    until the worker mapped its ids (root's) set a file capability on a
+    host file, which anyone could run as root. The worker maps and mounts
+    only for a copy that holds none."""
+    with pool.session("python", sandbox="strict") as parent:
+        parent.run(CAPABLE_COPY)
+        with pytest.raises(SessionForkError, match="kept capabilities"):
+            parent.fork()
+        assert parent.run("'goes on'").value == "'goes on'"
+    assert _with_file_capability(worker_records(pool)[0].jobs_dir) == []
+
+
+#: Run in a session: its runtime writes PID into every descriptor the next
+#: fork frame brings, and says it has no copy.
+MOVER = """
+from execpool.worker.sessions import fork
+def mover(runtime, spec, fds, ask_mount):
+    for fd in fds:
+        try:
+            os.write(fd, b"PID")
+        except OSError:
+            pass
+        os.close(fd)
+    return {"error": "no copy"}
+fork.fork_copy = mover
+"""
+
+
+@pytest.mark.parametrize("sandbox", [False, "strict"])
+def test_a_fork_hands_the_session_no_cgroup_file(sandbox):
+    """Red team, as root: the fork frame carried the copy's cgroup.procs,
+    open for writing, and the session's code wrote another session's pid
+    in it -- any pid, the service's own included -- moving it into a group
+    that dies with the copy. The worker moves the copy itself."""
+    with ExecPool(workers=1) as own:
+        with own.session("python", sandbox="strict", limits=Limits(memory=256 << 20)) as bystander:
+            pid = int(bystander.run("import os\nos.getpid()").value)
+            with open(f"/proc/{pid}/cgroup") as f:
+                groups = f.read()
+            liar = own.session("python", sandbox=sandbox, limits=Limits(memory=256 << 20))
+            liar.run("import os\n" + MOVER.replace("PID", str(pid)))
+            with pytest.raises(SessionForkError, match="no copy"):
+                liar.fork()
+            with open(f"/proc/{pid}/cgroup") as f:
+                assert f.read() == groups
+            assert bystander.run("'kept'").value == "'kept'"
+
+
+#: Run in a session: its runtime makes the next copy, which then never
+#: serves its socket, and says there is none.
+DENIED = """
+import time
+from execpool.worker.sessions import fork
+made = fork.fork_copy
+def deny(runtime, spec, fds, ask_mount):
+    global denied
+    said = made(runtime, spec, fds, ask_mount)
+    if said is None:
+        time.sleep(3600)
+    denied = said.get("pid")
+    return {"error": "denied"}
+fork.fork_copy = deny
+"""
+
+
+@pytest.mark.parametrize("sandbox", [False, "strict"])
+def test_a_copy_its_parent_denies_dies_with_its_fork(pool, sandbox):
+    """Red team, as root: a copy made (and, sandboxed, mounted) whose
+    parent then answered the fork with an error outlived the session and
+    its family, until its worker had no job left."""
+    with pool.session("python", sandbox=sandbox) as parent:
+        parent.run(DENIED)
+        with pytest.raises(SessionForkError, match="denied"):
+            parent.fork()
+        copy = int(parent.run("denied").value)
+        assert wait_for(lambda: not alive(copy), DEADLINE_S)
+        assert parent.run("'goes on'").value == "'goes on'"

@@ -580,3 +580,12 @@ def test_a_forged_reply_and_more_in_one_read_still_answers_the_cell(py):
     result = py.run(CHANNEL + "channel.sendall(b'1:{\"x\": 1}\\0more\\0')")
     assert (result.status, result.error["ename"]) == (Status.ERROR, "SessionError"), result
     assert wait_for(lambda: not py.alive, 10)
+
+
+def test_a_forged_reply_nested_past_the_parser_is_the_cell_s_error(py):
+    """Red team: a forged reply of 100000 ``[`` raised RecursionError on the
+    pool's dispatcher thread, which killed the worker and left the cell's
+    caller waiting for good."""
+    future = py.submit(CHANNEL + "channel.sendall(b'1:' + b'[' * 100000 + b'\\0')")
+    result = future.result(timeout=30)
+    assert (result.status, result.error["ename"]) == (Status.ERROR, "SessionError"), result

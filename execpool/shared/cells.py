@@ -135,7 +135,7 @@ def read_reply(language: str, reply: bytes) -> dict:
         return _bash_reply(reply)
     try:
         fields = json.loads(reply.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (ValueError, RecursionError):  # RecursionError: brackets nested past the parser's depth
         return _garbled()
     if not (isinstance(fields, dict) and _optional(fields.get("value"), str)
             and _optional(fields.get("data"), dict) and isinstance(fields.get("display"), list)

@@ -323,9 +323,9 @@ class Worker:
     def _fork(self, msg: channel.Fork) -> None:
         """Copy a Python session, between its cells, into a new one
         (execpool/worker/sessions/fork.py). The copy's directory, cgroup,
-        pipes and socket are made here, as for any tool, and go down with
-        the fork frame; ``_forked`` takes the copy the runtime names as the
-        new job's tool."""
+        pipes and socket are made here, as for any tool, and its pipes and
+        socket go down with the fork frame; ``_forked`` takes the copy the
+        runtime names as the new job's tool, in its cgroup."""
         child = self._new_job(msg.child)
         parent = self.jobs.get(msg.job_id)
         link = None if parent is None else parent.link
@@ -344,12 +344,17 @@ class Worker:
             else:
                 layer = self._prepare_confined_copy(parent, child)
                 assert child.family is not None
-                spec = {"marker": child.marker, "confine": {"paths": [target for _, target in child.family.trees]}}
+                spec = {"marker": child.marker, "confine": {"paths": [target for _, target in child.family.trees],
+                                                            "network": parent.start.network}}
             printed = sum(capture.total for capture in parent.captures)
             # A runtime not started yet (its spare is on the way) finds the
             # frame, descriptors and all, waiting on its socket.
-            with output_pipes(True) as (readers, out_w, err_w), child.start_fds() as (sock_fd, join_fds):
-                fds = [sock_fd, out_w, err_w, *join_fds, *([layer] if layer >= 0 else [])]
+            assert child.link is not None
+            # No cgroup's file goes down: the worker moves the copy into its
+            # group once it has it, and a writable cgroup.procs in the
+            # session's hands would move any process into a group that dies.
+            with output_pipes(True) as (readers, out_w, err_w):
+                fds = [child.link.runtime_fd, out_w, err_w, *([layer] if layer >= 0 else [])]
                 link.begin_fork(json.dumps(spec).encode("utf-8"), fds, printed)
         except ProtocolError as exc:
             self._fail_start(child, exc)
@@ -427,13 +432,19 @@ class Worker:
             # A sandboxed copy never runs on its parent's directories (its
             # process, nobody's now, goes as a stray).
             pid, why = None, "the session's copy never had directories of its own"
-        if child is None or pid is None or not self.tree.is_copy(pid, child):
+        if child is not None and pid is not None and self.tree.is_copy(pid, child) and child.group is not None:
+            try:
+                child.group.add(pid)
+            except OSError as exc:
+                pid, why = None, f"the session's copy could not join its cgroup: {exc}"
+        elif child is not None and pid is not None and not self.tree.is_copy(pid, child):
+            pid, why = None, "the process the session named is not its copy"
+        if child is None or pid is None:
             for fd in readers:
                 os.close(fd)
-            if pid is not None:
-                why = "the process the session named is not its copy"
             if child is not None:
                 self._fail_start(child, OSError(why))
+                self.tree.kill_marked(child.marker)  # a copy its parent made all the same, then denied
             return json.dumps({"error": why}).encode("utf-8")
         self._running(child, pid, readers)
         self._session_begins(child)
@@ -443,8 +454,8 @@ class Worker:
         return json.dumps({"pid": pid}).encode("utf-8")
 
     def _abandon_fork(self, parent: RunningJob) -> None:
-        """A session that ends while it forks takes its copy's job with it;
-        a copy made all the same is nobody's, and dies as a stray."""
+        """A session that ends while it forks takes its copy's job with it,
+        and the copy if it was made."""
         if parent.link is None or parent.link.forking is None:
             return
         child_id, readers = parent.link.forking
@@ -454,6 +465,7 @@ class Worker:
         child = self.jobs.get(child_id)
         if child is not None:
             self._fail_start(child, OSError("the session ended while it forked"))
+            self.tree.kill_marked(child.marker)
 
     def _session_begins(self, job: RunningJob) -> None:
         self._watch_session(job)
@@ -714,7 +726,7 @@ class Worker:
         trashed = None
         tmp_trashed = None if job.sandbox_tmp is None else self.dirs.discard(job.sandbox_tmp)
         if job.family is not None and self.launcher.spares is not None:
-            self.launcher.spares.give_back(job.family.left())
+            self.launcher.spares.remove(job.family.left())
         if job.tmpdir is not None:
             trashed = self.dirs.discard(job.tmpdir)  # the script in it too
         elif job.script is not None:

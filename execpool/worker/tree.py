@@ -108,6 +108,11 @@ class Tree:
         victims.discard(job.pid)
         self._claim(job, victims)
 
+    def kill_marked(self, marker: str) -> None:
+        """The worker's children marked ``marker`` and their trees: a
+        session's copy whose job never ran (its fork failed or was denied)."""
+        kill_tree(marker=marker, scope=self.worker_pid, exclude=self.not_strays(), spared=self._spare_made)
+
     def kill_cell(self, job: RunningJob, since: int) -> None:
         """A cancelled cell's processes: those of the session that began
         since boot tick ``since`` (execpool/shared/kernel/proctree.py),

@@ -88,6 +88,12 @@ class JobGroup:
     def procs_files(self) -> list:
         return [os.path.join(path, "cgroup.procs") for path in self.paths]
 
+    def add(self, pid: int) -> None:
+        """Move a process (every thread of it) into the group; OSError if
+        it cannot go."""
+        for procs in self.procs_files():
+            _write(procs, str(pid))
+
     def pids(self) -> set:
         found: set = set()
         for procs in self.procs_files():

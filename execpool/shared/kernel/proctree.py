@@ -57,26 +57,35 @@ _SWEEP_SETTLE_S = 0.2
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def environ(pid: int) -> Optional[dict]:
-    """A process's environment; None when it is dead or unreadable. Read
+#: How much of a process's environment block is searched for its job
+#: marker. The worker reads a process's marker at every job's end; a
+#: process can point its block at any memory of its own (prctl's
+#: PR_SET_MM_MAP), and a 64 MB one, read whole, held the worker's loop for
+#: seconds. An exec's whole environment is at most a quarter of its stack
+#: limit, and ordinary ones hold a few kilobytes.
+MARKER_SCAN_BYTES = 256 << 10
+_MARKER_KEY = b"\0" + JOB_MARKER_ENV.encode() + b"="
+
+
+def marker_of(pid: int) -> Optional[str]:
+    """The job marker in a process's environment (its first entry of that
+    name, as ``getenv`` finds), if it lies within the block's first
+    MARKER_SCAN_BYTES; None when it has none there or is dead. Read
     through a live thread: a process whose first thread ended
     (``SYS_exit``, not ``exit_group``) shows an empty ``/proc/PID/environ``
     while its other threads run on."""
     for task in _live_tasks(pid):
         try:
             with open(f"/proc/{pid}/task/{task}/environ", "rb", buffering=0) as f:
-                block = f.read()
+                block = b"\0" + (f.read(MARKER_SCAN_BYTES) or b"")
         except OSError:
             continue
-        pairs = (entry.partition(b"=") for entry in block.split(b"\0") if entry)
-        return {os.fsdecode(key): os.fsdecode(value) for key, _, value in pairs}
+        at = block.find(_MARKER_KEY)
+        if at < 0:
+            return None
+        value = block[at + len(_MARKER_KEY):].partition(b"\0")[0]
+        return os.fsdecode(value)
     return None
-
-
-def marker_of(pid: int) -> Optional[str]:
-    """The job marker in a process's environment; None when it has none or
-    is dead."""
-    return (environ(pid) or {}).get(JOB_MARKER_ENV)
 
 
 def _group_killable(pgid: Optional[int]) -> bool:

@@ -514,9 +514,16 @@ def attach(tree: int, target: str) -> None:
         os.close(fd)
 
 
-def unshare(kinds: int) -> None:
+def unshare_capless(kinds: int) -> None:
+    """For a confined process (a session's copy,
+    execpool/worker/sessions/fork.py): new namespaces, a user namespace
+    among them, without the capabilities that namespace gives. They go in
+    this call, before the caller runs another line: its code is its
+    parent session's to change, and a root copy that kept them once the
+    worker mapped its ids set a file capability any host user could run."""
     if _libc.unshare(kinds) != 0:
         raise errno_error(f"unshare({kinds:#x})")
+    _drop_capabilities()
 
 
 def _drop_capabilities() -> None:
@@ -532,10 +539,7 @@ def _restrict(ruleset_fd: int) -> None:
 
 
 def confine_again(ruleset_fd: int) -> None:
-    """For a confined process that unshared a user namespace (a session's
-    copy, execpool/worker/sessions/fork.py): give up the capabilities it
-    holds there, then enter one more Landlock layer."""
-    _drop_capabilities()
+    """For a confined process (a session's copy): one more Landlock layer."""
     _restrict(ruleset_fd)
 
 

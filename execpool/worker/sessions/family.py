@@ -23,8 +23,9 @@ So:
   worker maps the copy's ids (the same ids), enters its namespaces and
   mounts the spare's trees over ``/tmp``, ``/dev/shm`` and the home, with
   what was mounted beneath them (an interpreter that lives in ``/tmp``)
-  again. The copy copies its parent's files into them, drops the
-  capabilities its namespace gave it, and enters a layer of its own
+  again -- once the copy holds none of the capabilities its namespace
+  gave it, which it dropped as it unshared. The copy copies its parent's
+  files into them and enters a layer of its own
   (``copy_layer``): writing only its own trees and the family's unused
   spares, signals and abstract sockets scoped to itself. From then on it
   reaches neither its parent's files and processes nor its siblings'.
@@ -77,8 +78,8 @@ _MOUNTER_NAME = "execpool-mount"
 
 
 class Family:
-    """The spares a sandboxed session and its copies share, given back to
-    the worker's stock when the last of them ends. ``trees``: the
+    """The spares a sandboxed session and its copies share, removed when
+    the last of them ends. ``trees``: the
     directories of each spare a copy gets and where its view mounts each --
     the home, /tmp, /dev/shm, and the session's working directory where the
     caller gave it one (at its own path)."""
@@ -106,7 +107,10 @@ class Family:
         return os.path.join(spare, self.trees[-1][0])
 
     def left(self) -> List[str]:
-        """A member ended: the spares no copy took, once the last one has."""
+        """A member ended: the spares no copy took, once the last one has,
+        to be removed -- never another family's: its Landlock domain grants
+        them, and a process of it may outlive its last member's Result (one
+        that left its session and its marker behind, or a daemon kept)."""
         self.members -= 1
         if self.members:
             return []
@@ -119,10 +123,9 @@ class Family:
 
 class Spares:
     """The worker's stock of spares, made off a session's start (after a
-    Result is out) and given back unused when a family ends: most
-    sessions never fork, and theirs are used again, never made or removed.
-    A spare is reused only once no process whose domain granted it lives
-    (its family has ended); it was never mounted, so nothing wrote in it.
+    Result is out), so that starting one costs its rules, not its
+    directories. Each serves one family only, which removes those it did
+    not use as it ends.
 
     ``private`` makes a fresh directory in the worker's ``jobs_dir``,
     ``discard`` removes one."""
@@ -157,12 +160,9 @@ class Spares:
                 os.close(fd)
         return Family(spares, trees, -1 if user_ns < 0 else os.dup(user_ns))
 
-    def give_back(self, spares: List[str]) -> None:
+    def remove(self, spares: List[str]) -> None:
         for spare in spares:
-            if len(self._stock) < _STOCK:
-                self._stock.append(spare)
-            else:
-                self._discard(spare)
+            self._discard(spare)
 
     def refill(self) -> None:
         """Make what the stock lacks for the next session, once the worker
@@ -187,8 +187,6 @@ class Spares:
 
 #: What a spare holds: a copy's home, /tmp, /dev/shm and working directory.
 _SPARE_DIRECTORIES = ("home", "tmp", "shm", "work")
-#: The stock kept at most: two families' worth.
-_STOCK = 2 * FAMILY_FORKS
 
 
 def copy_layer(handled: int, scoped: int, spare: str, family: Family) -> int:
@@ -257,6 +255,7 @@ def mount_copy(pid: int, spare: str, trees: Tuple[Tuple[str, str], ...], user_fd
     copy_mnt = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     try:
         _check_own(pid, copy_mnt)
+        _check_capless(pid)
         view = (user_fd, copy_mnt, tuple(steps), b"/", 0, VIEW_INTO)
         if _spawn is not None:
             os.close(_spawn.prepare_view(child_arguments((), view)))
@@ -276,6 +275,22 @@ def _check_own(pid: int, mnt: int) -> None:
             raise OSError("the session's copy did not make a mount namespace of its own")
     finally:
         os.close(owner)
+
+
+def _check_capless(pid: int) -> None:
+    """OSError unless the copy holds no capability, in its one thread: the
+    ids mapped next are its own, so a capability kept would be a root's
+    over its files -- a file capability it set there is one on the host.
+    A copy that runs as its parent's cell changed it may keep them (a
+    thread of its own could too); it cannot get one back once it has none:
+    no_new_privs holds for an exec, and no ``/proc`` file where it could
+    map a user namespace of its own is writable in its view."""
+    with open(f"/proc/{pid}/status") as f:
+        status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    held = [key for key in ("CapInh", "CapPrm", "CapEff", "CapAmb") if int(status.get(key, "1"), 16)]
+    if held or status.get("Threads") != "1" or status.get("State", "Z").startswith(("Z", "X")):
+        raise OSError("the session's copy kept capabilities (or threads that could hold them) past its new "
+                      "user namespace")
 
 
 #: ioctl(2) on a namespace's descriptor: its owning user namespace's (linux/nsfs.h).

@@ -2,9 +2,9 @@
 become a session of its own.
 
 Runs in the session's own process (execpool/worker/sessions/python.py),
-between cells, when the worker sends a fork frame: the copy's socket, its
-stdout and stderr pipes and its cgroup's files come with it, and a JSON
-spec -- the copy's job marker, the directory to copy and where to. The
+between cells, when the worker sends a fork frame: the copy's socket and
+its stdout and stderr pipes come with it, and a JSON spec -- the copy's
+job marker, the directory to copy and where to. The
 worker then takes the copy as any session's tool (execpool/worker/loop.py,
 ``Worker._forked``), so the copy must be its child: a single-threaded
 interpreter is cloned with CLONE_PARENT; one with threads is forked through
@@ -13,7 +13,7 @@ orphan goes to), since only ``fork()`` runs the at-fork handlers that
 threaded libraries (OpenBLAS, glibc's allocator) need in a copy.
 
 Before the parent answers, the copy has left its parent's session and
-process group, armed its death signal, joined its cgroup, taken its own
+process group, armed its death signal, taken its own
 output pipes and socket, stamped its own marker, copied the directory and
 moved into it: from then on nothing of its parent's is its own. A
 sandboxed session's copy (execpool/worker/sessions/family.py) instead
@@ -61,7 +61,7 @@ def fork_copy(runtime: Any, spec: Optional[Dict[str, Any]], fds: List[int],
     ``confine``) has its own namespaces first, and the parent asks the worker
     to mount its trees there (``ask_mount``) before it goes on."""
     confine = spec.get("confine") if isinstance(spec, dict) else None
-    if not isinstance(spec, dict) or len(fds) < (4 if confine else 3) or not isinstance(spec.get("marker"), str) \
+    if not isinstance(spec, dict) or len(fds) != (4 if confine else 3) or not isinstance(spec.get("marker"), str) \
             or confine is not None and not isinstance(confine, dict):
         for fd in fds:
             os.close(fd)
@@ -143,10 +143,7 @@ def _become(runtime: Any, spec: Dict[str, Any], fds: List[int], worker: int, sai
     """The copy leaves everything of its parent's that it can name."""
     confine = spec.get("confine")
     layer = fds.pop() if confine else -1
-    sock, out_fd, err_fd, *joins = fds
-    for fd in joins:
-        os.write(fd, b"0")  # into the copy's own cgroup
-        os.close(fd)
+    sock, out_fd, err_fd = fds
     os.setsid()
     linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != worker:
@@ -174,14 +171,15 @@ def _become(runtime: Any, spec: Dict[str, Any], fds: List[int], worker: int, sai
 
 
 def _own_trees(channel: socket.socket, confine: Dict[str, Any], layer: int, said_w: int) -> None:
-    """A sandboxed session's copy: in namespaces of its own, it asks (through
-    its parent) for its trees, copies its parent's files into them and
+    """A sandboxed session's copy: in namespaces of its own (a network one
+    too where its session has no network: not its parent's loopback), it
+    asks (through its parent) for its trees, copies its parent's files into them and
     enters its own Landlock layer (execpool/worker/sessions/family.py)."""
     paths = [path for path in confine.get("paths", ()) if isinstance(path, str)]
     mounted = _mount_points()  # its parent's, which it shares until it unshares
     theirs = [(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), path) for path in paths]
     try:
-        sandbox.unshare(_CLONE_NEWUSER | _CLONE_NEWNS)
+        sandbox.unshare_capless(_CLONE_NEWUSER | _CLONE_NEWNS | (0 if confine.get("network") else linux.CLONE_NEWNET))
         os.write(said_w, b"+%d\n" % os.getpid())
         if channel.recv(1) != MOUNTED:
             raise OSError("the worker did not mount the copy's directories")

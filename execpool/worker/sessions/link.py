@@ -63,7 +63,7 @@ def fork_answer(answer: bytes) -> Tuple[Optional[int], str]:
     could have written it), else None and why there is none."""
     try:
         said = json.loads(answer)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: brackets nested past the parser's depth
         said = None
     if not isinstance(said, dict):
         return None, "the session answered its fork with garbage"

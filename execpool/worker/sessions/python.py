@@ -64,8 +64,10 @@ _BINARY = {"image/png", "image/jpeg"}
 MAX_PLAIN_CHARS = 1_000_000
 MAX_MIME_CHARS = 8_000_000
 
-#: A fork frame's descriptors: the copy's socket, stdout, stderr and cgroup files.
-_MAX_FORK_FDS = 10
+#: A fork frame's descriptors: the copy's socket, stdout, stderr and (a
+#: sandboxed session's) its Landlock layer; one more is a frame the
+#: worker never sends.
+_MAX_FORK_FDS = 5
 
 _in_cell = False
 
