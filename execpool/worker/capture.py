@@ -28,6 +28,10 @@ from ..shared.result import ERROR_LINE_MARKERS
 #: Which of a tool's streams a pipe carries (a merged job's one pipe: "stdout").
 Stream = Literal["stdout", "stderr"]
 
+#: One read of an output pipe per wake-up of the worker's loop; 64 KiB is
+#: a full default pipe buffer.
+READ_SIZE = 1 << 16
+
 MAX_ERROR_LINES = 32
 MAX_ERROR_LINE_CHARS = 4096
 

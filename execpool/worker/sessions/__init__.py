@@ -1,6 +1,8 @@
-"""Sessions, the worker's side: the link to a session's runtime
-(link.py) and the runtimes themselves, Python's (python.py) and bash's
-(bash.sh), which run in the session's own process."""
+"""Sessions. The worker's side: its sessions' cells, interrupts and forks
+(host.py), the link to each one's runtime (link.py), a sandboxed session's
+forks' directories (family.py). The session's own process: the runtimes,
+Python's (python.py) and bash's (bash.sh), and a Python session's fork
+(fork.py)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,9 @@ Runs in the session's own process (execpool/worker/sessions/python.py),
 between cells, when the worker sends a fork frame: the copy's socket and
 its stdout and stderr pipes come with it, and a JSON spec -- the copy's
 job marker, the directory to copy and where to. The
-worker then takes the copy as any session's tool (execpool/worker/loop.py,
-``Worker._forked``), so the copy must be its child: a single-threaded
+worker then takes the copy as any session's tool
+(execpool/worker/sessions/host.py, ``Sessions._forked``), so the copy must
+be its child: a single-threaded
 interpreter is cloned with CLONE_PARENT; one with threads is forked through
 a middle process that exits at once (the worker is the subreaper its
 orphan goes to), since only ``fork()`` runs the at-fork handlers that
