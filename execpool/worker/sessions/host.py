@@ -271,9 +271,14 @@ class Sessions:
         """The session's socket: the rest of a cell goes down as it drains,
         each reply goes up as a CellDone -- after every byte the cell wrote
         before it (the runtime flushed before replying, so what it wrote is
-        in the pipes by now)."""
+        in the pipes by now). Nothing a session says once it is being
+        killed goes on: its Result ends its cell (a reply its runtime sent
+        just before the kill once answered a fork the worker had refused)."""
         job = self.by_fd.get(fd)
         if job is None:
+            return
+        if job.ending is not None:
+            self._unwatch(job)
             return
         link = job.link
         assert link is not None
