@@ -154,8 +154,8 @@ def test_marker_sweep_neither_reads_nor_kills_what_it_is_told_to_spare(tagged, m
     env = {**tagged, proctree.JOB_MARKER_ENV: marker}
     spared, swept = (subprocess.Popen(["sleep", "100"], env=env, start_new_session=True) for _ in range(2))
     read = []
-    real_marker_of = proctree.marker_of
-    monkeypatch.setattr(proctree, "marker_of", lambda pid: read.append(pid) or real_marker_of(pid))
+    real_read = proctree._read_marker
+    monkeypatch.setattr(proctree, "_read_marker", lambda pid: read.append(pid) or real_read(pid))
     try:
         proctree.kill_tree(marker=marker, scope=os.getpid(), spared=lambda pid: pid == spared.pid)
         assert swept.wait(timeout=5) == -9
@@ -354,5 +354,29 @@ def test_a_marker_is_looked_for_only_in_the_start_of_an_environment():
         assert proctree.marker_of(past.pid) is None
     finally:
         for proc in (first, past):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_child_without_a_marker_is_read_once_by_the_sweeps(monkeypatch):
+    """Red team: a session's escaped daemons, re-parented to the worker with
+    environments of 256 KiB and no marker, were read again at every job's
+    end -- 430 ms of the worker's loop at 1200 of them. Their environment
+    is read once; one that shows a marker, or a new process at the pid,
+    is read again."""
+    padding = {f"PAD{n}": "x" * (100 << 10) for n in range(2)}
+    unmarked = [_spawn(["sleep", "30"], env=padding) for _ in range(3)]
+    marked = _spawn(["sleep", "30"], env={**padding, "EXECPOOL_JOB": "other"})
+    reads = []
+    read = proctree._read_marker
+    monkeypatch.setattr(proctree, "_read_marker", lambda pid: reads.append(pid) or read(pid))
+    try:
+        for _ in range(3):
+            assert proctree._marked("mine", os.getpid(), set(), frozenset()) == []
+        children = {proc.pid for proc in unmarked}
+        assert sorted(pid for pid in reads if pid in children) == sorted(children)
+        assert reads.count(marked.pid) == 3
+    finally:
+        for proc in (*unmarked, marked):
             proc.kill()
             proc.wait()

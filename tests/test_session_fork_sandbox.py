@@ -309,7 +309,8 @@ def test_a_copy_that_kept_its_parent_s_mount_namespace_gets_no_trees_there(pool)
         parent.run("import os\nopen('/tmp/mine', 'w').write('parent')\n" + SHARED_MOUNTS)
         with pytest.raises(SessionForkError, match="did not make a mount namespace of its own"):
             parent.fork()
-        assert parent.run("os.listdir('/tmp'), open('/tmp/mine').read()").value == "(['mine'], 'parent')"
+        # Its own /tmp still (which lists this checkout too, where it lies in /tmp).
+        assert parent.run("'mine' in os.listdir('/tmp'), open('/tmp/mine').read()").value == "(True, 'parent')"
 
 
 #: Run in a sandboxed session: its next copy keeps the capabilities its new
@@ -324,35 +325,57 @@ def capable(channel, confine, layer, said_w):
     os.write(said_w, b"+%d\\n" % os.getpid())
     if channel.recv(1) == fork.MOUNTED:
         open('/tmp/capped', 'w').close()
-        os.setxattr('/tmp/capped', 'security.capability', struct.pack('<5I', 0x02000001, ~0 & 0xFFFFFFFF, 0, 0, 0))
+        os.setxattr('/tmp/capped', 'security.capability', CAPABILITY)
 fork._own_trees = capable
 """
 
+#: A file capability (VFS_CAP_REVISION_2, effective): every capability permitted.
+CAPABILITY = "struct.pack('<5I', 0x02000001, 0xFFFFFFFF, 0, 0xFFFFFFFF, 0)"
 
-def _with_file_capability(root: str) -> list:
+
+def _with_file_capability(*roots: str) -> list:
     found = []
-    for directory, _, files in os.walk(root):
-        for name in files:
-            try:
-                os.getxattr(os.path.join(directory, name), "security.capability", follow_symlinks=False)
-            except OSError:
-                continue
-            found.append(os.path.join(directory, name))
+    for root in roots:
+        for directory, _, files in os.walk(root):
+            for name in files:
+                try:
+                    os.getxattr(os.path.join(directory, name), "security.capability", follow_symlinks=False)
+                except OSError:
+                    continue
+                found.append(os.path.join(directory, name))
     return found
 
 
-def test_a_copy_that_keeps_its_capabilities_gets_no_ids_mapped(pool):
+def test_a_copy_that_keeps_its_capabilities_sets_no_file_capability(pool):
     """Red team, as root: a copy runs what its parent's cell made of the
     fork's code; one that kept the capabilities of its new user namespace
     until the worker mapped its ids (root's) set a file capability on a
-    host file, which anyone could run as root. The worker maps and mounts
-    only for a copy that holds none."""
+    host file, which anyone could run as root. Every extended attribute
+    is refused in the sandbox (EOPNOTSUPP)."""
     with pool.session("python", sandbox="strict") as parent:
-        parent.run(CAPABLE_COPY)
-        with pytest.raises(SessionForkError, match="kept capabilities"):
+        parent.run(CAPABLE_COPY.replace("CAPABILITY", CAPABILITY))
+        with pytest.raises(SessionForkError, match="Operation not supported"):
             parent.fork()
         assert parent.run("'goes on'").value == "'goes on'"
     assert _with_file_capability(worker_records(pool)[0].jobs_dir) == []
+
+
+def test_a_parent_that_joins_its_copy_s_user_namespace_sets_no_file_capability(pool, tmp_path):
+    """Red team, as root: a parent may join its copy's user namespace (the
+    README says why), where it holds every capability over root's files:
+    it set a file capability on a copy of ``cat`` in its own directory,
+    and any local user read /etc/shadow with it."""
+    with pool.session("python", sandbox="strict", cwd=tmp_path) as parent, parent.fork() as copy:
+        pid = copy.run("import os\nos.getpid()").value
+        tried = parent.run(
+            f"import ctypes, os, shutil, struct\nfd = os.open('/proc/{pid}/ns/user', os.O_RDONLY)\n"
+            f"joined = ctypes.CDLL(None, use_errno=True).setns(fd, 0x10000000)\n"
+            f"shutil.copy('/bin/cat', 'cat')\n"
+            f"try:\n    os.setxattr('cat', 'security.capability', {CAPABILITY})\n    said = 'set'\n"
+            f"except OSError as exc:\n    said = exc.strerror\n"
+            f"joined, said")
+        assert tried.value == "(0, 'Operation not supported')", tried.text
+    assert _with_file_capability(str(tmp_path), worker_records(pool)[0].jobs_dir) == []
 
 
 #: Run in a session: its runtime writes PID into every descriptor the next

@@ -70,7 +70,12 @@ _MARKER_KEY = b"\0" + JOB_MARKER_ENV.encode() + b"="
 def marker_of(pid: int) -> Optional[str]:
     """The job marker in a process's environment (its first entry of that
     name, as ``getenv`` finds), if it lies within the block's first
-    MARKER_SCAN_BYTES; None when it has none there or is dead. Read
+    MARKER_SCAN_BYTES; None when it has none there or is dead."""
+    return _read_marker(pid)[0]
+
+
+def _read_marker(pid: int) -> "tuple[Optional[str], bool]":
+    """``marker_of``, and whether an environment was there to read. Read
     through a live thread: a process whose first thread ended
     (``SYS_exit``, not ``exit_group``) shows an empty ``/proc/PID/environ``
     while its other threads run on."""
@@ -82,10 +87,19 @@ def marker_of(pid: int) -> Optional[str]:
             continue
         at = block.find(_MARKER_KEY)
         if at < 0:
-            return None
-        value = block[at + len(_MARKER_KEY):].partition(b"\0")[0]
-        return os.fsdecode(value)
-    return None
+            return None, len(block) > 1
+        return os.fsdecode(block[at + len(_MARKER_KEY):].partition(b"\0")[0]), True
+    return None, False
+
+
+#: A subreaper's children whose environment held no marker, with their
+#: start times: a sweep reads each one once, not at every job's end (a
+#: session's hundreds of escaped daemons, each with an environment of
+#: 256 KiB, held its worker's loop for 400 ms at every job's end). Only a
+#: block that was there is taken at its word (one read mid-exec may not
+#: be); a process that hid its marker stays unmarked if it shows one
+#: later, as one that cleared its environment does.
+_UNMARKED: "dict[int, float]" = {}
 
 
 def _group_killable(pgid: Optional[int]) -> bool:
@@ -267,11 +281,22 @@ def _marked(marker: str, scope: Optional[int], skip: set, pgids: frozenset,
             if pid not in skip and not _in_groups(pid, pgids) and not (spared is not None and spared(pid)))
     me = os.getpid()
     found = []
+    unmarked = {}
     for proc in candidates:
         if proc.pid == me or proc.pid in skip:
             continue
-        if marker_matches(marker_of(proc.pid), marker):
+        born = proc.create_time() if scope is not None else None  # psutil's, read as the Process was made
+        if born is not None and _UNMARKED.get(proc.pid) == born:
+            unmarked[proc.pid] = born
+            continue
+        seen, read = _read_marker(proc.pid)
+        if marker_matches(seen, marker):
             found.append(proc)
+        elif born is not None and seen is None and read:
+            unmarked[proc.pid] = born
+    if scope is not None:
+        _UNMARKED.clear()  # what is no child of the subreaper now is no longer remembered
+        _UNMARKED.update(unmarked)
     return found
 
 

@@ -59,7 +59,8 @@ tries every escape below):
 - **A small seccomp filter** (execpool/shared/kernel/seccomp.py, which says why each
   rule) for what the rest does not cover: ``clone3``, io_uring, the
   keyrings, System V IPC, another process's limits and priorities, setuid
-  and setgid files, other system call ABIs.
+  and setgid files, extended attributes (a file capability), other system
+  call ABIs.
 
 What the sandbox does not cover is in the README's threat model.
 """
@@ -517,10 +518,11 @@ def attach(tree: int, target: str) -> None:
 def unshare_capless(kinds: int) -> None:
     """For a confined process (a session's copy,
     execpool/worker/sessions/fork.py): new namespaces, a user namespace
-    among them, without the capabilities that namespace gives. They go in
-    this call, before the caller runs another line: its code is its
-    parent session's to change, and a root copy that kept them once the
-    worker mapped its ids set a file capability any host user could run."""
+    among them, without the capabilities that namespace gives -- gone in
+    this call, before the caller runs another line, since it needs none.
+    Its code is its parent session's to change, though, and the parent
+    can join that namespace: what the capabilities there could do to the
+    host, a file capability, the seccomp filter refuses."""
     if _libc.unshare(kinds) != 0:
         raise errno_error(f"unshare({kinds:#x})")
     _drop_capabilities()

@@ -33,6 +33,16 @@ What it refuses, and why (each an attack in tests/hostile.py):
   with those mode bits; ``openat2``, whose mode hides in a struct, fails
   with ENOSYS and libc falls back): a root tool left a setuid-root shell
   in ``/dev/shm`` for any local user.
+- Setting an extended attribute (``setxattr``, ``lsetxattr``,
+  ``fsetxattr``, ``setxattrat``: EOPNOTSUPP, as a filesystem without them
+  answers, which ``cp -a`` and ``shutil.copy2`` pass over). The one that
+  matters is ``security.capability``, a file capability, and the kernel
+  lets whoever holds CAP_SETFCAP in a user namespace where the file's
+  owner is mapped set it -- valid on the host when that namespace maps
+  root: a root session's fork has one (execpool/worker/sessions/family.py),
+  which its parent could join, and a file capability set there gave any
+  local user root. Which attribute a call names is behind a pointer the
+  filter cannot read, so every one is refused.
 - A system call of another ABI (i386's ``int 0x80`` on x86_64, x32): ENOSYS,
   so none of this is dodged through another table.
 """
@@ -45,6 +55,7 @@ from typing import Dict, List, Tuple, Union
 
 _EPERM = 1
 _ENOSYS = 38
+_EOPNOTSUPP = 95
 _S_ISUID_GID = 0o6000
 
 #: x86_64's x32 system calls are its own numbers with this bit set.
@@ -78,6 +89,8 @@ _RULES: Dict[str, Rule] = {
     "chmod": ("no_setid", 1), "fchmod": ("no_setid", 1), "fchmodat": ("no_setid", 2), "fchmodat2": ("no_setid", 2),
     "open": ("no_setid", 2), "openat": ("no_setid", 3), "creat": ("no_setid", 1),
     "mknod": ("no_setid", 1), "mknodat": ("no_setid", 2),
+    "setxattr": ("refuse", _EOPNOTSUPP), "lsetxattr": ("refuse", _EOPNOTSUPP), "fsetxattr": ("refuse", _EOPNOTSUPP),
+    "setxattrat": ("refuse", _EOPNOTSUPP),
 }
 
 #: Per architecture: its AUDIT_ARCH value and its system call numbers
@@ -90,14 +103,15 @@ TABLES = {
         "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "prlimit64": 302, "setpriority": 141, "ioprio_set": 251,
         "sched_setaffinity": 203, "sched_setscheduler": 144, "sched_setparam": 142, "sched_setattr": 314,
         "chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "open": 2, "openat": 257, "creat": 85,
-        "mknod": 133, "mknodat": 259}),
+        "mknod": 133, "mknodat": 259, "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "setxattrat": 463}),
     "aarch64": (0xC00000B7, {
         "clone3": 435, "openat2": 437, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
         "keyctl": 219, "add_key": 217, "request_key": 218, "shmget": 194,
         "shmctl": 195, "shmat": 196, "semget": 190, "semctl": 191, "semtimedop": 192, "semop": 193,
         "msgget": 186, "msgctl": 187, "msgrcv": 188, "msgsnd": 189, "prlimit64": 261, "setpriority": 140,
         "ioprio_set": 30, "sched_setaffinity": 122, "sched_setscheduler": 119, "sched_setparam": 118,
-        "sched_setattr": 274, "fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "openat": 56, "mknodat": 33}),
+        "sched_setattr": 274, "fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "openat": 56, "mknodat": 33,
+        "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "setxattrat": 463}),
 }
 
 # Classic BPF, as seccomp runs it.
