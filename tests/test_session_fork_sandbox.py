@@ -417,14 +417,14 @@ def test_a_fork_hands_the_session_no_cgroup_file(sandbox):
 #: Run in a session: its runtime makes the next copy, which then never
 #: serves its socket, and says there is none.
 DENIED = """
-import time
+import signal
 from execpool.worker.sessions import fork
 made = fork.fork_copy
 def deny(runtime, spec, fds, ask_mount):
     global denied
     said = made(runtime, spec, fds, ask_mount)
-    if said is None:
-        time.sleep(3600)
+    while said is None:
+        signal.pause()  # the copy waits to be killed
     denied = said.get("pid")
     return {"error": "denied"}
 fork.fork_copy = deny

@@ -200,13 +200,13 @@ class Sessions:
             # A sandboxed copy never runs on its parent's directories (its
             # process, nobody's now, goes as a stray).
             pid, why = None, "the session's copy never had directories of its own"
-        if child is not None and pid is not None and self.tree.is_copy(pid, child) and child.group is not None:
+        if child is not None and pid is not None and not self.tree.is_copy(pid, child):
+            pid, why = None, "the process the session named is not its copy"
+        if child is not None and pid is not None and child.group is not None:
             try:
                 child.group.add(pid)
             except OSError as exc:
                 pid, why = None, f"the session's copy could not join its cgroup: {exc}"
-        elif child is not None and pid is not None and not self.tree.is_copy(pid, child):
-            pid, why = None, "the process the session named is not its copy"
         if child is None or pid is None:
             for fd in readers:
                 os.close(fd)
