@@ -35,7 +35,15 @@ if TYPE_CHECKING:
     from .pool.streams import AsyncJobStream, accepts_output_callback, drain_queue, stream_tool_execution
     from .pool.supervisor import ExecPool
     from .shared.cells import CellResult
-    from .shared.errors import ExecPoolError, PoolBrokenError, PoolClosedError, SessionClosedError, SessionForkError
+    from .shared.errors import (
+        DiskBudgetError,
+        ExecPoolError,
+        PoolBrokenError,
+        PoolClosedError,
+        SessionClosedError,
+        SessionForkError,
+    )
+    from .shared.files import File
     from .shared.jobs import CodeJob, Limits, PythonJob, ShellJob
     from .shared.kernel.proctree import capture_process_group, drain_process_output, kill_process_tree
     from .shared.kernel.sandbox import Sandbox, SandboxSupport, sandbox_support
@@ -56,6 +64,8 @@ _EXPORTS = {
     "CellResult": "shared.cells",
     "SessionClosedError": "shared.errors",
     "SessionForkError": "shared.errors",
+    "DiskBudgetError": "shared.errors",
+    "File": "shared.files",
     "AsyncJobStream": "pool.streams",
     "accepts_output_callback": "pool.streams",
     "drain_queue": "pool.streams",

@@ -19,8 +19,10 @@ import json
 import os
 import platform
 import secrets
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 
 from execpool import ExecPool, PythonJob, ShellJob
@@ -70,18 +72,6 @@ def _job(attack: dict, kind: str, code: str, sandbox):
     return PythonJob(code, sandbox=sandbox, limits=limits, timeout=60, warm=kind == "warm", **options)
 
 
-def _on_the_host(pid: str, path: str) -> str:
-    """Where ``path`` in a sandboxed job's view is on the machine: the job
-    sees its directory where every job sees its own (its view's home), and
-    an attack names the path its neighbour's directory has outside."""
-    with open(f"/proc/{pid}/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            if fields[4] == path:
-                return fields[3]
-    return path
-
-
 def main() -> None:
     spec = json.load(sys.stdin)
     fill = dict(spec["fill"])
@@ -99,6 +89,9 @@ def main() -> None:
     segment = _shared_segment(shm_key, fill["@SHM_VALUE@"].encode())
     fill["@OWNER_PID@"] = str(os.getpid())
     report = {"uid": os.getuid(), "results": {}}
+    # The victim's directory is the owner's: a job's own has no path on the
+    # machine (it is its space's), so only a caller's can be named.
+    victim_dir = tempfile.mkdtemp(prefix="execpool-victim-")
     try:
         with ExecPool(workers=2, spawn_method=spec["spawn_method"]) as pool:
             report["workers_before"] = sorted(pool.worker_pids)
@@ -110,12 +103,12 @@ def main() -> None:
                 if "VICTIM" in "".join(lines):
                     seen.set()
 
-            victim = pool.submit(ShellJob(VICTIM, sandbox="strict", timeout=None, env={"PY": sys.executable}),
-                                 on_event=on_event)
+            victim = pool.submit(ShellJob(VICTIM, sandbox="strict", timeout=None, env={"PY": sys.executable},
+                                          cwd=victim_dir), on_event=on_event)
             if not seen.wait(READY_S):
                 raise RuntimeError(f"the victim job never started: {victim.result(5).text!r}")
             _, pid, directory = "".join(lines).split()[:3]
-            fill["@VICTIM_PID@"], fill["@VICTIM_DIR@"] = pid, _on_the_host(pid, directory)
+            fill["@VICTIM_PID@"], fill["@VICTIM_DIR@"] = pid, directory
             for attack in spec["attacks"]:
                 if attack["root"] and os.getuid() != 0:
                     continue
@@ -134,6 +127,7 @@ def main() -> None:
             report["victim"] = victim.result(10).status.value
             report["workers_after"] = sorted(pool.worker_pids)
     finally:
+        shutil.rmtree(victim_dir, ignore_errors=True)
         listener.close()
         _libc.shmctl(segment, 0, None)  # IPC_RMID
         _libc.syscall(_keyctl_number(), 21, ctypes.c_long(key))  # KEYCTL_INVALIDATE

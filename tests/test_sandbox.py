@@ -841,13 +841,16 @@ def test_the_tool_layer_runs_model_code_in_the_strict_sandbox(tmp_path, monkeypa
 #: (build_ruleset) and entered through ctypes (enter), in a fresh process.
 PURE_PYTHON = textwrap.dedent("""
     import os, socket, sys, tempfile
+    from execpool.worker import space
     from execpool.worker.rulesets import Confiner
     from execpool.worker.view import Views
     from execpool.shared.kernel.sandbox import Sandbox, enter
     secret, own, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     confiner, sandbox, views = Confiner(), Sandbox(connect=()), Views(tempfile.mkdtemp())
-    view = views.plan(None, own, (), (), sys.executable, confiner.hidden(), confiner.handled)
-    rulesets = confiner.rulesets(sys.executable, sandbox, (own,), views.current())
+    template = views.current(confiner.hidden())
+    spaced = space.make(1 << 20, template.user_fd, template.mnt_fd if template.user_fd >= 0 else -1)
+    view = views.plan(spaced.fd, -1, own, (), (), sys.executable, confiner.hidden())
+    rulesets = confiner.rulesets(sys.executable, sandbox, (*spaced.handles(), own), views.current())
     print("layers", len(rulesets))
     enter(rulesets, view.arguments())
     open("written", "w").write("ok")

@@ -1,7 +1,7 @@
 """Sandboxed jobs' own namespaces made ahead (execpool/worker/ahead.py).
 
-A worker's preparer makes the next strict jobs' private directories,
-rulesets and mount namespaces before they come; a job that finds one
+A worker's preparer makes the next strict jobs' spaces, rulesets and
+mount namespaces before they come; a job that finds one
 enters it. These tests prove that a job does (the namespace its tool runs
 in is one the worker held before and holds until the Result is out), that
 what is made for one job is no other's, that jobs which do not fit get
@@ -52,18 +52,19 @@ def _jobs_dir(pool: ExecPool) -> str:
 
 
 def _ready(pool: ExecPool) -> bool:
-    """The stock is made and sent: as many private directories as it holds
-    wait in the worker's jobs_dir, and the preparer waits for a request."""
+    """The stock is made and sent (no job running): the worker holds a
+    namespace for each besides its template's, and the preparer waits for
+    a request."""
     preparer = _preparer(pool)
     if preparer is None:
         return False
-    made = [name for name in os.listdir(_jobs_dir(pool)) if not name.startswith(".")]
+    made = len(_namespaces(_worker(pool).pid)) - 1
     try:
         with open(f"/proc/{preparer.pid}/syscall") as f:
             waiting = f.read().split()[0] in _RECEIVING
     except OSError:
         return False
-    return len(made) >= STOCK and waiting
+    return made >= STOCK and waiting
 
 
 def _namespaces(pid: int) -> set:
@@ -121,15 +122,22 @@ def test_the_namespace_is_the_workers_until_the_result_is_out(one_worker):
     pool = one_worker
     assert pool.run(ShellJob("true", sandbox="strict")).status is Status.OK
     assert wait_for(lambda: _ready(pool), 10.0)
-    gen = pool.stream(ShellJob('readlink /proc/self/ns/mnt; exec sleep 60', sandbox="strict", timeout=60))
+    gen = pool.stream(ShellJob('echo "$$ $(readlink /proc/self/ns/mnt)"; exec sleep 60', sandbox="strict",
+                               timeout=60))
     text = ""
     while "mnt:" not in text:
         text += next(gen).get("text", "")
-    ns = text.split()[0]
-    # Running: held by the worker (its teardown is not on the tool's way out).
-    assert ns in _namespaces(pool.worker_pids[0])
-    gen.close()
-    assert wait_for(lambda: ns not in _namespaces(pool.worker_pids[0]), 10.0), "the job's namespace is held still"
+    pid, ns = text.split()
+    # Held here too, so that its number is not given to the worker's next
+    # namespace once the job's is gone (the kernel reuses them).
+    held = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY)
+    try:
+        # Running: held by the worker (its teardown is not on the tool's way out).
+        assert ns in _namespaces(pool.worker_pids[0])
+        gen.close()
+        assert wait_for(lambda: ns not in _namespaces(pool.worker_pids[0]), 10.0), "the job's namespace is held still"
+    finally:
+        os.close(held)
 
 
 _SHOW_LONG = _SHOW + "; exec sleep 60"
@@ -186,11 +194,13 @@ def test_nothing_is_left_of_it_when_the_pool_closes():
     assert not os.path.exists(jobs_dir)
 
 
-def test_private_directories_do_not_pile_up(one_worker):
+def test_what_is_made_ahead_does_not_pile_up(one_worker):
+    """Twenty jobs later the worker holds its stock and no more, and none
+    of it on the disk: a made job's home is its space's."""
     pool = one_worker
     for _ in range(20):
         assert pool.run(ShellJob("echo x > ~/x", sandbox="strict")).status is Status.OK
     assert wait_for(lambda: _ready(pool), 10.0)
-    made = [name for name in os.listdir(_jobs_dir(pool)) if not name.startswith(".")]
-    assert len(made) == STOCK
+    assert len(_namespaces(pool.worker_pids[0])) == STOCK + 1
+    assert [name for name in os.listdir(_jobs_dir(pool)) if not name.startswith(".")] == []
     assert os.listdir(os.path.join(_jobs_dir(pool), ".trash")) == []

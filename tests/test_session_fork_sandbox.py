@@ -2,17 +2,19 @@
 section): a copy holds its parent's state and copies of its files, at the
 same paths, and from then on reaches nothing of its parent's or its
 siblings' -- not their files (its own /tmp, home, /dev/shm and working
-directory), not their processes; within a budget of forks per family,
-whose unused directories go with its last member. The pool runs as root
-here; one test runs it as ``nobody``."""
+directory, in a space of its own), not their processes; within a budget of
+forks per family, whose unused spaces go with its last member. The pool
+runs as root here; one test runs it as ``nobody``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from typing import Dict, Iterator
 
 import pytest
 from helpers import alive, run_as_nobody, wait_for, worker_records
@@ -66,11 +68,39 @@ def pool():
         yield p
 
 
-def _spares(pool) -> list:
-    """The spare directories the worker holds for sandboxed families."""
-    jobs_dir = worker_records(pool)[0].jobs_dir
-    return [name for name in os.listdir(jobs_dir)
-            if all(os.path.isdir(os.path.join(jobs_dir, name, tree)) for tree in ("tmp", "shm"))]
+#: What a spare space holds (execpool/worker/sessions/family.py).
+SPARE_TREES = {"home", "tmp", "shm", "work"}
+
+
+@contextlib.contextmanager
+def _held() -> Iterator[Dict[int, int]]:
+    """Spaces the test holds, by device, so that a device number stays
+    theirs (the kernel gives a freed tmpfs's number to the next)."""
+    held: Dict[int, int] = {}
+    try:
+        yield held
+    finally:
+        for fd in held.values():
+            os.close(fd)
+
+
+def _spares(pool, held: Dict[int, int]) -> set:
+    """The devices of the spare spaces the worker holds for sandboxed
+    families (a tmpfs root holding a spare's trees), each added to ``held``."""
+    pid = worker_records(pool)[0].pid
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            if os.readlink(path) != "/" or set(os.listdir(path)) != SPARE_TREES:
+                continue
+            device = os.stat(path).st_dev
+            if device not in held:
+                held[device] = os.open(path, os.O_PATH)
+        except OSError:
+            continue
+        found.add(device)
+    return found
 
 
 def test_a_sandboxed_copy_holds_its_parent_s_state_and_files_of_its_own(pool):
@@ -101,19 +131,21 @@ def test_a_sandboxed_copy_reaches_neither_its_parent_nor_its_sibling(pool):
                 assert reached.value == repr(REFUSED)
 
 
-def test_a_sandboxed_session_given_a_directory_forks_into_one_of_its_own(pool, tmp_path):
+def test_a_sandboxed_session_given_a_directory_forks_into_a_copy_of_its_own(pool, tmp_path):
+    """The copy's working directory is at its parent's path, as the copy
+    sees it (``Session.cwd`` names it), and is a copy in the copy's own
+    space: what it writes there never reaches the caller's directory."""
     (tmp_path / "seed.txt").write_text("seed")
     with pool.session("python", sandbox="strict", cwd=tmp_path) as parent:
         parent.run(PLANT)
         with parent.fork() as child:
-            assert child.cwd is not None and child.cwd != str(tmp_path)
-            assert sorted(os.listdir(child.cwd)) == ["seed.txt", "w.txt"]
-            assert child.run("os.getcwd()").value == repr(str(tmp_path))  # the same path, its own files
-            child.run("WHO = 'child'\n" + WRITE_ALL)
+            assert child.cwd == str(tmp_path)
+            assert child.run("os.getcwd(), sorted(os.listdir('.'))").value == repr((str(tmp_path),
+                                                                                     ["seed.txt", "w.txt"]))
+            assert child.run("WHO = 'child'\n" + WRITE_ALL + "\nopen('new.txt', 'w').write('child')").status == "ok"
+            assert child.run("open('w.txt').read()").value == "'child'"
             assert (tmp_path / "w.txt").read_text() == "parent"
-            assert open(os.path.join(child.cwd, "w.txt")).read() == "child"
-            place = child.cwd
-        assert wait_for(lambda: not os.path.exists(place), DEADLINE_S), "the copy's directory outlived it"
+            assert sorted(os.listdir(tmp_path)) == ["seed.txt", "w.txt"]
         with pytest.raises(SessionForkError, match="cannot be given a cwd"):
             parent.fork(cwd=tmp_path)
         assert parent.run("open('w.txt').read()").value == "'parent'"
@@ -131,11 +163,14 @@ def test_a_family_makes_its_forks_then_says_why_and_its_directories_go_with_it(p
         with pytest.raises(SessionForkError, match="forks in all"):
             first.fork()
         assert parent.run("x").value == "1" and all(copy.run("x").value == "1" for copy in copies)
-        held = set(_spares(pool))
-        for copy in copies:
-            copy.close()
-    # Each copy's directories (one spare each) went with it.
-    assert wait_for(lambda: len(held - set(_spares(pool))) >= FAMILY_FORKS, DEADLINE_S), (held, _spares(pool))
+        with _held() as held:
+            # Device numbers are the kernel's, the same in a copy's view.
+            used = {int(copy.run("import os\nos.stat('/tmp').st_dev").value) for copy in copies}
+            assert len(used) == FAMILY_FORKS and used <= _spares(pool, held)
+            for copy in copies:
+                copy.close()
+            # Each copy's space (one spare each) went with it.
+            assert wait_for(lambda: not used & _spares(pool, held), DEADLINE_S)
 
 
 def test_the_spares_a_family_did_not_use_serve_no_other(pool):
@@ -143,14 +178,15 @@ def test_the_spares_a_family_did_not_use_serve_no_other(pool):
     while a process of that family, whose Landlock domain grants them,
     could still live. They are removed with the family; the stock is made
     again after the Result, off the next session's start."""
-    with pool.session("python", sandbox="strict") as first:
-        assert first.run("1").value == "1"
-    assert wait_for(lambda: len(_spares(pool)) >= FAMILY_FORKS, DEADLINE_S)
-    stock = set(_spares(pool))
-    with pool.session("python", sandbox="strict") as session:
-        assert session.run("1").value == "1"
-    assert wait_for(lambda: len(_spares(pool)) >= FAMILY_FORKS and not stock & set(_spares(pool)), DEADLINE_S), \
-        (stock, _spares(pool))
+    with _held() as held:
+        with pool.session("python", sandbox="strict") as first:
+            assert first.run("1").value == "1"
+        assert wait_for(lambda: len(_spares(pool, held)) >= FAMILY_FORKS, DEADLINE_S)
+        stock = _spares(pool, held)
+        with pool.session("python", sandbox="strict") as session:
+            assert session.run("1").value == "1"
+        assert wait_for(lambda: len(_spares(pool, held)) >= FAMILY_FORKS and not stock & _spares(pool, held),
+                        DEADLINE_S), (stock, _spares(pool, held))
 
 
 def test_a_sandboxed_session_forks_as_nobody():

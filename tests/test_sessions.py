@@ -506,7 +506,9 @@ def test_a_hundred_sessions_at_once_in_bounded_memory(pool):
         return total
 
     before = unique_memory()
-    sessions = [pool.session("python" if n % 2 else "bash") for n in range(100)]
+    # A hundred bounds of the default 1 GiB would not fit the pool's disk
+    # budget (half the machine's memory): a bound that does.
+    sessions = [pool.session("python" if n % 2 else "bash", limits=Limits(disk=32 << 20)) for n in range(100)]
     try:
         futures = [s.submit(f"x{n} = {n}" if s.language == "python" else f"export X={n}")
                    for n, s in enumerate(sessions)]

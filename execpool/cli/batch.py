@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from ..formats.records import STATUSES, invalid_record, result_record
 from ..formats.request import Defaults
+from ..pool.config import disk_options
 from ..pool.many import run_tagged
 from ..pool.supervisor import ExecPool
 from .lines import input_lines, make_job, parse_line
@@ -169,7 +170,7 @@ class _Batch:
         args = self.args
         return {"workers": args.workers or os.cpu_count() or 2, "max_output_chars": args.max_output_chars,
                 "non_dumpable": NON_DUMPABLE, "sandbox": "strict" if args.sandbox else None, "preload": args.preload,
-                "python": args.python}
+                "python": args.python, **disk_options(args.disk_mb, args.disk_budget_mb)}
 
     def _start_pool(self, options: dict) -> tuple:
         """The pool (an ExecPool, or a RayPool with --ray: the driver keeps

@@ -148,6 +148,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="do not fdatasync OUT (a killed process still loses nothing; power loss may)")
     batch.add_argument("--sandbox", action="store_true",
                        help="run every job in the strict sandbox: each writes only its directory (see the README)")
+    _disk_arguments(batch)
     batch.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                        help="spread the jobs over a Ray cluster: ADDRESS, 'auto' (one running here), 'local' (a new "
                             "one), or nothing for Ray's default; --workers is then per node")
@@ -227,6 +228,19 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the kernel-enforced sandbox every job runs in (default strict: a job writes only its "
                              "own directory and reads the system's software; see the README); the service does not "
                              "start where the kernel lacks it, unless given off")
+    _disk_arguments(parser)
+
+
+def _disk_arguments(parser: argparse.ArgumentParser) -> None:
+    """What every sandboxed tenant may write, and what all of them may at
+    once (execpool/pool/budget.py): the pool's ``limits.disk`` and
+    ``disk_budget``, as ``execpool.pool.config.disk_options`` gives them."""
+    parser.add_argument("--disk-mb", type=_count("--disk-mb"), default=None, metavar="N",
+                        help="MiB a sandboxed job or session may write in all: its directory, home, /tmp and "
+                             "/dev/shm, memory until it ends (default 1024)")
+    parser.add_argument("--disk-budget-mb", type=_count("--disk-budget-mb"), default=None, metavar="N",
+                        help="MiB the sandboxed jobs and sessions alive at once may write in all; past it a job waits "
+                             "and a session is refused (default: half of the machine's memory and swap)")
 
 
 def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
@@ -254,6 +268,7 @@ def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--python", type=_interpreter, metavar="PATH", default=None, help=_PYTHON_HELP)
     parser.add_argument("--preload", type=_modules("--preload"), metavar="MODULES", default=(),
                         help="comma-separated modules the warm templates import (the interpreter starts with them)")
+    _disk_arguments(parser)
     limits = parser.add_argument_group("limits of every call (the pool's; default: the library's)")
     for flag, what in (("--memory-mb", "memory of a call's whole tree, in MiB (a cgroup)"),
                        ("--processes", "processes and threads a call may have at once (a cgroup)"),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import glob
 import json
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
@@ -362,11 +363,11 @@ COMMAND_LINE = Dialect("the command", ("python", "shell", "timeout", "cwd"), sou
 
 @dataclasses.dataclass(frozen=True)
 class JobRequest:
-    """One job a request asks for, with what goes with it."""
+    """One job a request asks for, with what goes with it: the paths it
+    asks back (its job ``fetch``-es them, each a name, not a pattern)."""
 
     job: Job
     ident: Any = None
-    files: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
     fetch: Tuple[str, ...] = ()
 
     @property
@@ -375,12 +376,6 @@ class JobRequest:
         stdin and environment."""
         job = self.job
         return len(job.source) + len(job.stdin or "") + sum(len(k) + len(v) for k, v in (job.env or {}).items())
-
-    @property
-    def needs_directory(self) -> bool:
-        """Whether the front must make the job's directory itself (to put
-        files in, or to read them back) instead of leaving it to the pool."""
-        return bool(self.files or self.fetch)
 
 
 def check(dialect: Dialect, key: str, value: object, defaults: Defaults = Defaults()) -> Any:
@@ -417,18 +412,29 @@ def parse(obj: object, dialect: Dialect, defaults: Defaults = Defaults()) -> Job
             options[name] = values[name]
     if kind == "python" and defaults.warm:
         options["warm"] = True
-    files = values.get("files", {})
+    fetch = values.get("fetch_files", ())
+    options["files"] = values.get("files", {})
+    options["fetch"] = tuple(glob.escape(path) for path in fetch)  # names, not patterns
     try:
         if kind in ("python", "shell"):
             job: Job = (PythonJob if kind == "python" else ShellJob)(source, **options)
         else:
-            # A CodeJob writes its files itself, beside its program.
             job = CodeJob(kind, source, compile_timeout=values.get("compile_timeout", DEFAULT_COMPILE_TIMEOUT_S),
-                          files=files, **options)
-            files = {}
+                          **options)
     except (TypeError, ValueError) as exc:
         raise BadField(str(exc)) from None
-    return JobRequest(job, values.get("id"), files, values.get("fetch_files", ()))
+    return JobRequest(job, values.get("id"), fetch)
+
+
+def ident_of(obj: object) -> Any:
+    """The ``id`` a request gave, where it is one (an invalid job's record
+    still names the job it asked for); else None."""
+    if not isinstance(obj, dict):
+        return None
+    try:
+        return check(HTTP_JOB, "id", obj["id"]) if "id" in obj else None
+    except BadField:
+        return None
 
 
 def read(obj: object, dialect: Dialect, defaults: Defaults = Defaults()) -> Dict[str, Any]:

@@ -22,6 +22,7 @@ import anyio
 from mcp.server.stdio import stdio_server
 
 from ..agent.tools import SANDBOX_ROOT_ENV, TOOL_SANDBOX_ENV
+from ..pool.config import disk_options
 from ..pool.supervisor import ExecPool
 from ..shared.jobs import Limits
 from ..shared.kernel.sandbox import sandbox_support
@@ -46,8 +47,9 @@ def main(args: argparse.Namespace) -> int:
     if not strict:
         os.environ[TOOL_SANDBOX_ENV] = "off"  # the tool layer's own switch: its jobs take the pool's (none)
     try:
-        with ExecPool(workers=args.workers, python=args.python, preload=args.preload, limits=limits_of(args),
-                      sandbox="strict" if strict else None, non_dumpable=True) as pool:
+        with ExecPool(workers=args.workers, python=args.python, preload=args.preload,
+                      sandbox="strict" if strict else None, non_dumpable=True,
+                      **disk_options(args.disk_mb, args.disk_budget_mb, limits_of(args))) as pool:
             # The connection's directory lives under the pool's own, which
             # goes with the pool even when this process is SIGKILLed.
             os.environ.setdefault(SANDBOX_ROOT_ENV, pool.scratch_dir())

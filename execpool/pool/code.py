@@ -3,55 +3,64 @@
 Runs in the caller (the pool's process). ``ExecPool.submit`` hands each
 CodeJob (execpool/shared/jobs.py) to :class:`CodeJobs`, which makes it two
 ordinary jobs of the same pool -- a ShellJob that compiles, a ShellJob (or
-PythonJob) that runs -- with a directory of the job's own for each::
+PythonJob) that runs -- each in a directory of its own that its worker
+makes::
 
     submit(CodeJob) -> JobFuture ............................ Result (+ compile_result)
       |  executor: probe the toolchain, key = sha256(language, toolchain
       |            version, compile argv, source, files)
       |-- cache hit ----------------------------------------.
       |-- compiling already (same key): wait for that one --+
-      |-- miss: write the program, submit the compile ------+--> artifacts into the cache
+      |-- miss: submit the compile, the program as its -----+--> its fetched outputs into the cache
+      |         ``files``, the language's outputs ``fetch``-ed
       v                                                     v
-      executor: a fresh directory, files, program, artifacts copied (hash checked)
-      submit the run -> its Result, with the compile's, on the JobFuture
+      executor: the artifact read back (hash checked)
+      submit the run, program and artifact as its ``files`` -> its Result,
+      with the compile's, on the JobFuture
+
+The pool never touches a job's directory: a program goes in as its job's
+``files`` and what a compile left comes back as its ``fetch``, both by the
+job's worker, by descriptor (execpool/worker/files.py). Done here, by path,
+a ``chmod`` after a copy set a host file to 0755 for a tenant that swapped
+the copy for a link. A run given a ``cwd`` of the caller's gets the
+program's files there for its run: a file of the caller's of the same name
+is set aside meanwhile and put back after, and nothing of the program's
+stays.
 
 No thread waits for a job: the steps chain through their futures' done
-callbacks, and the file work between them (writing a program, copying an
-artifact, removing a directory) goes to one small executor, so the
+callbacks, and the file work between them (storing an artifact, reading it
+back, removing an evicted one) goes to one small executor, so the
 dispatcher thread (or a server's loop) never waits on a disk.
 
 The compile cache (execpool/pool/compile_cache.py) keeps what a
 successful compile left (the language's ``outputs``) and a failed
-compile's Result, by content, bounded in bytes
-(least recently used go first), under the pool's scratch directory: a
-sandboxed job sees none of it (its view holds its own directory only), and
-a run gets copies, each checked against the hash taken when it was stored,
+compile's Result, by content, bounded in bytes (least recently used go
+first), under the pool's scratch directory: a sandboxed job sees none of
+it, and every read is checked against the hash taken when it was stored,
 so nothing a job does reaches an artifact another job will run. A compile
-that timed out, was cancelled or met an execpool failure is not kept: it
-says nothing about the program.
+that timed out, was cancelled, met an execpool failure or ran out of space
+or memory is not kept: it says nothing about the program.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import hashlib
 import logging
 import os
 import shlex
-import tempfile
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from ..shared import languages
+from ..shared.files import File, sizes
 from ..shared.jobs import CodeJob, Limits, PythonJob, ShellJob
 from ..shared.kernel.dirs import remove_tree
 from ..shared.result import Result, Status
-from .compile_cache import Artifact, CompileCache, kept, matches, materialize
+from .compile_cache import Artifact, CompileCache, kept, read_back
 from .deadlines import Deadlines
-from .files import write_files
 from .future import JobFuture, OnEvent
 
 if TYPE_CHECKING:
@@ -59,13 +68,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("execpool")
 
-#: Threads doing the file work of CodeJobs: writes and small copies, never
-#: a wait for a job; and, apart, the threads storing what compiles left and
-#: copying large artifacts, so that a job whose program is small never
-#: waits behind another's hundreds of megabytes.
+#: Threads doing the file work of CodeJobs: small artifacts stored and
+#: read back, never a wait for a job; and, apart, the threads storing and
+#: reading large ones, so that a job whose program is small never waits
+#: behind another's tens of megabytes.
 FILE_THREADS = 2
 BULK_THREADS = 2
-#: An artifact from this size up is copied on the bulk threads.
+#: An artifact from this size up is stored and read on the bulk threads.
 BULK_BYTES = 8 << 20
 
 #: How many processes a compile may have at once: besides bounding a
@@ -85,7 +94,6 @@ class CodeJobs:
 
     def __init__(self, pool: "ExecPool", root: str, cache_bytes: int) -> None:
         self._pool = pool
-        self._root = root
         self._path = languages.toolchains_path(pool.env)
         self._python = pool.config.python or languages.PYTHON
         self.cache = CompileCache(os.path.join(root, "compiled"), cache_bytes, self.remove_later)
@@ -93,9 +101,8 @@ class CodeJobs:
         self._executor = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="execpool-code")
         self._bulk = ThreadPoolExecutor(BULK_THREADS, thread_name_prefix="execpool-code-bulk")
         self.deadlines = Deadlines()
-        # Directories go on a thread of their own: a job can leave a tree
-        # that takes a minute to remove, and the steps of every other job
-        # must not wait behind it.
+        # Evicted artifacts go on a thread of their own: the steps of every
+        # other job must not wait behind a removal.
         self._remover = ThreadPoolExecutor(1, thread_name_prefix="execpool-code-remove")
 
     def language(self, name: str) -> languages.Language:
@@ -134,9 +141,6 @@ class CodeJobs:
 
     def submit_step(self, job: ShellJob | PythonJob, on_event: Optional[OnEvent] = None) -> JobFuture:
         return self._pool.submit(job, on_event=on_event)
-
-    def directory(self) -> str:
-        return tempfile.mkdtemp(dir=self._root)
 
     def remove_later(self, directory: Optional[str]) -> None:
         if directory is None:
@@ -239,39 +243,30 @@ class _CodeRun:
         others may be waiting for this compile (``cancel`` kills it only
         when none is)."""
         self._enter(_Phase.COMPILING, key)
-        directory = self.jobs.directory()
         try:
-            self._write(directory)
-            command = ShellJob(_command(self.language.compile), timeout=self.job.compile_timeout, cwd=directory,
-                               network=self.job.network, separate_stderr=True, sandbox=self.job.sandbox,
-                               limits=self.jobs.compile_limits())
+            command = ShellJob(_command(self.language.compile), timeout=self.job.compile_timeout,
+                               files=self._program(), fetch=self.language.outputs, network=self.job.network,
+                               separate_stderr=True, sandbox=self.job.sandbox, limits=self.jobs.compile_limits())
             step = self.jobs.submit_step(command)
         except BaseException as exc:
-            self.jobs.remove_later(directory)
             failed = Result(status=Status.INFRA, error=f"the compile did not start: {exc}")
             self.jobs.cache.settle(key, Artifact(failed))
             raise
         self.jobs.cache.compiling(key, step)
         self._started(step)
-        step.add_done_callback(lambda done: self.jobs.later(self, self._stored, key, directory, done, retries))
+        step.add_done_callback(lambda done: self.jobs.later(self, self._stored, key, done, retries))
 
-    def _stored(self, key: str, directory: str, done: "Future[Result]", retries: int, bulk: bool = False) -> None:
-        """The compile ended: what it left goes into the cache (on the bulk
-        threads when it is large: listed here first), and the job runs."""
+    def _stored(self, key: str, done: "Future[Result]", retries: int, bulk: bool = False) -> None:
+        """The compile ended: what it brought back goes into the cache (on
+        the bulk threads when it is large), and the job runs."""
         compiled = done.result()
-        if compiled.status is Status.OK and not bulk:
-            found = matches(directory, self.language.outputs)
-            if self.jobs.cache.listed(directory, found) >= BULK_BYTES:
-                self.jobs.later(self, self._stored, key, directory, done, retries, True, bulk=True)
-                return
+        if compiled.status is Status.OK and not bulk and sizes(compiled.files) >= BULK_BYTES:
+            self.jobs.later(self, self._stored, key, done, retries, True, bulk=True)
+            return
         artifact = Artifact(Result(status=Status.INFRA, error="the compiled program could not be kept"))
         try:
-            if compiled.status is Status.OK:
-                artifact = self.jobs.cache.store(key, compiled, directory, self.language.outputs)
-            else:
-                artifact = kept(compiled)
+            artifact = self.jobs.cache.store(key, compiled) if compiled.status is Status.OK else kept(compiled)
         finally:
-            self.jobs.remove_later(directory)
             self.jobs.cache.settle(key, artifact)
         self.compiled(key, artifact, False, retries)
 
@@ -317,25 +312,18 @@ class _CodeRun:
 
     def run(self, compiled: Optional[Tuple[str, Artifact]], cached: bool, retries: int) -> None:
         artifact = None if compiled is None else compiled[1]
-        directory = None
         try:
             if self.future.done():
                 return
             self._enter(_Phase.RUNNING, None)
-            directory = self.jobs.directory() if self.job.cwd is None else os.fspath(self.job.cwd)
-            self._write(directory)
-            copied = artifact is None or materialize(artifact, directory)
-            if copied:
-                step = self.jobs.submit_step(self._run_job(directory), self.on_event)
-        except BaseException:
-            self._unwrite(directory, artifact)
-            raise
+            built = {} if artifact is None else read_back(artifact)
+            if built is not None:
+                step = self.jobs.submit_step(self._run_job({**self._program(), **built}), self.on_event)
         finally:
             if artifact is not None and not self._left:
                 self.jobs.cache.release(artifact)
-        if not copied:
+        if built is None:
             self.jobs.cache.drop(*compiled)  # type: ignore[misc]
-            self._unwrite(directory, artifact)
             if retries > 0:
                 self.begin(retries - 1)
             else:
@@ -343,10 +331,9 @@ class _CodeRun:
             return
         self._started(step)
         compile_result = None if compiled is None else compiled[1].result
-        step.add_done_callback(lambda done: self.jobs.later(self, self._ran, directory, done, compile_result, cached))
+        step.add_done_callback(lambda done: self.jobs.later(self, self._ran, done, compile_result, cached))
 
-    def _ran(self, directory: str, done: "Future[Result]", compile_result: Optional[Result], cached: bool) -> None:
-        self._remove_own(directory)
+    def _ran(self, done: "Future[Result]", compile_result: Optional[Result], cached: bool) -> None:
         self.finish(dataclasses.replace(done.result(), compile_result=compile_result,
                                         compile_cached=cached and compile_result is not None))
 
@@ -413,24 +400,7 @@ class _CodeRun:
         if cancelled:
             self.cancel()
 
-    # -- the program and its directory ----------------------------------------
-
-    def _remove_own(self, directory: Optional[str]) -> None:
-        """The run's directory goes, unless it is the caller's."""
-        if self.job.cwd is None:
-            self.jobs.remove_later(directory)
-
-    def _unwrite(self, directory: Optional[str], artifact: Optional[Artifact]) -> None:
-        """Undo a run's directory before it runs: ours goes; in the
-        caller's, what was written there goes, so a retry finds it as it was."""
-        if self.job.cwd is None or directory is None:
-            self._remove_own(directory)
-            return
-        names = [*(self.job.files or {}), self.language.source, *(name for name, _ in self.language.support),
-                 *(path for path, _, _ in (artifact.files if artifact is not None else ()))]
-        for name in names:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(directory, name))
+    # -- the program ----------------------------------------------------------
 
     def _cache_key(self, toolchain: languages.Toolchain, sandbox: str) -> str:
         """What a compile depends on: the language, its toolchain's version,
@@ -441,26 +411,26 @@ class _CodeRun:
         for part in (self.language.name, toolchain.version or "", "\0".join(self.language.compile or ()),
                      self.language.prologue, str(self.job.network), sandbox, self.job.code):
             digest.update(part.encode("utf-8") + b"\0\1")
-        for path, data in sorted((self.job.files or {}).items()):
-            digest.update(path.encode("utf-8") + b"\0" + hashlib.sha256(data).digest())
+        for path, file in sorted((self.job.files or {}).items()):
+            assert isinstance(file, File)  # the job spec made them Files
+            digest.update(path.encode("utf-8") + b"\0" + hashlib.sha256(file.data).digest() + b"%o" % file.mode)
         return digest.hexdigest()
 
-    def _write(self, directory: str) -> None:
-        write_files(directory, self.job.files or {})
-        write_files(directory, {self.language.source: self._program(),
-                                **{name: text.encode() for name, text in self.language.support}})
-
-    def _program(self) -> bytes:
+    def _program(self) -> Dict[str, File]:
+        """The program's files: the job's own, its source, the language's
+        support files."""
         code, prologue = self.job.code, self.language.prologue
         if prologue and not code.lstrip().startswith(prologue.strip()):
             code = prologue + code
-        return code.encode("utf-8")
+        return {**(self.job.files or {}), self.language.source: File(code.encode("utf-8")),  # type: ignore[dict-item]
+                **{name: File(text.encode()) for name, text in self.language.support}}
 
-    def _run_job(self, directory: str) -> ShellJob | PythonJob:
+    def _run_job(self, files: Dict[str, File]) -> ShellJob | PythonJob:
         job = self.job
-        common = dict(timeout=job.timeout, cwd=directory, env=job.env, limits=job.limits,
+        common = dict(timeout=job.timeout, cwd=job.cwd, env=job.env, limits=job.limits,
                       keep_background=job.keep_background, max_output_chars=job.max_output_chars, stdin=job.stdin,
-                      network=job.network, separate_stderr=job.separate_stderr, sandbox=job.sandbox)
+                      network=job.network, separate_stderr=job.separate_stderr, sandbox=job.sandbox, files=files,
+                      fetch=job.fetch)
         if self.language.name == "python":
             return PythonJob(job.code, warm=job.warm, **common)  # type: ignore[arg-type]
         return ShellJob(_command(self.language.run), **common)  # type: ignore[arg-type]
@@ -474,7 +444,6 @@ def _command(argv: Optional[Tuple[str, ...]]) -> str:
 
 
 def _remove(directory: Optional[str]) -> None:
-    """A directory a job wrote: it may have locked parts of it (mode 0),
-    which the pool's own remover undoes first."""
+    """An evicted artifact's directory, the cache's own."""
     if directory is not None:
         remove_tree(directory)

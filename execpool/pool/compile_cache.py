@@ -3,20 +3,26 @@ bounded on disk and in memory, one compile at a time per program.
 
 Runs in the caller (the pool's process), for CodeJobs (execpool/pool/code.py),
 which claim a program's artifact, compile it when nobody has, settle the
-cache with what the compile left, and copy an artifact into a run's
-directory. The artifacts live under the pool's scratch directory: a
-sandboxed job sees none of it, and each copy is checked against the hash
-taken when the compile was stored.
+cache with what the compile left -- the files its job brought back
+(``fetch``), never read from a directory a job could change -- and read an
+artifact back for a run's ``files``. The artifacts live under the pool's
+scratch directory: a sandboxed job sees none of it, and each read is
+checked against the hash taken when the compile was stored.
+
+What is cached is what the program deserves: a success, or the compiler's
+own verdict on the program. A compile that timed out, was cancelled, was
+killed by a signal, met an execpool failure, or failed for want of space or
+memory says nothing about the program, and is never kept -- a tenant
+filling the disk once made a neighbour's correct program answer
+"Compilation failed" from the cache for ten minutes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import glob
 import hashlib
 import os
-import stat
+import re
 import tempfile
 import threading
 import time
@@ -24,6 +30,7 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Callable, Dict, List, Optional, Tuple
 
+from ..shared.files import FETCH_MAX_BYTES, FETCH_MAX_FILES, File, sizes
 from ..shared.result import Result, Status
 from .future import JobFuture
 
@@ -39,12 +46,19 @@ MEMORY_MAX_BYTES = 32 << 20
 #: twice over).
 FAILURE_KEPT_S = 600.0
 
-#: What one compile may leave for its run, in bytes (a sparse file counts
-#: whole: every run gets a full copy) and in files -- whatever the cache
-#: keeps. A real program's build is far below both; past them the compile
-#: fails, saying so, rather than filling the disk a copy per run.
-ARTIFACT_MAX_BYTES = 256 << 20
-ARTIFACT_MAX_FILES = 1_000
+#: What one compile may leave for its run, in bytes and in files: what a
+#: job brings back of its directory (execpool/shared/files.py), and what
+#: every run of it is given. A real program's build is far below both;
+#: past them the compile fails, saying so.
+ARTIFACT_MAX_BYTES = FETCH_MAX_BYTES
+ARTIFACT_MAX_FILES = FETCH_MAX_FILES
+
+#: What a compiler says when the machine, not the program, failed it: out
+#: of space (gcc, ld, javac, rustc: the system's message) or out of memory
+#: (glibc, gcc's "virtual memory exhausted", C++'s bad_alloc, the JVM's).
+_MACHINE_FAILURE = re.compile(r"No space left on device|Disk quota exceeded|Cannot allocate memory|"
+                              r"virtual memory exhausted|std::bad_alloc|OutOfMemoryError|out of memory",
+                              re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,11 +98,13 @@ class Artifact:
     @property
     def definitive(self) -> bool:
         """Whether it may say something about the program: success, or the
-        compiler's own failure -- not a timeout, a cancel, an INFRA or a
-        compiler killed by a signal."""
+        compiler's own failure -- not a timeout, a cancel, an INFRA, a
+        compiler killed by a signal, or one that ran out of space or memory."""
         result = self.result
         killed = result.exit_code is not None and result.exit_code < 0
-        return self.compiled or (result.status is Status.ERROR and not result.timed_out and not killed)
+        machine = _MACHINE_FAILURE.search(result.output) or _MACHINE_FAILURE.search(result.stderr)
+        return self.compiled or (result.status is Status.ERROR and not result.timed_out and not killed
+                                 and not machine)
 
     def served(self, now: float) -> bool:
         """Whether a job takes it from the cache without compiling."""
@@ -104,7 +120,7 @@ def kept(result: Result, **artifact: object) -> Artifact:
     """A compile as the cache keeps it: the head of its output, and the
     memory that takes."""
     output, stderr = result.output[:KEPT_OUTPUT_CHARS], result.stderr[:KEPT_OUTPUT_CHARS]
-    trimmed = dataclasses.replace(result, output=output, stderr=stderr,
+    trimmed = dataclasses.replace(result, output=output, stderr=stderr, files={}, files_left_out=(),
                                   output_chars=max(result.output_chars, len(result.output)),
                                   stderr_chars=max(result.stderr_chars, len(result.stderr)))
     memory = 4 * (len(output) + len(stderr) + len(result.error or "")) + 1024
@@ -281,98 +297,58 @@ class CompileCache:
                 return
         self._remove(artifact.directory)
 
-    def store(self, key: str, compiled: Result, directory: str, patterns: Tuple[str, ...]) -> Artifact:
-        """What a successful compile left in ``directory`` that ``patterns``
-        match, copied into a directory of its own in the cache with each
-        file's hash and mode (made read-only), as an Artifact -- or, past
+    def store(self, key: str, compiled: Result) -> Artifact:
+        """What a successful compile brought back (``compiled.files``),
+        written into a directory of its own in the cache with each file's
+        hash and mode (made read-only), as an Artifact -- or, past
         ARTIFACT_MAX_BYTES or ARTIFACT_MAX_FILES, a failed compile saying so."""
-        found = matches(directory, patterns)
-        size = 0
-        listed = self.listed(directory, found)
-        if len(found) > ARTIFACT_MAX_FILES or listed > ARTIFACT_MAX_BYTES:
-            return self._too_big(compiled, len(found), listed)
+        found = compiled.files
+        size = sizes(found)
+        if len(found) > ARTIFACT_MAX_FILES or size > ARTIFACT_MAX_BYTES or compiled.files_left_out:
+            return self._too_big(compiled, len(found) + len(compiled.files_left_out), size,
+                                 over=bool(compiled.files_left_out))
         target = tempfile.mkdtemp(prefix=f"{key[:16]}-", dir=self.root)
         files = []
         try:
-            for path in found:
-                source = os.path.join(directory, path)
-                mode = stat.S_IMODE(os.lstat(source).st_mode) & 0o555
-                # What is copied counts, not what was listed: a file may
-                # have grown since (a process the compile left, where no
-                # cgroup ended them all with it).
-                digest, copied = _copy(source, os.path.join(target, path), mode, ARTIFACT_MAX_BYTES - size)
-                size += copied
-                files.append((path, digest, mode))
-        except _TooBig:
-            self._remove(target)
-            return self._too_big(compiled, len(found), ARTIFACT_MAX_BYTES + 1)
+            for path, file in sorted(found.items()):
+                mode = file.mode & 0o555
+                _write(os.path.join(target, path), file.data, mode)
+                files.append((path, hashlib.sha256(file.data).hexdigest(), mode))
         except BaseException:
             self._remove(target)
             raise
         return kept(compiled, directory=target, files=tuple(files), size=size)
 
     @staticmethod
-    def listed(directory: str, found: List[str]) -> int:
-        """The bytes of what a compile left, as listed (its copy may differ)."""
-        return sum(os.lstat(os.path.join(directory, path)).st_size for path in found)
-
-    @staticmethod
-    def _too_big(compiled: Result, files: int, size: int) -> Artifact:
+    def _too_big(compiled: Result, files: int, size: int, over: bool) -> Artifact:
         failed = dataclasses.replace(compiled, status=Status.ERROR, exit_code=None, error=(
-            f"the compile left {files} files of {'over ' if size > ARTIFACT_MAX_BYTES else ''}"
+            f"the compile left {files} files of {'over ' if over or size > ARTIFACT_MAX_BYTES else ''}"
             f"{min(size, ARTIFACT_MAX_BYTES)} bytes for the run; execpool keeps at most {ARTIFACT_MAX_FILES} "
             f"files and {ARTIFACT_MAX_BYTES} bytes"))
         return kept(failed)
 
 
-def matches(directory: str, patterns: Tuple[str, ...]) -> List[str]:
-    """The regular files (no symlinks) in ``directory`` that ``patterns``
-    match, relative to it."""
-    found = []
-    for pattern in patterns:
-        for path in glob.glob(pattern, root_dir=directory):
-            if stat.S_ISREG(os.lstat(os.path.join(directory, path)).st_mode):
-                found.append(path)
-    return sorted(set(found))
+def _write(path: str, data: bytes, mode: int) -> None:
+    """A new file in the cache's own directory (its parents made)."""
+    os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with open(fd, "wb") as f:
+        f.write(data)
+        os.fchmod(f.fileno(), mode)
 
 
-class _TooBig(Exception):
-    """A copy went past the bytes it was allowed."""
-
-
-def _copy(source: str, target: str, mode: int, budget: Optional[int] = None) -> Tuple[str, int]:
-    """Copy the regular file ``source`` to a new file ``target`` with
-    ``mode``; its sha256 and size, ``_TooBig`` past ``budget`` bytes. What a
-    compile left may have been swapped since it was listed (a job's stray):
-    a link is not followed, and a FIFO or device is refused rather than read."""
-    digest = hashlib.sha256()
-    copied = 0
-    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with open(fd, "rb") as reader:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{source} is not a regular file")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        with open(os.open(target, flags, mode | 0o200), "wb") as writer:
-            while chunk := reader.read(1 << 20):
-                copied += len(chunk)
-                if budget is not None and copied > budget:
-                    raise _TooBig
-                digest.update(chunk)
-                writer.write(chunk)
-    os.chmod(target, mode)
-    return digest.hexdigest(), copied
-
-
-def materialize(artifact: Artifact, directory: str) -> bool:
-    """Copy the artifact's files into a run's directory, each checked
-    against its hash; False if one is gone or changed."""
+def read_back(artifact: Artifact) -> Optional[Dict[str, File]]:
+    """The artifact's files, for a run's ``files``, each checked against
+    its hash; None if one is gone or changed (the caller compiles again)."""
+    found: Dict[str, File] = {}
     for path, digest, mode in artifact.files:
-        target = os.path.join(directory, path)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(target)  # the compiled file replaces one of the same name the job brought
         try:
-            if _copy(os.path.join(artifact.directory or "", path), target, mode | 0o200)[0] != digest:
-                return False
+            fd = os.open(os.path.join(artifact.directory or "", path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
-            return False
-    return True
+            return None
+        with open(fd, "rb") as f:
+            data = f.read(ARTIFACT_MAX_BYTES + 1)
+        if hashlib.sha256(data).hexdigest() != digest:
+            return None
+        found[path] = File(data, mode)
+    return found

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
-from typing import Mapping, Optional, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import psutil
 
 from ..shared import checks
 from ..shared.jobs import Limits, PythonJob
@@ -97,6 +99,12 @@ class PoolConfig:
     #: Megabytes the compile cache (execpool/pool/code.py) keeps of compiled
     #: programs, least recently used first out.
     compile_cache_mb: int = 1024
+    #: Bytes the spaces of the sandboxed jobs and sessions alive at once may
+    #: hold in all (each its ``Limits(disk=...)``; execpool/pool/budget.py):
+    #: a space is a tmpfs, memory, so by default half of the machine's
+    #: memory and swap. A job that does not fit waits for one that ends; a
+    #: session that does not fit is refused (``DiskBudgetError``).
+    disk_budget: Optional[int] = None
     tool_env: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -106,6 +114,9 @@ class PoolConfig:
         checks.integer("max_output_chars", self.max_output_chars)
         checks.integer("max_jobs_per_worker", self.max_jobs_per_worker)
         checks.integer("compile_cache_mb", self.compile_cache_mb, minimum=0)
+        if self.disk_budget is None:
+            settle(self, "disk_budget", (psutil.virtual_memory().total + psutil.swap_memory().total) // 2)
+        checks.integer("disk_budget", self.disk_budget)
         checks.seconds("startup_timeout", self.startup_timeout)
         checks.integer("warm_spares", self.warm_spares, minimum=0, maximum=MAX_WARM_SPARES)
         checks.flag("non_dumpable", self.non_dumpable)
@@ -138,3 +149,16 @@ def _spawn_method(method: object) -> str:
     if method == "vfork" and not has_spawn_extension():
         raise ValueError("spawn_method='vfork' needs the execpool.worker._spawn extension, which is not built here")
     return method
+
+
+def disk_options(disk_mb: Optional[int], budget_mb: Optional[int], limits: Optional[Limits] = None) -> Dict[str, Any]:
+    """A pool's ``limits`` (``limits`` or the defaults, with ``disk`` from
+    ``disk_mb`` where given) and ``disk_budget``, from the commands'
+    ``--disk-mb`` and ``--disk-budget-mb``: only what they set."""
+    options: Dict[str, Any] = {}
+    if limits is not None or disk_mb is not None:
+        base = limits or Limits()
+        options["limits"] = base if disk_mb is None else replace(base, disk=disk_mb << 20)
+    if budget_mb is not None:
+        options["disk_budget"] = budget_mb << 20
+    return options

@@ -30,15 +30,17 @@ import time
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Deque, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Mapping, Optional, Sequence, Union
 
 from ..shared import channel, checks
 from ..shared.cells import FORK_TIMEOUT_S, SESSION_LANGUAGES, CellResult, Printed, read_reply
-from ..shared.errors import ExecPoolError, SessionClosedError, SessionForkError
+from ..shared.errors import DiskBudgetError, ExecPoolError, SessionClosedError, SessionForkError
+from ..shared.files import File, fetch_patterns, job_files
 from ..shared.jobs import Limits, Number
 from ..shared.kernel.sandbox import Sandbox, job_sandbox
 from ..shared.output import RESULT_HEAD_CHARS, LiveBudget
 from ..shared.result import Result, Status
+from .budget import reserved
 from .future import JobFuture, JobHandle, JobOutput, OnEvent, OutputCapped
 from .stats import StatsRecorder
 
@@ -142,13 +144,34 @@ class Session:
         self._start = start
         #: Its directory when the caller gave one (None: a private one the
         #: worker made, removed with the session). A sandboxed copy of a
-        #: session given one has one its worker made, named here once the
-        #: fork is made and removed with the copy.
+        #: session given one has a copy of it at the same path, in its own
+        #: space (the copy sees it there; it is no path of the caller's).
         self.cwd = cwd
+        #: What its ``fetch`` found in its working directory when it ended
+        #: (empty until then): relative path to File.
+        self.files: Dict[str, File] = {}
         self._future = JobFuture(start.job_id)
         self._handle = SessionHandle(self._future, self, pool._stats)
         self._future._cancel = self._kill
         self._worker: Optional["WorkerProcess"] = None
+        #: What it holds of its pool's disk budget (execpool/pool/budget.py).
+        self._reserved = 0
+
+    def _reserve(self) -> None:
+        """Its disk bound taken from the pool's budget for its life, or
+        DiskBudgetError: a session does not wait for room."""
+        size = reserved(self._start.sandbox, self._start.limits)
+        budget = self._pool.disk_budget
+        if size and not budget.try_acquire(size):
+            raise DiskBudgetError(f"a session's disk bound of {size} bytes does not fit the pool's disk budget now: "
+                                  f"{budget.describe()}")
+        self._reserved = size
+        self._future.add_done_callback(lambda _: self._give_back())
+
+    def _give_back(self) -> None:
+        with self._lock:
+            size, self._reserved = self._reserved, 0
+        self._pool.disk_budget.release(size)
 
     # -- the caller's calls ------------------------------------------------------
 
@@ -210,16 +233,21 @@ class Session:
         README's Sessions section says which sandboxed sessions can fork).
         SessionForkError for a bash session or one that cannot be forked,
         or when the copy could not start; SessionClosedError when this
-        session is gone."""
+        session is gone; DiskBudgetError when the copy's disk bound does not
+        fit its pool's disk budget now."""
         if self.language != "python":
             raise SessionForkError("only a Python session can be forked; a bash session cannot copy its shell")
         if self._start.sandbox is not None and cwd is not None:
             raise SessionForkError("a sandboxed session's copy gets its own home, /tmp and /dev/shm at the paths "
                                    "its parent has them; it cannot be given a cwd")
         directory = self.cwd if cwd is None else _directory(cwd)
+        # Its files are its parent's, copied: none is given again.
         child = Session(self._pool, self.language,
-                        replace(self._start, job_id=self._pool._next_id(), cwd=directory, warm=False), directory)
+                        replace(self._start, job_id=self._pool._next_id(), cwd=directory, warm=False, files=()),
+                        directory)
+        child._reserve()
         made: "Future[Session]" = Future()
+        made.add_done_callback(lambda done: child._give_back() if done.exception() is not None else None)
         self._enqueue(_Cell("", None, made, None, Printed(), fork=child))
         try:
             return made.result()
@@ -375,8 +403,6 @@ class Session:
             why = said.get("error") if isinstance(said, dict) else None
             cell.future.set_exception(SessionForkError(f"the session could not be forked: {why or 'no copy'}"))
             return
-        if isinstance(said.get("directory"), str):
-            child.cwd = said["directory"]  # a sandboxed copy's own, made by its worker
         with child._lock:
             child._ready = True
             child._next()
@@ -387,6 +413,7 @@ class Session:
         queued ones, and every later call, raise SessionClosedError."""
         with self._lock:
             cell, self._running = self._running, None
+            self.files = result.files
             if self._gone is None:
                 self._gone = _why_gone(result, cell is not None)
             why = self._gone
@@ -455,7 +482,8 @@ def _why_gone(result: Result, in_cell: bool) -> str:
 
 def open_session(pool: "ExecPool", language: str, *, sandbox: Union[None, bool, str, Sandbox],
                  limits: Optional[Limits], idle_timeout: Optional[Number], cwd: Optional[Union[str, os.PathLike]],
-                 env: Optional[Mapping[str, str]], network: bool) -> Session:
+                 env: Optional[Mapping[str, str]], network: bool, files: Optional[Mapping[str, Union[bytes, File]]],
+                 fetch: Sequence[str]) -> Session:
     """``ExecPool.session``'s arguments checked, then the session started."""
     if language not in SESSION_LANGUAGES:
         raise ValueError(f"language must be one of {', '.join(SESSION_LANGUAGES)}, not {language!r}")
@@ -475,9 +503,15 @@ def open_session(pool: "ExecPool", language: str, *, sandbox: Union[None, bool, 
         max_output_chars=config.max_output_chars, keep_background=False, python=config.python,  # type: ignore[arg-type]
         stdin=None, warm=language == "python", network=network, separate_stderr=True,
         sandbox=config.sandbox if chosen is None else chosen or None,  # type: ignore[arg-type]
-        session=True, idle_timeout=None if idle_timeout is None else float(idle_timeout))
+        session=True, idle_timeout=None if idle_timeout is None else float(idle_timeout),
+        files=tuple(job_files("files", files or {}).items()), fetch=fetch_patterns("fetch", fetch))
     session = Session(pool, language, start, directory)
-    session._worker = pool._workers.assign(session._handle, None)
+    session._reserve()
+    try:
+        session._worker = pool._workers.assign(session._handle, None)
+    except BaseException:
+        session._give_back()
+        raise
     session._ready = True
     session._worker.send(start)
     return session

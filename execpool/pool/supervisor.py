@@ -36,10 +36,11 @@ import dataclasses
 import os
 import threading
 import time
-from typing import Any, Iterator, Mapping, Optional, Union
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 from ..shared import channel, checks
 from ..shared.errors import PoolBrokenError, PoolClosedError
+from ..shared.files import File
 from ..shared.jobs import CodeJob, Job, Limits, PythonJob, ShellJob
 from ..shared.kernel import linux
 from ..shared.kernel.sandbox import Sandbox
@@ -47,6 +48,7 @@ from ..shared.languages import Toolchain
 from ..shared.output import TOOL_OUTPUT_STREAM_MAX_CHARS
 from ..shared.result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, Status
 from .base import JobRunner
+from .budget import DiskBudget, reserved
 from .code import CodeJobs
 from .compile_cache import CompileCacheStats
 from .config import PoolConfig
@@ -121,6 +123,8 @@ class ExecPool(JobRunner):
         self._dispatcher = Dispatcher()
         self._code: Optional[CodeJobs] = None
         self._code_lock = threading.Lock()
+        assert config.disk_budget is not None
+        self.disk_budget = DiskBudget(config.disk_budget)
         try:
             self._workers = Workers(config, self._dispatcher.wake, self._dispatcher.job_started, self._stats)
         except BaseException:
@@ -194,16 +198,15 @@ class ExecPool(JobRunner):
             keep_background=job.keep_background, python=config.python, stdin=job.stdin,  # type: ignore[arg-type]
             warm=getattr(job, "warm", False), network=job.network, separate_stderr=job.separate_stderr,
             sandbox=config.sandbox if job.sandbox is None else job.sandbox or None,  # type: ignore[arg-type]
+            files=job.given_files, fetch=tuple(job.fetch),
         )
-        deadline = None if job.timeout is None else time.monotonic() + job.timeout
-        worker = self._workers.assign(handle, deadline)
-
-        def cancel() -> None:
-            if job_id in worker.jobs:
-                worker.send(channel.Cancel(job_id))
-
-        future._cancel = cancel
-        worker.send(start)
+        size = reserved(start.sandbox, start.limits)
+        if not self.disk_budget.fits(size):
+            raise ValueError(f"limits.disk is {size} bytes, more than the pool's whole disk_budget "
+                             f"({self.disk_budget.total}): the job could never start")
+        admission = _Admission(self, handle, start, size)
+        future._cancel = admission.cancel
+        admission.token = self.disk_budget.acquire(size, admission.go)
         if cancel_event is not None:
             self._watcher.watch(future, cancel_event)
         return future
@@ -211,18 +214,23 @@ class ExecPool(JobRunner):
     def session(self, language: str = "python", *, sandbox: Union[None, bool, str, Sandbox] = None,
                 limits: Optional[Limits] = None, idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT_S,
                 cwd: Optional[Union[str, os.PathLike]] = None, env: Optional[Mapping[str, str]] = None,
-                network: bool = True) -> Session:
+                network: bool = True, files: Optional[Mapping[str, Union[bytes, File]]] = None,
+                fetch: Sequence[str] = ()) -> Session:
         """A live ``"python"`` interpreter or ``"bash"`` shell that keeps its
         state between cells (execpool/pool/sessions.py): ``session.run(code)``
         gives a ``CellResult``. It starts at once (Python's from the warm
         template) and lives until ``close()``, ``idle_timeout`` seconds
         without a cell (None: no limit), its pool's close, or its owner's
-        death -- its whole tree with it. ``sandbox``, ``limits``, ``env``
-        and ``network`` are a job's, for the session's life; its directory
-        is a fresh private one, removed at its end, unless ``cwd`` names one."""
+        death -- its whole tree with it. ``sandbox``, ``limits``, ``env``,
+        ``network``, ``files`` and ``fetch`` are a job's, for the session's
+        life (what ``fetch`` finds is ``session.files`` once it ended); its
+        directory is a fresh private one, removed at its end, unless ``cwd``
+        names one. A sandboxed session takes its disk bound from the pool's
+        ``disk_budget`` for its life: ``DiskBudgetError`` when it does not
+        fit now."""
         self._check_open()
         return open_session(self, language, sandbox=sandbox, limits=limits, idle_timeout=idle_timeout, cwd=cwd,
-                            env=env, network=network)
+                            env=env, network=network, files=files, fetch=fetch)
 
     def _next_id(self) -> int:
         with self._ids_lock:
@@ -287,6 +295,8 @@ class ExecPool(JobRunner):
                 return
             self._closed = True
         self._dispatcher.release(timeout)
+        for waiting in self.disk_budget.close():
+            waiting()  # finds the pool closed: its job ends INFRA
         self._workers.close(timeout)
         with self._code_lock:
             code = self._code
@@ -339,3 +349,55 @@ class ExecPool(JobRunner):
             raise PoolClosedError("this ExecPool is closed")
         if self._workers.broken is not None:
             raise PoolBrokenError(self._workers.broken)
+
+
+class _Admission:
+    """A job on its way to a worker: waiting for the disk budget
+    (execpool/pool/budget.py) until it fits, then sent; cancellable all
+    along. What it took of the budget is given back when its future is done."""
+
+    def __init__(self, pool: ExecPool, handle: JobHandle, start: channel.Start, size: int) -> None:
+        self.pool = pool
+        self.handle = handle
+        self.start = start
+        self.size = size
+        self.token: Optional[object] = None
+        self._lock = threading.Lock()
+        self._worker: Optional[Any] = None
+        self._cancelled = False
+
+    def go(self) -> None:
+        """Its turn (on the thread that made room, or the submitter's)."""
+        pool, start = self.pool, self.start
+        future = self.handle.future
+        if self.size:
+            future.add_done_callback(lambda _: pool.disk_budget.release(self.size))
+        with self._lock:
+            if self._cancelled:
+                self.handle.finish(Result(status=Status.CANCELLED, cancelled=True, timeout=start.timeout))
+                return
+        if pool.closed:
+            self.handle.finish(Result(status=Status.INFRA, error="the pool was closed", timeout=start.timeout))
+            return
+        deadline = None if start.timeout is None else time.monotonic() + start.timeout
+        try:
+            worker = pool._workers.assign(self.handle, deadline)
+        except Exception as exc:  # noqa: BLE001 - a job let in late has no caller to raise to: its Result says
+            self.handle.finish(Result(status=Status.INFRA, error=str(exc), timeout=start.timeout))
+            return
+        worker.send(start)
+        with self._lock:
+            self._worker = worker
+            cancelled = self._cancelled
+        if cancelled:
+            self.cancel()
+
+    def cancel(self) -> None:
+        with self._lock:
+            worker = self._worker
+            self._cancelled = True
+        if worker is not None:
+            if self.start.job_id in worker.jobs:
+                worker.send(channel.Cancel(self.start.job_id))
+        elif self.token is not None and self.pool.disk_budget.leave(self.token):
+            self.handle.finish(Result(status=Status.CANCELLED, cancelled=True, timeout=self.start.timeout))

@@ -29,7 +29,7 @@ class Reason(str, enum.Enum):
     QUEUE_FULL = "queue_full"
     QUEUE_TIMEOUT = "queue_timeout"
     NO_WORKERS = "no_workers"  # the pool has no worker right now (one is being replaced)
-    NO_DIRECTORY = "no_directory"  # no directory could be made for the request's files
+    DISK_BUDGET = "disk_budget"  # a session whose disk bound does not fit the pool's disk budget now
     SESSIONS_FULL = "sessions_full"  # --max-sessions are open
     TOO_LARGE = "too_large"
     READ_TIMEOUT = "read_timeout"

@@ -48,6 +48,7 @@ from starlette.applications import Starlette
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ..formats.request import Defaults
+from ..pool.config import disk_options
 from ..pool.supervisor import ExecPool
 from ..shared.kernel.sandbox import sandbox_support
 from .admission import Reason
@@ -99,14 +100,15 @@ def main(args: argparse.Namespace) -> int:
         print(f"execpool serve: --timeout {args.timeout:g} is over --max-timeout {args.max_timeout:g}",
               file=sys.stderr)
         return 2
-    defaults = Defaults(timeout=args.timeout, max_timeout=args.max_timeout, warm=args.warm, network=args.network)
     try:
         # The token is in this process's memory and maybe its environment:
         # tools running as the same user must not read them through /proc.
-        # Every job in the sandbox (execpool/shared/kernel/sandbox.py): its request's
-        # directory is its working directory, so files in and out still work.
+        # Every job in the sandbox (execpool/shared/kernel/sandbox.py).
         with ExecPool(workers=args.workers, python=args.python, preload=args.preload, non_dumpable=True,
-                      sandbox=sandbox) as pool:
+                      sandbox=sandbox, **disk_options(args.disk_mb, args.disk_budget_mb)) as pool:
+            defaults = Defaults(timeout=args.timeout, max_timeout=args.max_timeout, warm=args.warm,
+                                network=args.network, limits=pool.config.limits)
+            _say_what_fits(pool, args.max_sessions)
             app = create_app(pool, max_in_flight=args.max_in_flight, max_queue=args.max_queue,
                              queue_timeout=args.queue_timeout, token=token, max_body_mb=args.max_body_mb,
                              defaults=defaults, heartbeat_s=args.heartbeat, read_timeout=args.read_timeout,
@@ -323,3 +325,14 @@ async def _until_stopped(server: uvicorn.Server, sockets: List[socket.socket], j
         await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - asyncio.get_running_loop().time()))
     jobs.stop_jobs()
     await task
+
+
+def _say_what_fits(pool: ExecPool, max_sessions: int) -> None:
+    """A note when --max-sessions sessions at --disk-mb each would not fit
+    the disk budget: past what fits, a session is answered 503."""
+    disk = pool.config.limits.disk
+    if pool.config.sandbox is None or disk is None or max_sessions * disk <= pool.disk_budget.total:
+        return
+    print(f"execpool serve: {max_sessions} sessions (--max-sessions) of {disk >> 20} MiB each (--disk-mb) do not fit "
+          f"the disk budget of {pool.disk_budget.total >> 20} MiB (--disk-budget-mb): past "
+          f"{pool.disk_budget.total // disk} at once, sessions are answered 503", file=sys.stderr)

@@ -1,5 +1,5 @@
-"""How the service runs a request's job: a slot, a directory for its files,
-the pool, and an end whatever the client does.
+"""How the service runs a request's job: a slot, the pool, the files it
+brought back, and an end whatever the client does.
 
 Runs in the service's process, on its event loop; every route
 (execpool/serve/routes.py) runs its jobs through one ``ServiceJobs``. A job
@@ -17,25 +17,22 @@ import contextlib
 import dataclasses
 import enum
 import logging
-import os
-import tempfile
 import threading
 from concurrent.futures import Future
 from typing import Any, AsyncIterator, Dict, Iterator, Optional, Set, Tuple, Union
 
 from starlette.requests import Request
 
-from ..formats.request import BadField, Defaults, Job, JobRequest
-from ..pool.files import JobFileError, read_files, write_files
+from ..formats.request import Defaults, Job, JobRequest
 from ..pool.future import JobFuture
 from ..pool.supervisor import ExecPool
 from ..shared.errors import ExecPoolError
+from ..shared.files import File
 from ..shared.jobs import CodeJob, Limits, ShellJob
-from ..shared.kernel.dirs import remove_tree
 from ..shared.result import Result, Status
 from .admission import Admission, Reason, Rejected
 from .metrics import ServiceMetrics
-from .settings import DEFAULT_FETCH_MAX_BYTES
+from .settings import DEFAULT_FETCH_MAX_BYTES, FETCH_FILE_MAX_BYTES
 from .slots import OFF_LOOP_BYTES
 
 logger = logging.getLogger("execpool")
@@ -62,18 +59,29 @@ class Settings:
     #: Bytes a request's fetched files may come to in all.
     fetch_bytes: int = DEFAULT_FETCH_MAX_BYTES
 
+    def answered(self, fetch: Tuple[str, ...], found: Dict[str, File]) -> Dict[str, bytes]:
+        """What an answer carries of the files a job brought back: those
+        asked for, in the order asked, each at most FETCH_FILE_MAX_BYTES and
+        together at most ``fetch_bytes``; what is past that is left out,
+        as a missing file is."""
+        answer: Dict[str, bytes] = {}
+        left = self.fetch_bytes
+        for path in fetch:
+            file = found.get(path)
+            if file is not None and len(file.data) <= min(FETCH_FILE_MAX_BYTES, left):
+                answer[path] = file.data
+                left -= len(file.data)
+        return answer
+
 
 class ServiceJobs:
-    """The jobs of one app: its pool, admission, metrics and directories."""
+    """The jobs of one app: its pool, admission and metrics."""
 
     def __init__(self, pool: ExecPool, admission: Admission, settings: Settings) -> None:
         self.pool = pool
         self.admission = admission
         self.metrics = ServiceMetrics(pool, admission)
         self.settings = settings
-        # Directories of jobs that bring or fetch files: the pool's, so that
-        # they go with it even when this process is SIGKILLed.
-        self.root = pool.scratch_dir()
         self._memory_by_cgroup: Optional[bool] = None
         # For stop_jobs(), on the loop: the jobs that run now, and for the
         # streams (their jobs are pool.astream's) an event apiece that
@@ -111,52 +119,11 @@ class ServiceJobs:
             return probe.status is Status.OK
         return self._memory_by_cgroup
 
-    @contextlib.asynccontextmanager
-    async def placed(self, job_request: JobRequest) -> AsyncIterator[Tuple[Job, Optional[str]]]:
-        """The job, in a directory of its own holding its files when the
-        request brings or fetches any (else where the pool puts it), and the
-        directory (or None). The directory goes when the job is done with.
-        Files are written, read and removed on threads: a job can leave a
-        tree that takes long to remove, and the loop serves everyone."""
-        if not job_request.needs_directory:
-            yield job_request.job, None
-            return
-        directory = self.new_directory()
-        try:
-            try:
-                await asyncio.to_thread(write_files, directory, job_request.files)
-            except JobFileError as exc:
-                raise BadField(f'"files": {exc}') from None
-            yield dataclasses.replace(job_request.job, cwd=directory), directory
-        finally:
-            # Shielded: a cancelled request still has its directory removed.
-            await asyncio.shield(asyncio.to_thread(remove_tree, directory))
-
-    def new_directory(self) -> str:
-        """A job's directory under the root; a job that ran as this
-        process's user may have moved the root away: it is made again (the
-        lifeline knows its path), and failing that the request is refused."""
-        for _ in range(2):
-            try:
-                return tempfile.mkdtemp(dir=self.root)
-            except FileNotFoundError:
-                with contextlib.suppress(OSError):
-                    os.mkdir(self.root, 0o700)
-            except OSError as exc:
-                logger.error("execpool serve: cannot make a job directory in %s: %s", self.root, exc)
-                break
-        raise Rejected(Reason.NO_DIRECTORY, 1)
-
-    async def fetched(self, job_request: JobRequest, directory: Optional[str]) -> Dict[str, bytes]:
-        if directory is None or not job_request.fetch:
-            return {}
-        return await asyncio.to_thread(read_files, directory, job_request.fetch,
-                                       max_total_bytes=self.settings.fetch_bytes)
-
-    async def submit(self, job_request: JobRequest, job: Job) -> JobFuture:
+    async def submit(self, job_request: JobRequest) -> JobFuture:
         """Start the job -- on a thread when it is big, since submitting
         checks and pickles it -- or Rejected when the pool has no worker
         to run it right now (one is being replaced)."""
+        job = job_request.job
         try:
             if job_request.size > OFF_LOOP_BYTES:
                 future = await asyncio.to_thread(self.pool.submit, job)
@@ -188,38 +155,37 @@ class ServiceJobs:
 
     async def run(self, job_request: JobRequest, route: Route, request: Optional[Request]
                   ) -> Tuple[Result, Dict[str, bytes]]:
-        """Run one admitted job and fetch its files (the slot stays the
-        caller's to release)."""
-        async with self.placed(job_request) as (job, directory):
-            future = await self.submit(job_request, job)
-            try:
-                result = await until_done_or_gone(future, request)
-            finally:
-                self.running_discard(future)
-            self.metrics.job(route, kind_of(job), result)
-            return result, await self.fetched(job_request, directory)
+        """Run one admitted job; its Result and the files it brought back
+        (the slot stays the caller's to release)."""
+        future = await self.submit(job_request)
+        try:
+            result = await until_done_or_gone(future, request)
+        finally:
+            self.running_discard(future)
+        self.metrics.job(route, kind_of(job_request.job), result)
+        return result, self.settings.answered(job_request.fetch, result.files)
 
     async def stream(self, job_request: JobRequest) -> AsyncIterator[Union[dict, Tuple[Result, Dict[str, bytes]]]]:
         """The job's events as the pool streams them (``pool.astream``), then
         the job's Result and its fetched files as the last item. Closing the
         generator (the client left) cancels the job."""
-        async with self.placed(job_request) as (job, directory):
-            stop = threading.Event()
-            if self._stopping:
-                stop.set()
-            self._streams.add(stop)
-            stream = self.pool.astream(job, tool_name=kind_of(job), heartbeat_interval_s=self.settings.heartbeat_s,
-                                       cancel_event=stop)
-            try:
-                async for event in stream:
-                    yield event
-            finally:
-                self._streams.discard(stop)
-                await stream.aclose()
-            result = stream.result
-            assert result is not None
-            self.metrics.job(Route.V1_STREAM, kind_of(job), result)
-            yield result, await self.fetched(job_request, directory)
+        job = job_request.job
+        stop = threading.Event()
+        if self._stopping:
+            stop.set()
+        self._streams.add(stop)
+        stream = self.pool.astream(job, tool_name=kind_of(job), heartbeat_interval_s=self.settings.heartbeat_s,
+                                   cancel_event=stop)
+        try:
+            async for event in stream:
+                yield event
+        finally:
+            self._streams.discard(stop)
+            await stream.aclose()
+        result = stream.result
+        assert result is not None
+        self.metrics.job(Route.V1_STREAM, kind_of(job), result)
+        yield result, self.settings.answered(job_request.fetch, result.files)
 
 
 def kind_of(job: Job) -> str:

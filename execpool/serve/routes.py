@@ -24,7 +24,17 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from ..formats import records, sandbox_fusion
-from ..formats.request import HTTP_JOB, MAX_BATCH_JOBS, RUN_CODE, BadField, Defaults, JobRequest, parse, parse_tests
+from ..formats.request import (
+    HTTP_JOB,
+    MAX_BATCH_JOBS,
+    RUN_CODE,
+    BadField,
+    Defaults,
+    JobRequest,
+    ident_of,
+    parse,
+    parse_tests,
+)
 from ..shared.result import Result, Status
 from .admission import ClientGone, Rejected
 from .jobs import Route, ServiceJobs
@@ -91,10 +101,12 @@ def batch_items(body: bytes, defaults: Defaults) -> BatchItems:
     for number, line in enumerate(body.split(b"\n"), 1):
         if not line.strip():
             continue
+        obj = None
         try:
-            items.append(BatchJob(parse(parse_json(line), HTTP_JOB, defaults), number))
+            obj = parse_json(line)
+            items.append(BatchJob(parse(obj, HTTP_JOB, defaults), number))
         except BadField as exc:
-            items.append(records.invalid_record(None, number, str(exc)))
+            items.append(records.invalid_record(ident_of(obj), number, str(exc)))
     if not items:
         raise BadField("the body has no jobs (NDJSON: one job object per line)")
     return items

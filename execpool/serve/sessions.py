@@ -3,20 +3,22 @@ SandboxFusion's ``/run_jupyter``.
 
 Runs in the service's process, on its event loop. A session is the pool's
 (``pool.session``, execpool/pool/sessions.py), kept here by its id -- the
-pool's unguessable one, which is all a client has to name it -- with a
-directory of its own under the service's root (its files, removed when
-it ends). A cell takes a slot as a job does, so sessions share
+pool's unguessable one, which is all a client has to name it --, its
+request's files given to it as a job's are (its worker writes them into
+its directory). A cell takes a slot as a job does, so sessions share
 ``--max-in-flight`` with everything else; the number of sessions open is
-bounded apart (``--max-sessions``), and the interpreters ``/mcp`` keeps
-for its clients count against the same bound (``lend``): else each door
-would let a client open as many again. A session that ends on its own
-(idle, killed) leaves the registry as it ends.
+bounded apart (``--max-sessions``, and the pool's disk budget: each
+sandboxed session holds its disk bound for its life), and the interpreters
+``/mcp`` keeps for its clients count against the same bound (``lend``):
+else each door would let a client open as many again. A session that ends
+on its own (idle, killed) leaves the registry as it ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import glob
 import json
 import logging
 import threading
@@ -28,12 +30,10 @@ from starlette.responses import JSONResponse, Response
 
 from ..formats import records, sandbox_fusion
 from ..formats.request import CELL, RUN_JUPYTER, SESSION, BadField, Defaults, read
-from ..pool.files import JobFileError, read_files, write_files
 from ..pool.future import JobOutput
 from ..pool.sessions import Session
 from ..shared.cells import CellResult
-from ..shared.errors import ExecPoolError, SessionClosedError, SessionForkError
-from ..shared.kernel.dirs import remove_tree
+from ..shared.errors import DiskBudgetError, ExecPoolError, SessionClosedError, SessionForkError
 from ..shared.result import Status
 from .admission import ClientGone, Reason, Rejected
 from .jobs import ServiceJobs, disconnected, until_done_or_gone
@@ -54,10 +54,6 @@ class CannotFork(Exception):
 @dataclasses.dataclass
 class _Open:
     session: Session
-    directory: str
-    #: Whether the service made the directory (and removes it): a sandboxed
-    #: copy's is its worker's.
-    owned: bool = True
 
 
 class ServiceSessions:
@@ -96,10 +92,7 @@ class ServiceSessions:
         parent = self.get(ident)
         self._reserve()
         try:
-            # A sandboxed copy's directory is one its worker made ready when
-            # its family started (Session.fork says why), named once it is.
-            directory = None if self.jobs.pool.config.sandbox is not None else self.jobs.new_directory()
-            forking = asyncio.ensure_future(asyncio.to_thread(parent.session.fork, cwd=directory))
+            forking = asyncio.ensure_future(asyncio.to_thread(parent.session.fork))
             gone = asyncio.ensure_future(disconnected(request))
             try:
                 await asyncio.wait({forking, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -107,18 +100,18 @@ class ServiceSessions:
                     raise ClientGone()
                 child = forking.result()
             except BaseException as exc:
-                # A copy nobody will name (its client went mid-fork) is closed
-                # once made, and its directory goes after whatever filled it.
-                forking.add_done_callback(
-                    lambda done: asyncio.ensure_future(asyncio.to_thread(_discard_copy, done, directory)))
+                # A copy nobody will name (its client went mid-fork) is closed once made.
+                forking.add_done_callback(lambda done: asyncio.ensure_future(asyncio.to_thread(_discard_copy, done)))
                 if isinstance(exc, SessionClosedError):
                     raise NoSuchSession(ident) from None
+                if isinstance(exc, DiskBudgetError):
+                    raise Rejected(Reason.DISK_BUDGET, 5) from None
                 if isinstance(exc, SessionForkError):
                     raise CannotFork(str(exc)) from None
                 raise
             finally:
                 gone.cancel()
-            self._register(child, directory or child.cwd, owned=directory is not None)
+            self._register(child)
             return child
         finally:
             with self._lock:
@@ -152,39 +145,32 @@ class ServiceSessions:
         if len(self._open) + self._opening + self._lent >= self.max_sessions:
             raise Rejected(Reason.SESSIONS_FULL, 5)
 
-    def _register(self, session: Session, directory: Optional[str], owned: bool = True) -> None:
-        assert directory is not None
+    def _register(self, session: Session) -> None:
         with self._lock:
-            self._open[session.id] = _Open(session, directory, owned)
+            self._open[session.id] = _Open(session)
         loop = asyncio.get_running_loop()
         session.add_done_callback(lambda ended: _on_loop(loop, self._ended, ended))
 
     async def _open_one(self, values: Dict[str, Any], language: str) -> Session:
-        directory = self.jobs.new_directory()
         try:
-            try:
-                await asyncio.to_thread(write_files, directory, values.get("files", {}))
-            except JobFileError as exc:
-                raise BadField(f'"files": {exc}') from None
-            try:
-                session = self.jobs.pool.session(language, cwd=directory,
-                                                 limits=values.get("memory_limit_MB") or self.defaults.limits,
-                                                 idle_timeout=values.get("idle_timeout", self.idle_timeout),
-                                                 network=self.defaults.network)
-            except ExecPoolError as exc:
-                logger.warning("execpool serve: cannot open a session: %s", exc)
-                raise Rejected(Reason.NO_WORKERS, 1) from None
-        except BaseException:
-            await asyncio.shield(asyncio.to_thread(remove_tree, directory))
-            raise
-        self._register(session, directory)
+            session = await asyncio.to_thread(
+                self.jobs.pool.session, language, limits=values.get("memory_limit_MB") or self.defaults.limits,
+                idle_timeout=values.get("idle_timeout", self.idle_timeout), network=self.defaults.network,
+                files=values.get("files", {}), fetch=[glob.escape(path) for path in values.get("fetch_files", ())])
+        except DiskBudgetError as exc:
+            logger.warning("execpool serve: cannot open a session: %s", exc)
+            raise Rejected(Reason.DISK_BUDGET, 5) from None
+        except ExecPoolError as exc:
+            logger.warning("execpool serve: cannot open a session: %s", exc)
+            raise Rejected(Reason.NO_WORKERS, 1) from None
+        except (TypeError, ValueError) as exc:
+            raise BadField(f'"files": {exc}') from None
+        self._register(session)
         return session
 
     def _ended(self, session: Session) -> None:
         with self._lock:
-            entry = self._open.pop(session.id, None)
-        if entry is not None and entry.owned:
-            asyncio.ensure_future(asyncio.to_thread(remove_tree, entry.directory))
+            self._open.pop(session.id, None)
 
     def get(self, ident: str) -> _Open:
         with self._lock:
@@ -277,11 +263,9 @@ def _on_loop(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None
         pass
 
 
-def _discard_copy(forking: "asyncio.Future[Session]", directory: Optional[str]) -> None:
+def _discard_copy(forking: "asyncio.Future[Session]") -> None:
     if not forking.cancelled() and forking.exception() is None:
         forking.result().close()
-    if directory is not None:
-        remove_tree(directory)
 
 
 def _json(body: bytes) -> Any:
@@ -398,16 +382,11 @@ class SessionRoutes:
                 if not result.alive:
                     status = "Error"
                     break
-            files = {}
-            if status == "Finished" and values.get("fetch_files"):
-                entry = self.sessions.get(session.id)
-                try:
-                    files = await asyncio.to_thread(read_files, entry.directory, values["fetch_files"],
-                                                    max_total_bytes=self.jobs.settings.fetch_bytes)
-                except JobFileError as exc:
-                    return JSONResponse(sandbox_fusion.jupyter_error(f"fetch_files: {exc}"))
         except (ClientGone, NoSuchSession):
             return Response(status_code=499)
         finally:
             await asyncio.shield(asyncio.to_thread(session.close))
+        # What the session's fetch found as it ended (its worker read it).
+        files = self.jobs.settings.answered(values.get("fetch_files", ()), session.files) if status == "Finished" \
+            else {}
         return JSONResponse(sandbox_fusion.jupyter_answer(status, time.monotonic() - started, results, files))

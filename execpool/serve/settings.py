@@ -7,8 +7,6 @@ flags: nothing here imports the service's stack.
 
 from __future__ import annotations
 
-from ..pool.files import DEFAULT_FETCH_MAX_BYTES as FETCH_FILE_MAX_BYTES
-
 #: The timeout of jobs that give none, and the largest one a request may ask:
 #: a service's jobs always have one.
 DEFAULT_TIMEOUT_S = 30.0
@@ -48,9 +46,10 @@ DEFAULT_QUEUE_TIMEOUT_S = 5.0
 DEFAULT_MAX_SESSIONS = 64
 DEFAULT_SESSION_IDLE_S = 600.0
 
-#: Bytes of the files one answer brings back, in all: those of one file
-#: (execpool/pool/files.py) -- what a JSON answer can carry without the
-#: service holding much more than a Result already does.
+#: Bytes of one file an answer brings back, and of all of them: what a
+#: JSON answer can carry without the service holding much more than a
+#: Result already does (a job brings back at most FETCH_MAX_BYTES).
+FETCH_FILE_MAX_BYTES = 16 * 1024 * 1024
 DEFAULT_FETCH_MAX_BYTES = FETCH_FILE_MAX_BYTES
 
 #: What ``execpool serve`` (and importing the app) says when its stack is missing.

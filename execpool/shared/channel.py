@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Callable, Dict, Literal, Optional, Tuple, Union
 
+from .files import File
 from .jobs import Limits
 from .kernel.sandbox import Sandbox
 from .result import Result, Status
@@ -86,6 +87,10 @@ class Start:
     #: it ends after ``idle_timeout`` seconds without a cell (None: never).
     session: bool = False
     idle_timeout: Optional[float] = None
+    #: Written into its working directory before it starts, and brought
+    #: back from it once it ended (execpool/shared/files.py).
+    files: Tuple[Tuple[str, File], ...] = ()
+    fetch: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,7 @@ MESSAGES = TO_WORKER + FROM_WORKER
 #: The only classes a message may name: the messages and what they carry.
 _ALLOWED = {(__name__, cls.__name__) for cls in MESSAGES} | {
     (Limits.__module__, "Limits"), (Result.__module__, "Result"), (Status.__module__, "Status"),
-    (Sandbox.__module__, "Sandbox")}
+    (Sandbox.__module__, "Sandbox"), (File.__module__, "File")}
 
 #: ``multiprocessing.connection``'s framing: a signed 32-bit length, or -1
 #: and an unsigned 64-bit one for messages of 2 GiB and more.

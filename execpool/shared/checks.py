@@ -150,16 +150,15 @@ def relative_path(label: str, path: object) -> str:
 
 
 def files(name: str, value: object) -> dict:
-    """Files for a job's directory -- relative path: bytes -- as a new dict."""
+    """Files for a job's directory -- relative path: content -- as a new
+    dict; what the content may be is execpool/shared/files.py's business."""
     if not isinstance(value, Mapping):
         raise TypeError(f"{name} must be a mapping of relative paths to bytes, not {type(value).__name__}")
     if len(value) > MAX_FILES:
         raise ValueError(f"{name} has more than {MAX_FILES} files")
-    for path, content in value.items():
+    for path in value:
         relative_path(name, path)
-        if not isinstance(content, (bytes, bytearray)):
-            raise TypeError(f"{name}[{path!r}] must be bytes, not {type(content).__name__}")
-    return {path: bytes(content) for path, content in value.items()}
+    return dict(value)
 
 
 def cancel_event(value: object) -> object:

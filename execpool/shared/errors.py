@@ -37,3 +37,10 @@ class SessionForkError(ExecPoolError, RuntimeError):
     session, a sandboxed family that used its forks -- the README says
     which), or the copy could not start. The message says which; the
     session itself goes on."""
+
+
+class DiskBudgetError(ExecPoolError, RuntimeError):
+    """A session (or a session's fork) whose disk bound does not fit its
+    pool's disk budget now: the spaces of the sandboxed jobs and sessions
+    alive take it (execpool/pool/budget.py). A session does not wait for
+    room, as a job does: close one, or ask for a smaller bound."""

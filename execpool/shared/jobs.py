@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Mapping, Optional, Union
+from typing import Mapping, Optional, Sequence, Tuple, Union
 
 from . import checks, languages
+from .files import File, fetch_patterns, job_files
 from .kernel.sandbox import Sandbox, job_sandbox
 
+MiB = 1 << 20
 GiB = 1 << 30
 
 #: The kernel refuses a single argv string longer than this (MAX_ARG_STRLEN).
@@ -28,11 +30,15 @@ MAX_LIMIT = 2**63 - 1
 #: The kernel's ceiling for pid_max, and so for a job's process count.
 MAX_PROCESSES = 4 * 1024 * 1024
 
+#: The smallest disk bound: a job's space holds its script and its
+#: directories' inodes before it writes anything.
+MIN_DISK = 1 * MiB
+
 
 @dataclass(frozen=True)
 class Limits:
     """Per-tool limits: rlimits applied in the tool's process before exec,
-    and the cgroup caps below.
+    the cgroup caps below, and the disk a sandboxed tool may fill.
 
     ``None`` leaves the worker's own limit in place. The defaults stop a
     runaway allocation, a disk fill or an fd leak without getting in the way
@@ -50,12 +56,22 @@ class Limits:
     #: create cgroups ends with an ``Execution error``.
     processes: Optional[int] = None
     memory: Optional[int] = None
+    #: Bytes a sandboxed job or session may write, all of it together: its
+    #: working directory (unless it is a ``cwd`` of the caller's), home,
+    #: ``/tmp``, ``/dev/shm``, its ``files`` and, for a CodeJob, what the
+    #: compile leaves. It is one tmpfs of the job's own (a *space*,
+    #: execpool/worker/space.py): the kernel's bound, for root as for any
+    #: user, and memory until the job ends -- a pool admits sandboxed jobs
+    #: while their bounds fit its ``disk_budget``. None: no bound of its own.
+    disk: Optional[int] = 1 * GiB
 
     def __post_init__(self) -> None:
         for name in ("address_space", "cpu_seconds", "file_size", "open_files", "memory", "processes"):
             checks.integer(name, getattr(self, name), none_ok=True,
                            maximum=MAX_PROCESSES if name == "processes" else MAX_LIMIT,
                            over="more than the kernel can apply; pass None for no limit")
+        checks.integer("disk", self.disk, none_ok=True, minimum=MIN_DISK, maximum=MAX_LIMIT,
+                       over="more than the kernel can apply; pass None for no limit")
 
     @property
     def needs_cgroup(self) -> bool:
@@ -80,6 +96,18 @@ class _Job:
     #: pool's, False runs this job without one whatever the pool's,
     #: ``"strict"`` (kept as ``Sandbox()``) or a ``Sandbox`` runs it in one.
     sandbox: Union[None, bool, str, Sandbox] = None
+    #: Written into the job's working directory before it starts, relative
+    #: path to bytes (or a ``File``, for its mode) -- by its worker, never
+    #: through a link. In a ``cwd`` of the caller's, a name it already
+    #: holds is set aside for the job's run and put back after it, and the
+    #: job's files are gone again: the caller's directory ends as it was,
+    #: but for what the job itself wrote.
+    files: Optional[Mapping[str, Union[bytes, File]]] = None
+    #: Relative paths (``fnmatch`` patterns allowed) of files to bring back
+    #: from the job's working directory once it ended, in ``Result.files``:
+    #: regular files only, never through a link, at most FETCH_MAX_FILES
+    #: files and FETCH_MAX_BYTES in all (what is past that is left out).
+    fetch: Sequence[str] = ()
 
     kind = ""
     _source_field = ""
@@ -116,6 +144,14 @@ class _Job:
         object.__setattr__(self, "sandbox", job_sandbox(self.sandbox))
         if self.stdin is not None:
             checks.text("stdin", self.stdin, nul_ok=True)
+        if self.files is not None:
+            object.__setattr__(self, "files", job_files("files", self.files))
+        object.__setattr__(self, "fetch", fetch_patterns("fetch", self.fetch))
+
+    @property
+    def given_files(self) -> Tuple[Tuple[str, File], ...]:
+        """``files`` as the channel carries them."""
+        return tuple((self.files or {}).items())  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -186,7 +222,6 @@ class CodeJob(_Job):
     language: str
     code: str
     compile_timeout: Number = field(default=DEFAULT_COMPILE_TIMEOUT_S, kw_only=True)
-    files: Optional[Mapping[str, bytes]] = field(default=None, kw_only=True)
     warm: bool = field(default=False, kw_only=True)
     kind = "code"
     _source_field = "code"
@@ -202,7 +237,6 @@ class CodeJob(_Job):
             raise ValueError(f"the program's entry name makes its file name {spec.source[:40]!r}... longer than "
                              f"{MAX_FILE_NAME_BYTES} bytes, which no file system takes")
         if self.files is not None:
-            object.__setattr__(self, "files", checks.files("files", self.files))
             ours = {spec.source, *(name for name, _ in spec.support)}
             for path in self.files:
                 top = path.split("/", 1)[0]

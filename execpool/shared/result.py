@@ -15,8 +15,9 @@ from __future__ import annotations
 import enum
 import signal
 from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
+from .files import File
 from .output import truncation_notice
 
 CANCELLED_TEXT = "Execution cancelled."
@@ -179,6 +180,11 @@ class Result:
     #: Whether the compile was the pool's cached one (the same program was
     #: compiled before): ``compile_result`` is then that compile's.
     compile_cached: bool = False
+    #: What the job's ``fetch`` found in its working directory once it
+    #: ended: relative path to File (execpool/shared/files.py); and what it
+    #: matched but left out, past FETCH_MAX_FILES or FETCH_MAX_BYTES.
+    files: Dict[str, File] = field(default_factory=dict)
+    files_left_out: Tuple[str, ...] = ()
 
     @property
     def compile_status(self) -> Optional[Status]:

@@ -56,6 +56,7 @@ static const char *const step_names[] = {
     "joining the job's cgroup", "close_range", "prctl(PR_SET_NO_NEW_PRIVS)", "dropping capabilities",
     "landlock_restrict_self", "prctl(PR_SET_SECCOMP)", "entering the sandbox's view (setns)",
     "unshare(CLONE_NEWNS)", "cloning a path into the view (open_tree)", "mounting the job's own paths",
+    "entering the job's user namespace (setns)",
 };
 
 /* include/uapi/linux/landlock.h, spelled out: the build machine's headers
@@ -82,15 +83,14 @@ struct net_port_attr {
 /* The steps of a job's view (execpool/worker/view.py names them). */
 #define STEP_CLONE_RW 1   /* open_tree(a): a path of the worker's, attached later by STEP_ATTACH */
 #define STEP_CLONE_RO 2
-#define STEP_BIND 3       /* bind a (a path in the view) on b */
-#define STEP_TMPFS 4      /* an empty tmpfs on a, with the options b */
-#define STEP_MKDIR 5      /* a, and what it lacks above it */
-#define STEP_ATTACH 6     /* the clone numbered a on b */
-#define STEP_OWN_TMPFS 7  /* STEP_TMPFS, writable by the job: a rule in its last ruleset */
-#define STEP_UNCOVER 8    /* detach the mount on a: what the template hides, for a job that names it */
-#define STEP_SAVE 9       /* open_tree(a), a reached without a link, in the job's namespace: attached again by STEP_ATTACH */
-#define STEP_TOUCH 10     /* an empty file a, and the directories it lacks above it */
-#define STEP_WRITE 11     /* b written to the file a before the namespace is entered: a copy's id maps */
+#define STEP_TMPFS 3      /* an empty tmpfs on a, with the options b */
+#define STEP_MKDIR 4      /* a, and what it lacks above it */
+#define STEP_ATTACH 5     /* the clone numbered a on b */
+#define STEP_UNCOVER 6    /* detach the mount on a: what the template hides, for a job that names it */
+#define STEP_SAVE 7       /* open_tree(a), a reached without a link, in the job's namespace: attached again by STEP_ATTACH */
+#define STEP_TOUCH 8      /* an empty file a, and the directories it lacks above it */
+#define STEP_WRITE 9      /* b written to the file a before the namespace is entered: a copy's id maps */
+#define STEP_SPACE 10     /* open_tree(the space, a): a directory of the job's space, attached later by STEP_ATTACH */
 /* How a view's mount namespace is had: copied from the template (the
  * job's paths mounted in the copy), the job's own made ahead (entered as
  * it is), or a sandboxed session's copy's (entered, and its paths mounted
@@ -110,8 +110,9 @@ struct confinement {
     int own_namespace; /* VIEW_COPIED, VIEW_OWN or VIEW_INTO */
     int user_fd; /* the view's user namespace; -1 where the worker holds CAP_SYS_ADMIN */
     int mnt_fd;  /* the view's mount namespace, built once per worker */
+    int space_fd; /* the job's space (execpool/worker/space.py): its home, /tmp and /dev/shm; -1 for none */
+    int job_user_fd; /* the job's own user namespace (execpool/worker/userns.py), entered last; -1 for none */
     const char *cwd;
-    unsigned long long own_rights; /* what a STEP_OWN_TMPFS lets the job do beneath it */
     struct view_step steps[MAX_STEPS];
     int n_steps;
 };
@@ -181,6 +182,19 @@ static int make_path(char *path, int file) {
     return 0;
 }
 
+/* `text` written to the file `path`, which must exist: an id map. */
+static int write_file(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t length = (ssize_t)strlen(text);
+    int failed = write(fd, text, (size_t)length) != length;
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return failed ? -1 : 0;
+}
+
 /* The job's view (execpool/worker/view.py): the paths of the worker's it
  * names cloned while the worker's mounts are still in reach (in the view's
  * user namespace first, where the worker lacks CAP_SYS_ADMIN), then the
@@ -193,35 +207,30 @@ static int make_view(const struct confinement *c) {
     if (c->own_namespace == VIEW_OWN) {
         if ((c->user_fd >= 0 && setns(c->user_fd, CLONE_NEWUSER) < 0) || setns(c->mnt_fd, CLONE_NEWNS) < 0)
             return 13;
-        return chdir(c->cwd) < 0 ? 3 : -1;
+        if (chdir(c->cwd) < 0)
+            return 3;
+        return c->job_user_fd >= 0 && setns(c->job_user_fd, CLONE_NEWUSER) < 0 ? 17 : -1;
     }
     for (int i = 0; i < c->n_steps; i++) {
         const struct view_step *s = &c->steps[i];
-        if (s->op == STEP_WRITE) {
-            int fd = open(s->a, O_WRONLY | O_CLOEXEC);
-            ssize_t length = (ssize_t)strlen(s->b);
-            int failed = fd < 0 || write(fd, s->b, (size_t)length) != length;
-            if (fd >= 0) {
-                int saved = errno;
-                close(fd);
-                errno = saved;
-            }
-            if (failed) {
-                step = 16;
-                goto done;
-            }
-            continue;
-        }
-        if (s->op != STEP_CLONE_RW && s->op != STEP_CLONE_RO)
+        if (s->op != STEP_WRITE && s->op != STEP_CLONE_RW && s->op != STEP_CLONE_RO)
             continue;
         if (c->user_fd >= 0 && !in_user) {
             /* Its own copy of the worker's mounts, owned by the view's
-             * user namespace, where open_tree may clone them. */
+             * user namespace, where open_tree may clone them; and the
+             * namespace a copy's id maps are written from (its parent's). */
             if (setns(c->user_fd, CLONE_NEWUSER) < 0)
                 return 13;
             if (unshare(CLONE_NEWNS) < 0)
                 return 14;
             in_user = 1;
+        }
+        if (s->op == STEP_WRITE) {
+            if (write_file(s->a, s->b) < 0) {
+                step = 16;
+                goto done;
+            }
+            continue;
         }
         int fd = open_unlinked(s->a);
         int tree = fd < 0 ? -1 : clone_tree(fd, NULL, s->op == STEP_CLONE_RO);
@@ -246,23 +255,22 @@ static int make_view(const struct confinement *c) {
         const struct view_step *s = &c->steps[i];
         int failed = 0;
         switch (s->op) {
-        case STEP_BIND:
-            failed = mount(s->a, s->b, NULL, MS_BIND, NULL) < 0;
-            break;
         case STEP_TMPFS:
-        case STEP_OWN_TMPFS:
             failed = mount("tmpfs", s->a, "tmpfs", MS_NOSUID | MS_NODEV, s->b) < 0;
-            if (!failed && s->op == STEP_OWN_TMPFS) {
-                /* Landlock's rules name inodes, and this one is new: the
-                 * job's ruleset, built by the worker, learns it here. */
-                int fd = open(s->a, O_PATH | O_DIRECTORY | O_CLOEXEC);
-                struct path_beneath_attr rule = {c->own_rights, fd};
-                failed = fd < 0 || syscall(SYS_landlock_add_rule_, c->rulesets[c->n_rulesets - 1],
-                                           LANDLOCK_RULE_PATH_BENEATH_, &rule, 0U) < 0;
-                if (fd >= 0)
-                    close(fd);
-            }
             break;
+        case STEP_SPACE: {
+            /* Cloned here, in the job's namespace, where this process may
+             * clone a mount (in the view's user namespace where the worker
+             * lacks CAP_SYS_ADMIN); the space is new, so nothing in it is a
+             * link, and none is followed anyway. */
+            int tree = n_clones < MAX_CLONES ? (int)syscall(SYS_open_tree_, c->space_fd, s->a,
+                                                            OPEN_TREE_CLONE_ | O_CLOEXEC | AT_SYMLINK_NOFOLLOW)
+                                             : -1;
+            failed = tree < 0;
+            if (!failed)
+                clones[n_clones++] = tree;
+            break;
+        }
         case STEP_MKDIR:
         case STEP_TOUCH:
             if (strlen(s->a) >= sizeof path) {
@@ -312,7 +320,13 @@ static int make_view(const struct confinement *c) {
         if (failed)
             goto done;
     }
-    step = chdir(c->cwd) < 0 ? 3 : -1;
+    if (chdir(c->cwd) < 0)
+        step = 3;
+    else
+        /* Last: a user namespace of the job's own, which names every process
+         * it will ever have (no process leaves its user namespace's subtree),
+         * and whose owner may no longer mount. */
+        step = c->job_user_fd >= 0 && setns(c->job_user_fd, CLONE_NEWUSER) < 0 ? 17 : -1;
 done:
     for (int i = 0; i < n_clones; i++) {
         int saved = errno;
@@ -510,15 +524,15 @@ PyDoc_STRVAR(spawn_doc,
 "(ruleset_fds, seccomp_filter_bytes, view) from\n"
 "execpool.shared.kernel.sandbox.child_arguments. Raises OSError naming the step that failed.");
 
-/* Fill the view of *c from None or (user_fd, mnt_fd, steps, cwd,
- * own_rights, own_namespace): steps a tuple of (op, a, b), a and b bytes; pointers into
- * `view`, which the caller keeps alive. */
+/* Fill the view of *c from None or (user_fd, mnt_fd, space_fd, job_user_fd,
+ * steps, cwd, own_namespace): steps a tuple of (op, a, b), a and b bytes;
+ * pointers into `view`, which the caller keeps alive. */
 static int parse_view(PyObject *view, struct confinement *c) {
     PyObject *steps;
     if (view == Py_None)
         return 0;
-    if (!PyArg_ParseTuple(view, "iiOyKi", &c->user_fd, &c->mnt_fd, &steps, &c->cwd, &c->own_rights,
-                          &c->own_namespace))
+    if (!PyArg_ParseTuple(view, "iiiiOyi", &c->user_fd, &c->mnt_fd, &c->space_fd, &c->job_user_fd, &steps,
+                          &c->cwd, &c->own_namespace))
         return -1;
     if (c->own_namespace < VIEW_COPIED || c->own_namespace > VIEW_INTO) {
         PyErr_Format(PyExc_ValueError, "not a way to have a view's namespace: %d", c->own_namespace);
@@ -533,11 +547,12 @@ static int parse_view(PyObject *view, struct confinement *c) {
         struct view_step *s = &c->steps[i];
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(steps, i), "iyy", &s->op, &s->a, &s->b))
             return -1;
-        if (s->op < STEP_CLONE_RW || s->op > STEP_WRITE) {
+        if (s->op < STEP_CLONE_RW || s->op > STEP_SPACE) {
             PyErr_Format(PyExc_ValueError, "not a step of a view: %d", s->op);
             return -1;
         }
-        if ((s->op == STEP_CLONE_RW || s->op == STEP_CLONE_RO || s->op == STEP_SAVE) && ++clones > MAX_CLONES) {
+        if ((s->op == STEP_CLONE_RW || s->op == STEP_CLONE_RO || s->op == STEP_SAVE || s->op == STEP_SPACE) &&
+            ++clones > MAX_CLONES) {
             PyErr_Format(PyExc_ValueError, "a view clones at most %d paths", MAX_CLONES);
             return -1;
         }
@@ -742,6 +757,37 @@ static PyObject *confine_self(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Run `body(arg)` in a short-lived child that shares the caller's memory
+ * and descriptors (CLONE_VM | CLONE_FILES) and runs alone until it exits
+ * (CLONE_VFORK): a descriptor it opens is left here, and it may change
+ * namespaces the caller never does. 0, or -1 with an exception set. */
+static int in_child(int (*body)(void *), void *arg) {
+    size_t stack_size = 1 << 16;
+    char *stack = PyMem_Malloc(stack_size);
+    if (stack == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    sigset_t all, old_mask;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old_mask);
+    pid_t pid = clone(body, stack + stack_size, CLONE_VM | CLONE_VFORK | CLONE_FILES | SIGCHLD, arg);
+    int saved = errno;
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    if (pid > 0) {
+        int status;
+        while (waitpid(pid, &status, __WALL) < 0 && errno == EINTR)
+            ;
+    }
+    PyMem_Free(stack);
+    if (pid < 0) {
+        errno = saved;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    return 0;
+}
+
 /* Shared with prepare_view's child, which shares the worker's memory and
  * descriptors until it exits. */
 struct preparation {
@@ -764,8 +810,8 @@ static int prepare_child(void *arg) {
 PyDoc_STRVAR(prepare_view_doc,
 "prepare_view(sandbox) -> fd\n\n"
 "A job's mount namespace made ahead of the job: a short-lived child takes\n"
-"the view's steps (sandbox as spawn takes it; its last ruleset learns the\n"
-"job's tmpfs directories) and leaves a descriptor of its namespace, the\n"
+"the view's steps (sandbox as spawn takes it) and leaves a descriptor of\n"
+"its namespace, the\n"
 "caller's, which the job's tool enters (a view with own_namespace) instead\n"
 "of copying the template and mounting its own paths then. With a view\n"
 "that goes into a namespace (VIEW_INTO: a sandboxed session's copy's), the\n"
@@ -782,29 +828,9 @@ static PyObject *prepare_view(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "prepare_view needs a view's steps");
         return NULL;
     }
-    size_t stack_size = 1 << 16;
-    char *stack = PyMem_Malloc(stack_size);
-    if (stack == NULL)
-        return PyErr_NoMemory();
     struct preparation p = {&confinement, -1, -1, 0};
-    sigset_t all, old_mask;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old_mask);
-    /* The child's descriptors are the worker's (CLONE_FILES): the
-     * namespace's descriptor it opens is left here when it exits. */
-    pid_t pid = clone(prepare_child, stack + stack_size, CLONE_VM | CLONE_VFORK | CLONE_FILES | SIGCHLD, &p);
-    int saved = errno;
-    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
-    if (pid > 0) {
-        int status;
-        while (waitpid(pid, &status, __WALL) < 0 && errno == EINTR)
-            ;
-    }
-    PyMem_Free(stack);
-    if (pid < 0) {
-        errno = saved;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
+    if (in_child(prepare_child, &p) < 0)
+        return NULL;
     if (p.step >= 0) {
         if (p.fd >= 0)
             close(p.fd);
@@ -814,9 +840,124 @@ static PyObject *prepare_view(PyObject *self, PyObject *args) {
     return PyLong_FromLong(p.fd);
 }
 
+/* include/uapi/linux/mount.h, spelled out for older build headers. */
+#define SYS_fsopen_ 430 /* the same numbers on every architecture */
+#define SYS_fsconfig_ 431
+#define SYS_fsmount_ 432
+#define FSOPEN_CLOEXEC_ 0x1
+#define FSCONFIG_SET_STRING_ 1
+#define FSCONFIG_CMD_CREATE_ 6
+#define FSMOUNT_CLOEXEC_ 0x1
+#define MOUNT_ATTR_NOSUID_ 0x2
+#define MOUNT_ATTR_NODEV_ 0x4
+
+/* A detached tmpfs bounded to `size` bytes and `inodes` files, no setuid
+ * files or devices in it: a job's space. -1 with errno set. */
+static int new_space(const char *size, const char *inodes) {
+    int fs = (int)syscall(SYS_fsopen_, "tmpfs", FSOPEN_CLOEXEC_);
+    if (fs < 0)
+        return -1;
+    int mnt = -1;
+    if (syscall(SYS_fsconfig_, fs, FSCONFIG_SET_STRING_, "size", size, 0) == 0 &&
+        syscall(SYS_fsconfig_, fs, FSCONFIG_SET_STRING_, "nr_inodes", inodes, 0) == 0 &&
+        syscall(SYS_fsconfig_, fs, FSCONFIG_SET_STRING_, "mode", "0700", 0) == 0 &&
+        syscall(SYS_fsconfig_, fs, FSCONFIG_CMD_CREATE_, NULL, NULL, 0) == 0)
+        mnt = (int)syscall(SYS_fsmount_, fs, FSMOUNT_CLOEXEC_, MOUNT_ATTR_NOSUID_ | MOUNT_ATTR_NODEV_);
+    int saved = errno;
+    close(fs);
+    errno = saved;
+    return mnt;
+}
+
+/* Shared with space's child, which shares the caller's memory and
+ * descriptors until it exits. */
+struct space_request {
+    const char *size, *inodes;
+    int user_fd, mnt_fd, fd, error;
+};
+
+static int space_child(void *arg) {
+    struct space_request *r = arg;
+    if (setns(r->user_fd, CLONE_NEWUSER) < 0 || setns(r->mnt_fd, CLONE_NEWNS) < 0)
+        r->fd = -1;
+    else
+        r->fd = new_space(r->size, r->inodes);
+    r->error = errno;
+    _exit(0);
+}
+
+PyDoc_STRVAR(space_doc,
+"space(size, inodes, user_fd, mnt_fd) -> fd\n\n"
+"A new, detached tmpfs of at most size bytes and inodes files (both\n"
+"bytes, in decimal), mode 0700, nosuid and nodev: the descriptor of its\n"
+"mount, the caller's (execpool/worker/space.py). Made in the calling\n"
+"process where user_fd is -1 (it holds CAP_SYS_ADMIN); else by a\n"
+"short-lived child in the user namespace user_fd and the mount namespace\n"
+"mnt_fd (a view's template's, where the caller may not mount), which\n"
+"leaves the descriptor here. Raises OSError.");
+
+static PyObject *space(PyObject *self, PyObject *args) {
+    struct space_request r = {NULL, NULL, -1, -1, -1, 0};
+    if (!PyArg_ParseTuple(args, "yyii", &r.size, &r.inodes, &r.user_fd, &r.mnt_fd))
+        return NULL;
+    if (r.user_fd < 0) {
+        int fd = new_space(r.size, r.inodes);
+        return fd < 0 ? PyErr_SetFromErrno(PyExc_OSError) : PyLong_FromLong(fd);
+    }
+    if (in_child(space_child, &r) < 0)
+        return NULL;
+    if (r.fd < 0) {
+        errno = r.error;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromLong(r.fd);
+}
+
+/* Shared with user_namespace's child, which shares the caller's memory
+ * and descriptors until it exits. */
+struct userns_request {
+    int parent_fd, fd, error;
+    const char *uid_map, *gid_map;
+};
+
+static int userns_child(void *arg) {
+    struct userns_request *r = arg;
+    r->fd = -1;
+    if ((r->parent_fd < 0 || setns(r->parent_fd, CLONE_NEWUSER) == 0) && unshare(CLONE_NEWUSER) == 0 &&
+        write_file("/proc/self/setgroups", "deny") == 0 && write_file("/proc/self/uid_map", r->uid_map) == 0 &&
+        write_file("/proc/self/gid_map", r->gid_map) == 0)
+        r->fd = open("/proc/self/ns/user", O_RDONLY | O_CLOEXEC);
+    r->error = errno;
+    _exit(0);
+}
+
+PyDoc_STRVAR(user_namespace_doc,
+"user_namespace(parent_fd, uid_map, gid_map) -> fd\n\n"
+"A new user namespace, a child of the user namespace parent_fd (-1: the\n"
+"caller's), its ids mapped as uid_map and gid_map say (bytes, as\n"
+"/proc/<pid>/uid_map takes them) and setgroups denied: the descriptor of\n"
+"it, the caller's, which a job's tool enters last (execpool/worker/\n"
+"userns.py). Made by a short-lived child that leaves the descriptor here.\n"
+"Raises OSError.");
+
+static PyObject *user_namespace(PyObject *self, PyObject *args) {
+    struct userns_request r = {-1, -1, 0, NULL, NULL};
+    if (!PyArg_ParseTuple(args, "iyy", &r.parent_fd, &r.uid_map, &r.gid_map))
+        return NULL;
+    if (in_child(userns_child, &r) < 0)
+        return NULL;
+    if (r.fd < 0) {
+        errno = r.error;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromLong(r.fd);
+}
+
 static PyMethodDef methods[] = {
     {"confine", confine_self, METH_VARARGS, confine_doc},
     {"prepare_view", prepare_view, METH_VARARGS, prepare_view_doc},
+    {"space", space, METH_VARARGS, space_doc},
+    {"user_namespace", user_namespace, METH_VARARGS, user_namespace_doc},
     {"spawn", spawn, METH_VARARGS, spawn_doc},
     {"ruleset", ruleset, METH_VARARGS, ruleset_doc},
     {NULL, NULL, 0, NULL},

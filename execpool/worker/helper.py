@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from typing import Callable, Iterable
 
 from ..shared.kernel import linux
@@ -47,3 +48,30 @@ def fork_helper(name: str, keep: Iterable[int], body: Callable[[], None]) -> int
             body()
     finally:
         os._exit(0)
+
+
+def descriptor_from(name: str, keep: Iterable[int], make: Callable[[], int]) -> int:
+    """A descriptor ``make`` opens in a helper named ``name`` -- a fork of the
+    worker, which may change its namespaces where the worker never does --
+    sent back here; OSError with what ``make`` raised."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+    def body() -> None:
+        try:
+            socket.send_fds(theirs, [b"+"], [make()])
+        except OSError as exc:
+            theirs.send(str(exc).encode("utf-8", "replace") or b"failed")
+
+    try:
+        pid = fork_helper(name, (theirs.fileno(), *keep), body)
+        theirs.close()
+        message, fds, _flags, _address = socket.recv_fds(ours, 1 << 12, 1)
+        os.waitpid(pid, 0)
+    finally:
+        ours.close()
+        theirs.close()
+    if message != b"+" or len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise OSError(message.decode("utf-8", "replace") or f"{name} died")
+    return fds[0]

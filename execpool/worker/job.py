@@ -19,12 +19,15 @@ from collections import deque
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from ..shared import channel
+from ..shared.files import File
 from ..shared.kernel.cgroups import JobGroup
 from ..shared.output import LiveBudget
 from ..shared.result import Result, Status
 from .capture import MAX_ERROR_LINES, Capture
+from .files import Placed
 from .sessions.family import Family
 from .sessions.link import SessionLink
+from .space import Space
 from .spawn import DEVNULL, memfd_holding
 from .view import View
 
@@ -114,17 +117,27 @@ class RunningJob:
         self.live = None if start.live_cap is None else LiveBudget(start.live_cap, slack=1)
         self.started = time.monotonic()
         # Where it runs and what it is given (execpool/worker/launch.py):
-        # its directory (``tmpdir`` when it is a private one), its script,
-        # the environment its tool starts with.
+        # its directory on the worker's side (``tmpdir`` when it is a private
+        # one; "/" for a job whose working directory is its space's home),
+        # a descriptor of its working directory (-1: none yet), its script
+        # there (a name), what writing its files did there, the environment
+        # its tool starts with.
         self.cwd = ""
         self.env: Dict[str, str] = {}
         self.tmpdir: Optional[str] = None
+        self.workdir = -1
         self.script: Optional[str] = None
-        # A sandboxed job's Landlock rulesets and its view
+        self.placed: Optional[Placed] = None
+        #: What its ``fetch`` found there once it ended, and left out.
+        self.fetched: Dict[str, File] = {}
+        self.left_out: Tuple[str, ...] = ()
+        # A sandboxed job's space (execpool/worker/space.py), held until its
+        # Result is out; its Landlock rulesets and its view
         # (execpool/worker/view.py), open until its tool entered them; and,
         # for one without the view, its private TMPDIR: ``tmpdir`` for a job
         # without a cwd, else a directory of its own (``sandbox_tmp``),
         # removed like ``tmpdir``.
+        self.space: Optional[Space] = None
         self.rulesets: Tuple[int, ...] = ()
         self.view: Optional[View] = None
         self.sandbox_tmp: Optional[str] = None
@@ -132,8 +145,10 @@ class RunningJob:
         # A sandboxed Python session's spares for its forks, shared with its
         # copies (execpool/worker/sessions/family.py).
         self.family: Optional[Family] = None
-        #: A sandboxed copy's own user namespace, held from when its trees
-        #: were mounted: where its own copies' are (-1: not a copy).
+        #: A sandboxed job's own user namespace (execpool/worker/userns.py;
+        #: a session's copy's, the one it made itself), held until its
+        #: Result: what names its processes, and where a copy's are made (-1:
+        #: none).
         self.user_ns = -1
         # A warm job's hand-over: the spare's ready pipe, what it said there.
         self.ready_fd: Optional[int] = None
@@ -183,9 +198,11 @@ class RunningJob:
     def finished(self) -> None:
         self._move(Phase.FINISHED)
 
-    def failed_to_start(self, why: object) -> None:
+    def failed_to_start(self, why: object, infra: bool = True) -> None:
+        """Its tool never started: execpool's failure, or (``infra`` False)
+        the job's own -- files that do not fit its directory."""
         self.error = f"cannot start the tool: {why}"
-        self.infra = True
+        self.infra = infra
 
     @property
     def leader_alive(self) -> bool:
@@ -219,7 +236,9 @@ class RunningJob:
             self.view = None
 
     def release(self) -> None:
-        """Everything it holds for its tool's start, once its Result is out."""
+        """Everything it holds for its tool's start, once its Result is out
+        (its space is the caller's to let go: ``take_space``)."""
+        self.close_workdir()
         if self.link is not None:
             self.link.close()
         if self.user_ns >= 0:
@@ -233,11 +252,28 @@ class RunningJob:
     def view_arguments(self) -> Optional[tuple]:
         return None if self.view is None else self.view.arguments()
 
-    def in_view(self, path: str) -> str:
-        """``path`` (in the job's directory) as its tool sees it."""
-        if not path or self.view is None or self.view.cwd == self.cwd:
-            return path
-        return os.path.join(self.view.cwd, os.path.relpath(path, self.cwd))
+    def script_path(self) -> str:
+        """Its script as its tool names it: in its working directory, as
+        the tool sees that (in its view, where it has one)."""
+        if self.script is None:
+            return ""
+        return os.path.join(self.cwd if self.view is None else self.view.cwd, self.script)
+
+    def close_workdir(self) -> None:
+        if self.workdir >= 0:
+            os.close(self.workdir)
+            self.workdir = -1
+
+    def own_names(self) -> Tuple[str, ...]:
+        """What execpool put in its working directory that is not the job's:
+        its script, the caller's files set aside."""
+        aside = () if self.placed is None else tuple(name for _, name in self.placed.aside)
+        return (*(() if self.script is None else (self.script,)), *aside)
+
+    def take_space(self) -> Optional[Space]:
+        """Its space, no longer its: for the worker's remover to let go of."""
+        space, self.space = self.space, None
+        return space
 
     @contextlib.contextmanager
     def start_fds(self) -> Iterator[Tuple[int, List[int]]]:
@@ -292,6 +328,8 @@ class RunningJob:
             stderr=self.stderr.output,
             stderr_chars=self.stderr.total,
             output_bytes=sum(capture.bytes for capture in self.captures),
+            files=self.fetched,
+            files_left_out=self.left_out,
             **self._cost(),
         )
 

@@ -1,6 +1,7 @@
 """Jobs' private directories: made where no job can guess them, taken off
 their path the moment the job ends, deleted once its Result is out -- by a
-helper when there is more to delete than an empty directory.
+helper when there is more to delete than an empty directory; and jobs'
+spaces (execpool/worker/space.py) let go of by the same helper.
 
 Runs in the worker process, on its loop, and in its **remover**
 (``_remove_trash``), a fork of the worker (execpool/worker/helper.py). A
@@ -13,7 +14,10 @@ and the watchdog killed the worker. The loop's part is now a rename and,
 for the common empty directory, an rmdir; the rest is the remover's, on
 whichever core is free. It runs at the jobs' priority, not below: on a
 saturated machine a lower one starved it, and the leftovers piled up for
-the pool to remove when the worker died.
+the pool to remove when the worker died. A space goes to it too, by its
+descriptor: the kernel frees a tmpfs when its last holder lets go, in that
+holder's time -- 128 ms for sixty thousand directories here, 50 ms for
+every 200 MB.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import contextlib
 import logging
 import os
 import secrets
+import socket
 import tempfile
-from typing import Optional
+from typing import Iterable, Optional, Sequence
 
 from ..shared.kernel.dirs import TRASH, make_own, remove_tree
 from .helper import REMOVER_NAME, fork_helper
@@ -41,9 +46,10 @@ class JobDirs:
         self.jobs_dir = jobs_dir
         self.trash = os.path.join(jobs_dir, TRASH)
         os.mkdir(self.trash, 0o700)
-        #: The remover's pid (0: none yet), and the pipe that wakes it.
+        #: The remover's pid (0: none yet), and the socket that wakes it
+        #: (and carries it what to let go of).
         self.remover = 0
-        self._wake: Optional[int] = None
+        self._wake: Optional[socket.socket] = None
 
     def private(self) -> str:
         """A new private directory. A job runs as the worker's user and can
@@ -120,24 +126,40 @@ class JobDirs:
             pass
         self._wake_remover()
 
-    def _wake_remover(self) -> None:
+    def release(self, fds: Iterable[int]) -> None:
+        """Let go of descriptors whose last close may be long -- a space
+        whose job left a flood in it, a namespace holding one -- in the
+        remover; closed here where it cannot take them."""
+        given = list(fds)
+        if given and not self._wake_remover(given):
+            for fd in given:
+                os.close(fd)
+
+    def _wake_remover(self, fds: Sequence[int] = ()) -> bool:
+        """Wake the remover (with ``fds`` to close, which are its from
+        then on); whether it took them."""
         for _ in range(2):  # once more with a new remover if the last one died
             wake = self._wake if self._wake is not None else self._start_remover()
             try:
-                os.write(wake, b".")
-                return
+                socket.send_fds(wake, [b"."], fds) if fds else wake.send(b".")
             except BlockingIOError:
-                return  # woken already, and not yet awake: it will look at the trash
+                return not fds  # woken already, and not yet awake: it will look at the trash
             except OSError:  # it died: reaped by the worker's loop
-                os.close(wake)
+                wake.close()
                 self._wake, self.remover = None, 0
+                continue
+            for fd in fds:
+                os.close(fd)  # the remover has its own now
+            return True
+        return False
 
-    def _start_remover(self) -> int:
-        read_end, self._wake = os.pipe()
-        os.set_blocking(self._wake, False)
-        self.remover = fork_helper(REMOVER_NAME, (read_end,), lambda: _remove_trash(read_end, self.trash))
-        os.close(read_end)
-        return self._wake
+    def _start_remover(self) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)
+        self.remover = fork_helper(REMOVER_NAME, (theirs.fileno(),), lambda: _remove_trash(theirs, self.trash))
+        theirs.close()
+        self._wake = ours
+        return ours
 
     def close(self) -> None:
         """Let the remover finish the trash and exit, and wait for it: the
@@ -145,7 +167,7 @@ class JobDirs:
         by killing the worker, and the remover with it). Left to the pool,
         a flood's directories would be removed by the pool's own process."""
         if self._wake is not None:
-            os.close(self._wake)
+            self._wake.close()
             self._wake = None
         if self.remover:
             with contextlib.suppress(ChildProcessError):
@@ -153,13 +175,19 @@ class JobDirs:
             self.remover = 0
 
 
-def _remove_trash(wake: int, trash: str) -> None:
-    """The remover's life: empty the trash each time the worker wakes it,
-    and once more when the worker lets it go. Whatever one pass cannot
-    remove (a job made it unremovable) stays until the next, and with
-    ``jobs_dir`` until the pool removes that."""
+#: Descriptors one wake may carry: a space and its directories.
+_RELEASED_AT_ONCE = 16
+
+
+def _remove_trash(wake: socket.socket, trash: str) -> None:
+    """The remover's life: let go of what the worker sends and empty the
+    trash each time the worker wakes it, and once more when the worker
+    lets it go. Whatever one pass cannot remove (a job made it unremovable)
+    stays until the next, and with ``jobs_dir`` until the pool removes that."""
     while True:
-        woken = os.read(wake, 1 << 12)
+        woken, fds, _flags, _address = socket.recv_fds(wake, 1 << 12, _RELEASED_AT_ONCE)
+        for fd in fds:
+            os.close(fd)
         try:
             names = os.listdir(trash)
         except OSError:

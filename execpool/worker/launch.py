@@ -10,15 +10,17 @@ here the same way and then handed to a spare
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import selectors
 import shutil
-import tempfile
 import time
 from typing import Callable, List, Optional, Tuple
 
 from ..shared.jobs import MAX_PROCESSES
 from ..shared.kernel.cgroups import Cgroups
 from ..shared.kernel.markers import JOB_MARKER_ENV
+from . import files, space, userns
 from .ahead import Ahead, Made
 from .job import RunningJob
 from .jobdirs import JobDirs
@@ -40,7 +42,7 @@ class Launcher:
     it: the cgroup tier, the sandbox's ruleset maker."""
 
     def __init__(self, token: str, spawn_method: str, use_cgroups: bool, dirs: JobDirs,
-                 reap: Callable[[], None]) -> None:
+                 reap: Callable[[], None], sel: selectors.BaseSelector) -> None:
         self.token = token
         self.spawn_method = spawn_method
         self.use_cgroups = use_cgroups
@@ -54,9 +56,11 @@ class Launcher:
         self._confiner: Optional[Confiner] = None
         self._confiner_missing: Optional[str] = None
         self._views: Optional[Views] = None
-        self.ahead = Ahead(dirs)
+        self.ahead = Ahead(sel, dirs.release)
         #: Sandboxed Python sessions' spares for their forks, made at the first.
         self.spares: Optional[Spares] = None
+        #: Sandboxed jobs' user namespaces (execpool/worker/userns.py).
+        self.namespaces = userns.Namespaces()
 
     def cgroups(self) -> Optional[Cgroups]:
         """The cgroup tier, detected the first time a job needs it; None
@@ -91,6 +95,7 @@ class Launcher:
         self.ahead.close()
         if self.spares is not None:
             self.spares.close()
+        self.namespaces.close()
         if self._views is not None:
             self._views.close()
         if self._confiner is not None:
@@ -98,28 +103,53 @@ class Launcher:
 
     def prepare(self, job: RunningJob) -> None:
         """Make ready what every way of starting a tool needs -- its
-        directory (a fresh one with a name no job can guess), its
-        environment, its cgroup, its sandbox's rulesets -- on the job."""
+        directory (its space's home for a job with the sandbox's view, else
+        a fresh private one with a name no job can guess, unless the caller
+        gave one) and its files there, its environment, its cgroup, its
+        sandbox's rulesets -- on the job. A sandboxed job's files that do
+        not fit are its own failure (FilesError), not execpool's."""
         start = job.start
         made = self._made_for(job)
         if made is not None:
-            job.tmpdir = job.cwd = made.private
-        elif start.cwd is None:
-            job.tmpdir = job.cwd = self.dirs.private()
+            job.space = made.space
+        elif self._has_view(job):
+            job.space = self.new_space(start.limits.disk)
+        if job.space is not None and start.cwd is None:
+            job.cwd = "/"  # where its tool is before its view: the home of its space is where it runs
+            job.workdir = job.space.directory(space.HOME)
         else:
-            job.cwd = start.cwd
+            if start.cwd is None:
+                job.tmpdir = job.cwd = self.dirs.private()
+            else:
+                job.cwd = start.cwd
+            job.workdir = files.open_directory(job.cwd)
+        if start.files:
+            job.placed = files.write(job.workdir, start.files, set_aside=start.cwd is not None)
         self._group(job)
         job.env = dict(start.env)
         job.env[JOB_MARKER_ENV] = job.marker
         if start.sandbox is not None:
             self._confine(job, made)
 
-    def prepare_copy(self, job: RunningJob, spare: str) -> None:
+    def _has_view(self, job: RunningJob) -> bool:
+        """Whether the job's sandbox gives it a view here (else its start
+        fails in ``_confine``, saying why)."""
+        box = job.start.sandbox
+        return box is not None and box.read_only_view and self.confiner().support.missing_for(box) is None
+
+    def new_space(self, disk: Optional[int],
+                  directories: Tuple[Tuple[str, int], ...] = space.DIRECTORIES) -> space.Space:
+        """A space of ``disk`` bytes: made by the worker where it may mount,
+        else in its view's template's namespaces."""
+        template = self.views().current(self.confiner().hidden())
+        return space.make(disk, template.user_fd, template.mnt_fd if template.user_fd >= 0 else -1, directories)
+
+    def prepare_copy(self, job: RunningJob, spare: space.Space) -> None:
         """What a sandboxed session's copy needs that its fork does not
-        bring: its spare as its directory (execpool/worker/sessions/family.py),
+        bring: its spare as its space (execpool/worker/sessions/family.py),
         its cgroup, its marker."""
-        assert job.family is not None
-        job.tmpdir, job.cwd = spare, job.family.directory(spare)
+        job.space = spare
+        job.cwd = job.start.cwd or HOME
         self._group(job)
         job.env = dict(job.start.env)
         job.env[JOB_MARKER_ENV] = job.marker
@@ -154,35 +184,43 @@ class Launcher:
             if missing is not None:
                 raise OSError(missing)
             views = self.views()
+            assert job.space is not None
+            template = views.current(confiner.hidden())
+            job.user_ns = self.namespaces.make(template.user_fd)
             if made is not None:
-                job.view, job.rulesets = made.view, (made.ruleset,)
+                job.view, job.rulesets = dataclasses.replace(made.view, job_user_fd=job.user_ns), (made.ruleset,)
             else:
-                job.view = views.plan(job.tmpdir, start.cwd, start.sandbox.read, start.sandbox.write,
-                                      start.python, confiner.hidden(), confiner.handled)
+                job.view = views.plan(job.space.fd, job.user_ns, start.cwd, start.sandbox.read,
+                                      start.sandbox.write, start.python, confiner.hidden())
             template = views.current()
             job.env.update(TMPDIR=TMP, HOME=HOME, PATH=views.path(start.python, job.env.get("PATH", os.defpath)))
-            own: Tuple[str, ...] = (job.cwd,)
+            if made is None:
+                handles = job.space.handles()
+                try:
+                    job.rulesets = confiner.rulesets(start.python, start.sandbox,
+                                                     (*handles, *([] if start.cwd is None else [start.cwd])),
+                                                     template)
+                finally:
+                    for fd in handles:
+                        os.close(fd)
         else:
             if start.cwd is not None:
                 job.sandbox_tmp = self.dirs.private()  # removed with the job
             own = tuple(dict.fromkeys((job.cwd, job.sandbox_tmp or job.cwd)))
             job.env["TMPDIR"] = own[-1]  # the only temporary directory a sandboxed job may write
-        if made is None:
             job.rulesets = confiner.rulesets(start.python, start.sandbox, own, template)
         if start.session and start.argv_kind == "python" and template is not None and not start.sandbox.write:
             if self.spares is None:
-                self.spares = Spares(self.dirs.private, self.dirs.drop)
-            job.family = self.spares.family(job.rulesets[-1], confiner.handled, start.cwd, template.user_fd)
+                self.spares = Spares(self.new_space, self.dirs.release)
+            job.family = self.spares.family(job.rulesets[-1], confiner.handled, start.cwd, start.limits.disk)
 
     def argv(self, job: RunningJob) -> List[str]:
         """The cold tool's argv, its script written in its directory."""
         start = job.start
         source = runtime_source(start.argv_kind) if start.session else start.source
         if start.argv_kind == "python":
-            fd, job.script = tempfile.mkstemp(prefix=".execpool-", suffix=".py", dir=job.cwd)
-            with open(fd, "w", encoding="utf-8") as f:
-                f.write(source)
-            return [start.python, "-u", job.in_view(job.script)]
+            job.script = files.write_script(job.workdir, source)
+            return [start.python, "-u", job.script_path()]
         if start.session:
             # --norc: a bash whose stdin is a socket takes itself for one
             # started by a remote shell daemon and reads ~/.bashrc.
@@ -197,7 +235,7 @@ class Launcher:
         confiner = self.confiner()
         if confiner.support.missing_for(start.sandbox) is not None:
             return None
-        return self.ahead.take(start.python, self.views().current(confiner.hidden()))
+        return self.ahead.take(start.python, start.limits.disk, self.views().current(confiner.hidden()))
 
     def make_ahead(self) -> None:
         """Ask for the next jobs' own namespaces, if jobs that fit have come,

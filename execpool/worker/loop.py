@@ -53,9 +53,10 @@ from typing import Dict, List, Optional, Set
 
 from ..shared import channel
 from ..shared.kernel import linux
+from . import files
 from .capture import READ_SIZE, Stream
 from .job import Ending, Phase, RunningJob
-from .jobdirs import JobDirs, unlink
+from .jobdirs import JobDirs
 from .launch import Launcher
 from .sessions.host import Sessions
 from .spawn import give_back_memory, keep_own_peak_resettable
@@ -105,7 +106,7 @@ class Worker:
         self.jobs_by_fd: Dict[int, RunningJob] = {}
         self.timers = Timers()
         self.dirs = JobDirs(config.jobs_dir)
-        self.launcher = Launcher(config.token, config.spawn_method, config.cgroups, self.dirs, self._reap)
+        self.launcher = Launcher(config.token, config.spawn_method, config.cgroups, self.dirs, self._reap, self.sel)
         self.python = config.python
         self.warm = WarmJobs(self.sel, config.spawn_method, config.python, config.preload, config.warm_spares,
                              Hooks(started=self.running, failed=self.fail_start,
@@ -137,10 +138,10 @@ class Worker:
 
     def _helpers(self) -> Set[int]:
         """The worker's children that belong to no job: the warm template,
-        its spares, the preparer of sandboxed jobs' namespaces, the remover
-        of jobs' directories."""
+        its spares, the preparer of sandboxed jobs' namespaces, the maker
+        of their user namespaces, the remover of jobs' directories."""
         helpers = set(self.warm.spares.pids())
-        helpers.update(pid for pid in (self.launcher.ahead.pid, self.dirs.remover) if pid)
+        helpers.update(pid for pid in (self.launcher.ahead.pid, self.launcher.namespaces.pid, self.dirs.remover) if pid)
         return helpers
 
     def _fire_timers(self) -> None:
@@ -328,7 +329,7 @@ class Worker:
         return job
 
     def fail_start(self, job: RunningJob, exc: BaseException) -> None:
-        job.failed_to_start(exc)
+        job.failed_to_start(exc, infra=not isinstance(exc, files.FilesError))
         job.given_up()
         self._finish(job)
 
@@ -411,18 +412,29 @@ class Worker:
                 job.error = f"the job went over its memory limit ({job.start.limits.memory} bytes) and was killed"
             if job.start.keep_background or not job.group.remove():
                 self.tree.stale(job.group)  # removed once its last process is reaped
+        if job.workdir >= 0 and job.start.fetch:
+            job.fetched, job.left_out = files.fetch(job.workdir, job.start.fetch, skip=job.own_names())
         trashed = None
         tmp_trashed = None if job.sandbox_tmp is None else self.dirs.discard(job.sandbox_tmp)
         if job.tmpdir is not None:
             trashed = self.dirs.discard(job.tmpdir)  # the script in it too
-        elif job.script is not None:
-            unlink(job.script)
+        elif job.workdir >= 0 and job.start.cwd is not None:  # the caller's directory, given back as it was
+            if job.script is not None:
+                files.remove(job.workdir, job.script)
+            if job.placed is not None:
+                files.undo(job.workdir, job.placed)
+        # Let go before the Result: a caller may unmount its directory as soon as it has it.
+        job.close_workdir()
         self.sessions.ended(job)
         self.send(channel.Finished(job.start.job_id, job.result()))
         # A warm job keeps its rulesets and view until now (a requeue needs
         # them), a job's own namespace made ahead is torn down here, not on
-        # its way out; or the tool never started.
+        # its way out; or the tool never started. Its space goes last, to
+        # the remover: freeing what the job left in it is not the loop's.
         job.release()
+        space = job.take_space()
+        if space is not None:
+            self.dirs.release([space.take()])
         if trashed is not None:
             self.dirs.collect(trashed, job.script)
         if tmp_trashed is not None:

@@ -41,7 +41,7 @@ import os
 import pwd
 import stat
 import sys
-from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 from ..shared.kernel.linux import open_unlinked
 from ..shared.kernel.sandbox import SYS_LANDLOCK_CREATE_RULESET, Sandbox, errno_error, prepare, sandbox_support, syscall
@@ -454,18 +454,20 @@ class Confiner:
             rights &= _FILE_RIGHTS
         return rights
 
-    def rulesets(self, python: str, sandbox: Sandbox, own: Tuple[str, ...],
+    def rulesets(self, python: str, sandbox: Sandbox, own: Sequence[Union[str, int]],
                  template: Optional[Template] = None) -> Tuple[int, ...]:
         """One job's layers, in the order the tool enters them, as
         descriptors the caller closes once the tool did: the world-readable
         layer, and the job's own -- the system paths, ``python``'s prefix,
-        the job's ``own`` directories and the sandbox's ``write`` (every
+        the job's ``own`` directories (paths, or descriptors the caller
+        opened: its space's directories) and the sandbox's ``write`` (every
         right), its ``read`` (read and execute), the TCP ports it may
         connect to and bind, and, for a job with a view (``template``),
         reading what the view shows: it shows nothing else, and hides what
         the first layer would (Landlock checks no rule on a mountpoint, so
         that layer could not grant the view's own directories anyway)."""
-        guard = None if template is not None else self._guard.layer((*own, *sandbox.read, *sandbox.write))
+        paths = [path for path in own if isinstance(path, str)]
+        guard = None if template is not None else self._guard.layer((*paths, *sandbox.read, *sandbox.write))
         try:
             view_root = () if template is None else self._view_rules(template)
             return (*(() if guard is None else (guard,)), self._job_ruleset(python, sandbox, own, view_root))
@@ -474,9 +476,10 @@ class Confiner:
                 os.close(guard)
             raise
 
-    def _job_ruleset(self, python: str, sandbox: Sandbox, own: Tuple[str, ...],
+    def _job_ruleset(self, python: str, sandbox: Sandbox, own: Sequence[Union[str, int]],
                      view_root: Tuple[Tuple[int, int], ...]) -> int:
-        read, write = sandbox.read, (*own, *sandbox.write)
+        read = sandbox.read
+        write = (*(path for path in own if isinstance(path, str)), *sandbox.write)
         handled_net = 0
         ports: Dict[int, int] = {}
         for allowed, right in ((sandbox.connect, NET_CONNECT_TCP), (sandbox.bind, NET_BIND_TCP)):
@@ -486,7 +489,8 @@ class Confiner:
                     ports[port] = ports.get(port, 0) | right
         opened: List[int] = []
         try:
-            rules = [*(self._base_beside_view if view_root else self._base), *self._interpreter(python), *view_root]
+            rules = [*(self._base_beside_view if view_root else self._base), *self._interpreter(python), *view_root,
+                     *((fd, self._rights(fd, self.handled)) for fd in own if isinstance(fd, int))]
             wanted = dict.fromkeys(write, self.handled)
             for path in read:
                 wanted[path] = wanted.get(path, 0) | READ

@@ -6,10 +6,12 @@ worker is a child subreaper: everything its jobs start stays below it, and
 every process it reaps is added to the cost of the job it belonged to. A
 job's processes are found by its leader (until the leader is reaped), by
 its session and process group (the leader's pid names both, until the
-Result), by the kill that took them (for those that left both), and by the
-job's marker in their environment; what belongs to no job and no finished
-job's ``keep_background`` -- a stray that left its session and cleared its
-environment -- is killed once no job runs.
+Result), by the kill that took them (for those that left both), by the
+job's marker in their environment, and, for a sandboxed job, by its user
+namespace (execpool/worker/userns.py), which no process of it can leave;
+what belongs to no job and no finished job's ``keep_background`` -- an
+unsandboxed job's stray that left its session and cleared its environment
+-- is killed once no job runs.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ..shared.kernel.proctree import (
     stat_fields,
 )
 from .job import RunningJob
+from .userns import ancestry, identity
 
 #: The kernel's ceiling on pid numbers (PID_MAX_LIMIT on 64-bit).
 PID_MAX_LIMIT = 1 << 22
@@ -47,9 +50,14 @@ class Tree:
         self.by_session: Dict[int, RunningJob] = {}
         # Processes a job's kill took outside its session and group.
         self.claimed: Dict[int, RunningJob] = {}
-        # What keep_background jobs left running, kept until shutdown.
+        # Running sandboxed jobs by their user namespace's inode number.
+        self.by_userns: Dict[int, RunningJob] = {}
+        # What keep_background jobs left running, kept until shutdown; a
+        # kept user namespace is held (by a descriptor, its number's to the
+        # value) so that the kernel gives its number to no other.
         self.kept_pgids: Set[int] = set()
         self.kept_markers: Set[str] = set()
+        self.kept_userns: Dict[int, int] = {}
         # Job cgroups that still held a process at their job's end.
         self.stale_groups: List[JobGroup] = []
 
@@ -71,6 +79,8 @@ class Tree:
     def started(self, job: RunningJob, pid: int) -> None:
         self.by_leader[pid] = job
         self.by_session[pid] = job
+        if job.user_ns >= 0:
+            self.by_userns[identity(job.user_ns)] = job
 
     def leader(self, pid: int) -> Optional[RunningJob]:
         """The job whose leader ``pid`` was, now that it exited (once)."""
@@ -90,7 +100,24 @@ class Tree:
             job = self.by_session.get(int(field))
             if job is not None:
                 return job
-        return claimed
+        return claimed or self._named(pid)
+
+    def _named(self, pid: int) -> Optional[RunningJob]:
+        """The running sandboxed job whose user namespace is ``pid``'s or
+        nearest above it (a session's copy is in its parent's)."""
+        if self.by_userns:
+            for ino in ancestry(pid):
+                job = self.by_userns.get(ino)
+                if job is not None:
+                    return job
+        return None
+
+    def _naming(self, job: RunningJob) -> Optional[Callable[[int], bool]]:
+        """What says of a process that it is ``job``'s by its user
+        namespace (None for a job without one)."""
+        if job.user_ns < 0:
+            return None
+        return lambda pid: self._named(pid) is job
 
     def forget_session(self, pid: int) -> None:
         """A spare's session: it died before it took its job, and nothing it
@@ -104,7 +131,7 @@ class Tree:
         victims: set = set()
         kill_tree([job.pid], leader=job.pid if job.leader_alive else None, marker=job.marker,
                   scope=self.worker_pid, exclude=self.not_strays(), group=job.group, victims=victims,
-                  spared=self._spare_made)
+                  spared=self._spare_made, named=self._naming(job))
         victims.discard(job.pid)
         self._claim(job, victims)
 
@@ -122,7 +149,7 @@ class Tree:
             return
         victims: set = set()
         kill_born_since(job.pid, since, marker=job.marker, scope=self.worker_pid, exclude=self.not_strays(),
-                        group=job.group, spared=self._spare_made, victims=victims)
+                        group=job.group, spared=self._spare_made, victims=victims, named=self._naming(job))
         self._claim(job, victims)
 
     def _claim(self, job: RunningJob, victims: Set[int]) -> None:
@@ -167,6 +194,11 @@ class Tree:
             if keep:
                 self.kept_pgids.add(job.pid)
                 self.kept_markers.add(job.marker)
+        if job.user_ns >= 0:
+            ino = identity(job.user_ns)
+            self.by_userns.pop(ino, None)
+            if keep and job.pid is not None:
+                self.kept_userns[ino] = os.dup(job.user_ns)
         for pid in job.victims:
             if self.claimed.get(pid) is job:
                 del self.claimed[pid]
@@ -210,6 +242,8 @@ class Tree:
                 return True
         except OSError:
             return False
+        if self.kept_userns and any(ino in self.kept_userns for ino in ancestry(pid)):
+            return True
         return (marker_of(pid) or "").strip() in self.kept_markers
 
 

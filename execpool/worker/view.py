@@ -12,15 +12,14 @@ new process takes (execpool/worker/_spawn.c, or
 execpool/shared/kernel/sandbox.py without the extension): enter the
 template's namespaces, copy the mount namespace (a few dozen mounts, not
 the machine's), and mount what is the job's own -- its ``/tmp`` (and
-``/var/tmp``, a link to it), its home, its ``/dev/shm``, its directory and
-the paths its ``Sandbox`` adds. Everything else a job may not read is
+``/var/tmp``, a link to it), its home and its ``/dev/shm``, directories of
+its space (execpool/worker/space.py), its working directory where the
+caller gave one, and the paths its ``Sandbox`` adds. Everything else a job may not read is
 simply absent: ``/root`` and ``/home`` are empty, other jobs' and the
 pool's directories are not there at all, and a Unix socket's path in
 ``/proc/net/unix`` names, in the job's view, only the job's own files.
 
-The worker's ``jobs_dir`` is bound beneath the template's ``/tmp``, where
-each job's private directory is reached and bound into place as its home
-before the job's own ``/tmp`` covers it. A path the caller names (a ``cwd``, a ``Sandbox``
+A path the caller names (a ``cwd``, a ``Sandbox``
 path) is cloned in the worker's mount namespace before the tool enters the
 template (``open_tree`` of what ``openat2`` reached without following a
 link: a job may have put one there since the worker resolved the path),
@@ -40,24 +39,26 @@ import socket
 import stat
 import sys
 from dataclasses import dataclass, replace
-from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from ..shared.kernel.sandbox import (
     STEP_ATTACH,
-    STEP_BIND,
     STEP_CLONE_RO,
     STEP_CLONE_RW,
     STEP_MKDIR,
-    STEP_OWN_TMPFS,
     STEP_SAVE,
+    STEP_SPACE,
     STEP_TMPFS,
     STEP_TOUCH,
     STEP_UNCOVER,
+    VIEW_COPIED,
+    VIEW_OWN,
     VIEW_USER_NS,
     errno_error,
     view_kind,
 )
 from ..shared.package import PACKAGE_DIR
+from . import space
 from .rulesets import DEVICES, FOLLOWED, SYSTEM_DIRS, python_dirs
 
 #: Where a job finds its own directories in its view.
@@ -69,9 +70,6 @@ SHM = "/dev/shm"
 #: /dev is links into /proc/self/fd and the job's own shm.
 _DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
               "stderr": "/proc/self/fd/2"}
-#: Where the template has the worker's jobs_dir: beneath /tmp, which each
-#: job's own covers.
-_STAGED = "/tmp/.execpool-jobs"
 #: A tmpfs a caller's path is mounted in holds only the directories it needs.
 _ANCHOR_OPTIONS = b"mode=0755,size=64k,nr_inodes=256"
 
@@ -121,10 +119,8 @@ class Template:
     descriptors: its namespaces, and its root (which the job's Landlock
     layer lets it read: the view shows nothing else)."""
 
-    def __init__(self, jobs_dir: str, user_fd: int, mnt_fd: int, root_fd: int,
+    def __init__(self, user_fd: int, mnt_fd: int, root_fd: int,
                  tops: Tuple[str, ...], bound: Tuple[str, ...], covered: FrozenSet[str]) -> None:
-        self.jobs_dir = jobs_dir
-        self.jobs_dir_id = _identity(jobs_dir)
         self.user_fd, self.mnt_fd, self.root_fd = user_fd, mnt_fd, root_fd
         #: The view's top-level directories, and every host path it shows.
         self.tops = tops
@@ -162,11 +158,6 @@ class Template:
     def has_dir(self, path: str) -> bool:
         """Whether the view has a directory at ``path`` of its own making."""
         return path in self.dirs
-
-    def stale(self) -> bool:
-        """Whether the jobs_dir it binds is not the one at that path now (a
-        job moved it away and the worker made it again)."""
-        return _identity(self.jobs_dir) != self.jobs_dir_id
 
     def descriptors(self) -> List[int]:
         return [fd for fd in (self.user_fd, self.mnt_fd, self.root_fd) if fd >= 0] + [fd for fd, _ in self.readable]
@@ -212,14 +203,6 @@ def _readable(root_fd: int, tops: Iterable[str], covered: FrozenSet[str]) -> Lis
     return readable
 
 
-def _identity(path: str) -> Optional[Tuple[int, int]]:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
 @dataclass(frozen=True)
 class View:
     """One job's view: what its tool's new process does (the steps, with
@@ -229,13 +212,18 @@ class View:
     mnt_fd: int
     steps: Tuple[Tuple[int, bytes, bytes], ...]
     cwd: str
-    own_rights: int
+    #: The job's space, whose directories the steps attach, and its own
+    #: user namespace, entered last (execpool/worker/userns.py): the job's
+    #: descriptors, not the view's to close; -1 where there are none.
+    space_fd: int = -1
+    job_user_fd: int = -1
     #: ``mnt_fd`` is the job's own namespace, made ahead with the steps
     #: taken (execpool/worker/ahead.py): the tool enters it as it is.
     own_namespace: bool = False
 
     def arguments(self) -> tuple:
-        return self.user_fd, self.mnt_fd, self.steps, os.fsencode(self.cwd), self.own_rights, self.own_namespace
+        return (self.user_fd, self.mnt_fd, self.space_fd, self.job_user_fd, self.steps, os.fsencode(self.cwd),
+                VIEW_OWN if self.own_namespace else VIEW_COPIED)
 
     def close(self) -> None:
         for fd in (self.user_fd, self.mnt_fd):
@@ -256,13 +244,13 @@ class Views:
         self._plan = _Plan(_outermost([*python_dirs(sys.executable), PACKAGE_DIR]))
 
     def current(self, hidden: Optional[Tuple[FrozenSet[str], int]] = None) -> Template:
-        """The template, built again where it is stale: its jobs_dir was
-        moved, or ``hidden`` (what to cover beneath /etc, and its
-        generation) has changed since it was built."""
+        """The template, built again where it is stale: ``hidden`` (what to
+        cover beneath /etc, and its generation) has changed since it was
+        built."""
         plan = self._plan
         if hidden is not None and hidden[1] != plan.generation:
             plan = replace(plan, hidden=hidden[0], generation=hidden[1])
-        if self.template is None or self.template.stale() or plan is not self._plan:
+        if self.template is None or plan is not self._plan:
             self._rebuild(plan)
         assert self.template is not None
         return self.template
@@ -274,32 +262,31 @@ class Views:
         self.template, self._plan = fresh, plan
         self._paths.clear()
 
-    def plan(self, private: Optional[str], cwd: Optional[str], read: Iterable[str], write: Iterable[str],
-             python: str, hidden: Tuple[FrozenSet[str], int], own_rights: int) -> View:
-        """A job's view. ``private``: its directory in the worker's
-        jobs_dir, which is its home and working directory, for a job
-        without a ``cwd`` (the caller's working directory, at its own
-        path); ``read`` and ``write``: its sandbox's paths; ``python``: its
-        interpreter, whose directories it reads; ``hidden``: what to cover
-        beneath /etc (``Confiner.hidden``); ``own_rights``: the Landlock
-        rights it has on what is its own. Its ``/tmp``, ``/dev/shm`` (and
-        home, when that is not its working directory) are tmpfs mounts of
-        its own, gone with its last process: nothing for the worker to make
-        or remove. OSError for a path the sandbox will not give a job."""
+    def plan(self, space_fd: int, job_user_fd: int, cwd: Optional[str], read: Iterable[str], write: Iterable[str],
+             python: str, hidden: Tuple[FrozenSet[str], int]) -> View:
+        """A job's view. ``space_fd``: its space (execpool/worker/space.py),
+        whose home is its working directory unless the caller gave one
+        (``cwd``, at its own path), and whose directories are its home,
+        ``/tmp`` and ``/dev/shm``; ``job_user_fd``: its own user namespace
+        (execpool/worker/userns.py), entered last; ``read`` and ``write``: its sandbox's
+        paths; ``python``: its interpreter, whose directories it reads;
+        ``hidden``: what to cover beneath /etc (``Confiner.hidden``).
+        OSError for a path the sandbox will not give a job."""
         template = self.current(hidden)
         wanted = self._wanted(template, cwd, read, write, python)
         if not _lists_tops(template, wanted):
             self._rebuild(self._plan)  # a top-level directory made since: the view lists it too
             template = self.current()
-        return _view(template, wanted, private, cwd, own_rights)
+        return _view(template, wanted, space_fd, job_user_fd, cwd)
 
-    def plan_own(self, template: Template, private: str, python: str, own_rights: int) -> Optional[View]:
-        """The view of a job with nothing but its own paths (``private``,
-        and ``python``'s directories), in ``template`` as it is -- what
-        execpool/worker/ahead.py makes ahead; None where it needs the
-        template built again."""
+    def plan_own(self, template: Template, space_fd: int, python: str) -> Optional[View]:
+        """The view of a job with nothing but its own paths (its space, and
+        ``python``'s directories), in ``template`` as it is -- what
+        execpool/worker/ahead.py makes ahead, without the job's user
+        namespace (its tool enters that after the made namespace); None
+        where it needs the template built again."""
         wanted = self._wanted(template, None, (), (), python)
-        return _view(template, wanted, private, None, own_rights) if _lists_tops(template, wanted) else None
+        return _view(template, wanted, space_fd, -1, None) if _lists_tops(template, wanted) else None
 
     def _wanted(self, template: Template, cwd: Optional[str], read: Iterable[str], write: Iterable[str],
                 python: str) -> Dict[str, Tuple[int, str]]:
@@ -365,15 +352,15 @@ def _lists_tops(template: Template, wanted: Dict[str, Tuple[int, str]]) -> bool:
     return all(_top(target) in template.tops for target in wanted if os.path.lexists(_top(target)))
 
 
-def _view(template: Template, wanted: Dict[str, Tuple[int, str]], private: Optional[str], cwd: Optional[str],
-          own_rights: int) -> View:
+def _view(template: Template, wanted: Dict[str, Tuple[int, str]], space_fd: int, job_user_fd: int,
+          cwd: Optional[str]) -> View:
     steps = _Steps(template, wanted)
-    steps.own_paths(private)
+    steps.own_paths()
     # Its own copies: the template may be built again before a warm job
     # is handed to its spare.
     user_fd = -1 if template.user_fd < 0 else os.dup(template.user_fd)
     where = HOME if cwd is None else _seen(os.path.abspath(cwd))
-    return View(user_fd, os.dup(template.mnt_fd), steps.all(), where, own_rights)
+    return View(user_fd, os.dup(template.mnt_fd), steps.all(), where, space_fd, job_user_fd)
 
 
 def _ancestors(path: str) -> List[str]:
@@ -415,7 +402,9 @@ class _Steps:
         self.anchored: List[Tuple[int, bytes, bytes]] = []
         self.own: List[Tuple[int, bytes, bytes]] = []
         self.inside: List[Tuple[int, bytes, bytes]] = []
-        self._saved = 0
+        # Clones made in the job's namespace (saves, the space's
+        # directories), numbered after the worker's in the order taken.
+        self._later = 0
         self._anchors: List[str] = []
         self._placed: Dict[str, List[Tuple[int, bytes, bytes]]] = {}
         for target in sorted(wanted):
@@ -451,33 +440,36 @@ class _Steps:
         group += steps
         self._placed[target] = group
 
-    def own_paths(self, private: Optional[str]) -> None:
-        """The job's home -- its private directory, from the jobs_dir the
-        template binds there, or a tmpfs -- /tmp and /dev/shm; what the
+    def own_paths(self) -> None:
+        """The job's home, /tmp and /dev/shm: directories of its space,
+        cloned in its namespace and attached in their places; what the
         template binds beneath /tmp (an interpreter in a checkout there)
         goes into the job's /tmp again."""
-        if private is not None:
-            self.own.append((STEP_BIND, os.fsencode(f"{_STAGED}/{os.path.basename(private)}"), HOME.encode()))
-        else:
-            self.own.append((STEP_OWN_TMPFS, HOME.encode(), b"mode=0700"))
-        self.own += [*self._reattached(TMP, self.own, (STEP_OWN_TMPFS, TMP.encode(), b"mode=1777")),
-                     (STEP_OWN_TMPFS, SHM.encode(), b"mode=1777")]
+        self._attach_space(self.own, space.HOME, HOME)
+        self._reattached(TMP, self.own, lambda: self._attach_space(self.own, space.TMP, TMP))
+        self._attach_space(self.own, space.SHM, SHM)
 
-    def _reattached(self, where: str, into: list, mount: Tuple[int, bytes, bytes],
-                    skip: Iterable[str] = ()) -> List[Tuple[int, bytes, bytes]]:
+    def _clone_later(self, into: list, op: int, path: bytes) -> bytes:
+        """A clone taken in the job's namespace, put on ``into``: the number
+        its attach names."""
+        into.append((op, path, b""))
+        number = len(self.clones) + self._later
+        self._later += 1
+        return str(number).encode()
+
+    def _attach_space(self, into: list, name: str, target: str) -> None:
+        into.append((STEP_ATTACH, self._clone_later(into, STEP_SPACE, name.encode()), target.encode()))
+
+    def _reattached(self, where: str, into: list, mount: Callable[[], None], skip: Iterable[str] = ()) -> None:
         """``mount`` on ``where``, with what the template binds beneath it
         cloned before and attached again after (but what beneath ``skip``
-        the job's own paths bring): its steps, the saves put on ``into``."""
+        the job's own paths bring): steps put on ``into``."""
         kept = [path for path in self.template.bound if _beneath(path, where) and path != where
                 and not any(_beneath(path, other) for other in skip)]
-        base = len(self.clones) + self._saved
-        into += [(STEP_SAVE, os.fsencode(path), b"") for path in kept]
-        self._saved += len(kept)
-        steps = [mount]
-        for number, path in enumerate(kept):
-            steps += [(STEP_MKDIR, os.fsencode(path), b""), (STEP_ATTACH, str(base + number).encode(),
-                                                              os.fsencode(path))]
-        return steps
+        saved = [self._clone_later(into, STEP_SAVE, os.fsencode(path)) for path in kept]
+        mount()
+        for number, path in zip(saved, kept, strict=True):
+            into += [(STEP_MKDIR, os.fsencode(path), b""), (STEP_ATTACH, number, os.fsencode(path))]
 
     def _anchor(self, anchor: str, targets: set) -> None:
         """A tmpfs on ``anchor``, and what the template had beneath it
@@ -485,8 +477,9 @@ class _Steps:
         self._anchors.append(anchor)
         if anchor in self.template.covered:  # a cover is a deleted directory, which takes no mount
             self.anchored.append((STEP_UNCOVER, os.fsencode(anchor), b""))
-        self.anchored += self._reattached(anchor, self.anchored, (STEP_TMPFS, os.fsencode(anchor), _ANCHOR_OPTIONS),
-                                          skip=targets)
+        self._reattached(anchor, self.anchored,
+                         lambda: self.anchored.append((STEP_TMPFS, os.fsencode(anchor), _ANCHOR_OPTIONS)),
+                         skip=targets)
         if _beneath(HOME, anchor) and HOME != anchor:
             self.anchored.append((STEP_MKDIR, HOME.encode(), b""))
 
@@ -504,7 +497,7 @@ def _build(jobs_dir: str, plan: _Plan) -> Template:
     if pid == 0:
         parent_sock.close()
         try:
-            fds, shape = _make(stage, jobs_dir, plan, kind, uid, gid)
+            fds, shape = _make(stage, plan, kind, uid, gid)
             socket.send_fds(child_sock, [json.dumps(shape).encode()], fds)
             os._exit(0)
         except BaseException as exc:  # noqa: BLE001 - reported to the worker, never back into its loop
@@ -526,7 +519,7 @@ def _build(jobs_dir: str, plan: _Plan) -> Template:
     if kind != VIEW_USER_NS:
         fds.insert(0, -1)
     user_fd, mnt_fd, root_fd = fds
-    return Template(jobs_dir, user_fd, mnt_fd, root_fd, tuple(tops), tuple(bound), frozenset(covered))
+    return Template(user_fd, mnt_fd, root_fd, tuple(tops), tuple(bound), frozenset(covered))
 
 
 def _check(result: int, what: str) -> None:
@@ -581,7 +574,7 @@ def _cover(stage: str, hidden: Iterable[str]) -> List[str]:
     return covered
 
 
-def _make(stage: str, jobs_dir: str, plan: _Plan, kind: int, uid: int, gid: int) -> Tuple[list, list]:
+def _make(stage: str, plan: _Plan, kind: int, uid: int, gid: int) -> Tuple[list, list]:
     """In the builder child: the template; the descriptors the worker
     keeps (user namespace where there is one, mount namespace, root); and
     its shape (its top-level directories, the host paths it shows, what it
@@ -646,11 +639,7 @@ def _make(stage: str, jobs_dir: str, plan: _Plan, kind: int, uid: int, gid: int)
     os.mkdir(stage + SHM, 0o755)
     os.symlink(TMP, stage + "/var/tmp")
     covered = _cover(stage, plan.hidden)
-    os.mkdir(stage + _STAGED, 0o700)
     _read_only(stage, recursive=True)
-    # Writable: each job's private directory is bound from here, before its
-    # own /tmp covers it.
-    _mount(jobs_dir, stage + _STAGED, None, _MS_BIND)
     os.chdir(stage)
     _check(_libc.syscall(ctypes.c_long(_SYS_PIVOT_ROOT), b".", b"."), "pivot_root")
     _check(_libc.umount2(b".", _MNT_DETACH), "detaching the old root")

@@ -111,9 +111,19 @@ def open_unlinked(path: str, beneath: Optional[int] = None) -> int:
     could put a link there between the worker resolving a path and using
     it. ``beneath``: a directory descriptor ``path`` is relative to and
     may not leave. Raises OSError (ELOOP where a link is on the way)."""
-    resolve = _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS | (0 if beneath is None else _RESOLVE_BENEATH)
-    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, resolve)
-    fd = int(_libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(_AT_FDCWD if beneath is None else beneath),
+    return open_beneath(beneath, path, os.O_PATH)
+
+
+def open_beneath(directory: Optional[int], path: str, flags: int, mode: int = 0) -> int:
+    """``openat2`` of ``path`` with ``flags`` (O_CLOEXEC added), following
+    no link on the way nor at its end; relative to ``directory`` and never
+    leaving it (None: the working directory, any path). What execpool's
+    own processes use for anything they create, read or remove in a
+    directory a job can write: a job can swap a name for a link at any
+    moment, and a link must lead nowhere. Raises OSError."""
+    resolve = _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS | (0 if directory is None else _RESOLVE_BENEATH)
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
+    fd = int(_libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(_AT_FDCWD if directory is None else directory),
                            os.fsencode(path), ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how))))
     if fd < 0:
         errno = ctypes.get_errno()

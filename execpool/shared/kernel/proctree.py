@@ -265,14 +265,14 @@ def _in_groups(pid: int, pgids: frozenset) -> bool:
 
 
 def _marked(marker: str, scope: Optional[int], skip: set, pgids: frozenset,
-            spared: Optional[Callable[[int], bool]] = None) -> list:
-    """Live processes carrying ``marker`` that no earlier step reached: direct
-    children of ``scope`` (where a subreaper collects escaped daemons), or
-    anywhere when ``scope`` is None. ``spared`` says cheaply of a child of
-    ``scope`` that it cannot be any job's, so its environment is not read:
-    with many jobs queued, a worker has as many warm spares on their way,
-    and reading each one's ``/proc`` at every job's end was half of what
-    the worker spent."""
+            spared: Optional[Callable[[int], bool]] = None, named: Optional[Callable[[int], bool]] = None) -> list:
+    """Live processes carrying ``marker`` (or that ``named`` says are the
+    job's) that no earlier step reached: direct children of ``scope``
+    (where a subreaper collects escaped daemons), or anywhere when
+    ``scope`` is None. ``spared`` says cheaply of a child of ``scope`` that
+    it cannot be any job's, so its environment is not read: with many jobs
+    queued, a worker has as many warm spares on their way, and reading each
+    one's ``/proc`` at every job's end was half of what the worker spent."""
     if scope is None:
         candidates = psutil.process_iter()
     else:
@@ -284,6 +284,9 @@ def _marked(marker: str, scope: Optional[int], skip: set, pgids: frozenset,
     unmarked = {}
     for proc in candidates:
         if proc.pid == me or proc.pid in skip:
+            continue
+        if named is not None and named(proc.pid):
+            found.append(proc)
             continue
         born = proc.create_time() if scope is not None else None  # psutil's, read as the Process was made
         if born is not None and _UNMARKED.get(proc.pid) == born:
@@ -334,11 +337,12 @@ def _all_pids() -> Iterator[int]:
 
 def kill_born_since(leader: int, since: int, *, marker: str, scope: int, exclude: Iterable[int] = (),
                     group: Optional[Any] = None, spared: Optional[Callable[[int], bool]] = None,
-                    victims: Optional[set] = None) -> int:
+                    victims: Optional[set] = None, named: Optional[Callable[[int], bool]] = None) -> int:
     """SIGKILL what a session's cell started: the children of ``leader``
     (the session's interpreter or shell, spared) that began at or after
     boot tick ``since``, the marked processes below ``scope`` (escaped
-    daemons) and the members of the session's cgroup ``group`` (daemons
+    daemons; those ``named`` the session's too, as ``kill_tree`` takes
+    them) and the members of the session's cgroup ``group`` (daemons
     that cleared their environment too) that did, the process groups they
     made, and the subtrees of all; swept again, as ``kill_tree`` does,
     until none is left: a process that forks as it dies hands its child
@@ -349,17 +353,18 @@ def kill_born_since(leader: int, since: int, *, marker: str, scope: int, exclude
     10 ms: a process an earlier cell's leftovers start in the tick the
     cell began in counts as the cell's."""
     with group.forks_held() if group is not None else contextlib.nullcontext():
-        return _sweep_born_since(leader, since, marker, scope, {leader, *exclude}, group, spared, victims)
+        return _sweep_born_since(leader, since, marker, scope, {leader, *exclude}, group, spared, victims, named)
 
 
 def _sweep_born_since(leader: int, since: int, marker: str, scope: int, protected: set, group: Optional[Any],
-                      spared: Optional[Callable[[int], bool]], victims: Optional[set]) -> int:
+                      spared: Optional[Callable[[int], bool]], victims: Optional[set],
+                      named: Optional[Callable[[int], bool]]) -> int:
     skip = set(protected)
     own_group = _group(leader)
     hit = 0
     for _ in range(_MAX_SWEEPS):
         listed = [pid for pid in child_pids(leader) if pid not in skip]
-        listed += [proc.pid for proc in _marked(marker, scope, skip, frozenset(), spared)]
+        listed += [proc.pid for proc in _marked(marker, scope, skip, frozenset(), spared, named)]
         if group is not None:
             listed += [pid for pid in group.pids() if pid not in skip]
         roots: dict = {}
@@ -421,6 +426,7 @@ def kill_tree(
     group: Optional[Any] = None,
     victims: Optional[set] = None,
     spared: Optional[Callable[[int], bool]] = None,
+    named: Optional[Callable[[int], bool]] = None,
 ) -> int:
     """SIGKILL a job's whole tree; return how many processes were signalled
     one by one (the group kill is not counted), and add their pids to
@@ -437,6 +443,9 @@ def kill_tree(
     their environments never read; nor are those of the children of
     ``scope`` for which ``spared`` is true.
     ``group`` is the job's cgroup (execpool/shared/kernel/cgroups.py) where it has one.
+    ``named`` says of a child of ``scope`` that it is the job's without its
+    marker: a sandboxed job's processes are in its user namespace
+    (execpool/worker/userns.py), whatever they did to their environment.
     """
     pgids = frozenset(pgid for pgid in pgids if _group_killable(pgid))
     # Walked before the group dies: a dying parent lets go of its children,
@@ -455,7 +464,7 @@ def kill_tree(
     if marker is None:
         return hit
     for _ in range(_MAX_SWEEPS):
-        found = _marked(marker, scope, skip, pgids, spared)
+        found = _marked(marker, scope, skip, pgids, spared, named)
         if not found:
             break
         swept = list(found)

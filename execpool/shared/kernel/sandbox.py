@@ -105,7 +105,7 @@ _CAP_SYS_ADMIN = 21
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUSER = 0x10000000
-_MS_NOSUID, _MS_NODEV, _MS_BIND = 0x2, 0x4, 0x1000
+_MS_NOSUID, _MS_NODEV = 0x2, 0x4
 _AT_FDCWD, _AT_RECURSIVE, _AT_EMPTY_PATH = -100, 0x8000, 0x1000
 _MOUNT_ATTR_RDONLY = 1
 _OPEN_TREE_CLONE, _MOVE_MOUNT_F_EMPTY_PATH = 1, 0x4
@@ -368,28 +368,23 @@ def view_kind() -> int:
 
 #: The steps of a job's view, as execpool/worker/_spawn.c numbers them
 #: (execpool/worker/view.py makes them, and says what each is for): clone a
-#: path of the worker's (writable or read-only) for a later attach, bind a
-#: path of the view on another, an empty tmpfs (with the options ``b``), a
-#: directory (and its parents), attach the clone numbered ``a`` on ``b``, an
-#: empty tmpfs the job may write (its rule added to its last Landlock
-#: ruleset), detach what covers a hidden path the job names, clone a path
-#: of the view (to attach it again), an empty file (and its parents),
-#: text written to a file before the namespace is entered (a copy's id maps).
-(STEP_CLONE_RW, STEP_CLONE_RO, STEP_BIND, STEP_TMPFS, STEP_MKDIR, STEP_ATTACH, STEP_OWN_TMPFS, STEP_UNCOVER, STEP_SAVE,
- STEP_TOUCH, STEP_WRITE) = range(1, 12)
+#: path of the worker's (writable or read-only) for a later attach, an
+#: empty tmpfs (with the options ``b``), a directory (and its parents),
+#: attach the clone numbered ``a`` on ``b``, detach what covers a hidden
+#: path the job names, clone a path of the view (to attach it again), an
+#: empty file (and its parents), text written to a file before the
+#: namespace is entered (a copy's id maps), clone the directory ``a`` of
+#: the job's space (execpool/worker/space.py).
+(STEP_CLONE_RW, STEP_CLONE_RO, STEP_TMPFS, STEP_MKDIR, STEP_ATTACH, STEP_UNCOVER, STEP_SAVE, STEP_TOUCH, STEP_WRITE,
+ STEP_SPACE) = range(1, 11)
 #: How a view's mount namespace is had (_spawn.c says the same): the
 #: template's copied, the job's own made ahead and entered, or a sandboxed
 #: session's copy's entered and its paths mounted there.
 VIEW_COPIED, VIEW_OWN, VIEW_INTO = 0, 1, 2
-_SYS_LANDLOCK_ADD_RULE, _RULE_PATH_BENEATH = 445, 1
 _MNT_DETACH, _UMOUNT_NOFOLLOW = 2, 8
+_AT_SYMLINK_NOFOLLOW = 0x100
 _MS_PRIVATE = 1 << 18
 _MOVE_MOUNT_T_EMPTY_PATH = 0x40
-
-
-class _PathBeneath(ctypes.Structure):
-    _pack_ = 1  # the kernel's struct is packed: 12 bytes
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
 def child_arguments(rulesets: Tuple[int, ...], view: Optional[tuple]) -> tuple:
@@ -425,24 +420,20 @@ def _clone_tree(fd: int, path: bytes, read_only: bool) -> int:
     return tree
 
 
-def make_view(view: tuple, ruleset: int) -> None:
-    """execpool/worker/_spawn.c's make_view, through ctypes: ``ruleset`` is
-    the job's own, which learns its tmpfs directories."""
-    user_fd, mnt_fd, steps, cwd, own_rights, own_namespace = view
+def make_view(view: tuple) -> None:
+    """execpool/worker/_spawn.c's make_view, through ctypes."""
+    user_fd, mnt_fd, space_fd, job_user_fd, steps, cwd, own_namespace = view
     if own_namespace == VIEW_OWN:  # made ahead for the job (execpool/worker/ahead.py): entered as it is
         if user_fd >= 0 and _libc.setns(user_fd, _CLONE_NEWUSER) != 0 or _libc.setns(mnt_fd, _CLONE_NEWNS) != 0:
             raise errno_error("entering the sandbox's view (setns)")
         os.chdir(cwd)
+        _enter_own_user_namespace(job_user_fd)
         return
     clones: list = []
     try:
         in_user = False
         for op, path, text in steps:
-            if op == STEP_WRITE:
-                with open(path, "wb") as f:
-                    f.write(text)
-                continue
-            if op not in (STEP_CLONE_RW, STEP_CLONE_RO):
+            if op not in (STEP_WRITE, STEP_CLONE_RW, STEP_CLONE_RO):
                 continue
             if user_fd >= 0 and not in_user:
                 if _libc.setns(user_fd, _CLONE_NEWUSER) != 0:
@@ -450,6 +441,10 @@ def make_view(view: tuple, ruleset: int) -> None:
                 if _libc.unshare(_CLONE_NEWNS) != 0:
                     raise errno_error("unshare(CLONE_NEWNS)")
                 in_user = True
+            if op == STEP_WRITE:
+                with open(path, "wb") as f:
+                    f.write(text)
+                continue
             fd = linux.open_unlinked(os.fsdecode(path))
             try:
                 clones.append(_clone_tree(fd, path, op == STEP_CLONE_RO))
@@ -462,24 +457,30 @@ def make_view(view: tuple, ruleset: int) -> None:
         if own_namespace != VIEW_INTO and _libc.unshare(_CLONE_NEWNS) != 0:
             raise errno_error("unshare(CLONE_NEWNS)")
         for op, a, b in steps:
-            _view_step(op, a, b, clones, ruleset, own_rights)
+            _view_step(op, a, b, clones, space_fd)
         os.chdir(cwd)
+        _enter_own_user_namespace(job_user_fd)
     finally:
         for fd in clones:
             os.close(fd)
 
 
-def _view_step(op: int, a: bytes, b: bytes, clones: list, ruleset: int, own_rights: int) -> None:
-    if op == STEP_BIND:
-        failed = _libc.mount(a, b, None, _MS_BIND, None) != 0
-    elif op in (STEP_TMPFS, STEP_OWN_TMPFS):
+def _enter_own_user_namespace(fd: int) -> None:
+    """Last: the job's user namespace (execpool/worker/userns.py), which
+    names every process it will have."""
+    if fd >= 0 and _libc.setns(fd, _CLONE_NEWUSER) != 0:
+        raise errno_error("entering the job's user namespace (setns)")
+
+
+def _view_step(op: int, a: bytes, b: bytes, clones: list, space_fd: int) -> None:
+    if op == STEP_TMPFS:
         failed = _libc.mount(b"tmpfs", a, b"tmpfs", _MS_NOSUID | _MS_NODEV, b) != 0
-        if not failed and op == STEP_OWN_TMPFS:
-            fd = os.open(a, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            rule = _PathBeneath(own_rights, fd)
-            failed = syscall(ctypes.c_long(_SYS_LANDLOCK_ADD_RULE), ctypes.c_int(ruleset),
-                             ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)) != 0
-            os.close(fd)
+    elif op == STEP_SPACE:
+        tree = int(syscall(ctypes.c_long(_SYS_OPEN_TREE), ctypes.c_int(space_fd), a,
+                           ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_SYMLINK_NOFOLLOW)))
+        failed = tree < 0
+        if not failed:
+            clones.append(tree)
     elif op in (STEP_MKDIR, STEP_TOUCH):
         os.makedirs(a if op == STEP_MKDIR else os.path.dirname(a), 0o755, exist_ok=True)
         if op == STEP_TOUCH:
@@ -552,7 +553,7 @@ def enter(rulesets: Tuple[int, ...], view: Optional[tuple] = None) -> None:
     For a freshly forked tool or a warm spare, before any of the job's code
     runs; raises OSError naming the step that failed."""
     if view is not None:
-        make_view(view, rulesets[-1])
+        make_view(view)
     if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise errno_error("prctl(PR_SET_NO_NEW_PRIVS)")
     _drop_capabilities()

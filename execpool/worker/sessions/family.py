@@ -10,13 +10,14 @@ home and ``/dev/shm`` are its parent's. A confined process may not mount.
 So:
 
 - **Spares, ruled in at the start.** A session that may fork starts with
-  FAMILY_FORKS spare directories in the worker's ``jobs_dir`` (each a
-  ``home``, ``tmp`` and ``shm``), every right on them in its own ruleset:
-  the only new directories a copy can ever write are ones its first
-  ancestor's domain already granted. No process of the family can reach
-  them by path until the worker mounts one into a copy's namespace: the
-  ``jobs_dir`` is covered in every view. The family shares them; a fork
-  takes the next.
+  FAMILY_FORKS spare spaces (execpool/worker/space.py: each a tmpfs of the
+  session's disk bound, with a ``home``, ``tmp``, ``shm`` and ``work``),
+  every right on their directories in its own ruleset: the only new
+  directories a copy can ever write are ones its first ancestor's domain
+  already granted. No process of the family can reach them until the
+  worker mounts one into a copy's namespace: a space has no path, only
+  the worker's descriptor. The family shares them; a fork takes the next,
+  and an unused one costs a descriptor, not memory.
 - **A namespace of its own, mounted from outside.** The copy, before any
   cell of its own runs, unshares a user and a mount namespace (and a
   network one when its session has no network), and waits. A helper of the
@@ -54,15 +55,17 @@ from typing import Callable, List, Optional, Tuple
 from ...shared.kernel.linux import mounts, open_unlinked
 from ...shared.kernel.sandbox import (
     STEP_ATTACH,
-    STEP_CLONE_RW,
     STEP_SAVE,
+    STEP_SPACE,
     STEP_WRITE,
     VIEW_INTO,
     child_arguments,
     make_view,
 )
+from ..files import make_path
 from ..helper import fork_helper
 from ..rulesets import DEVICES, FS_TRUNCATE, FS_WRITE_FILE, READ, add_rules, build_ruleset
+from ..space import DIRECTORIES, Space
 from ..spawn import _spawn
 from ..view import HOME, SHM, TMP
 
@@ -89,16 +92,12 @@ class Family:
     the home, /tmp, /dev/shm, and the session's working directory where the
     caller gave it one (at its own path)."""
 
-    def __init__(self, spares: List[str], trees: Tuple[Tuple[str, str], ...], user_ns: int) -> None:
+    def __init__(self, spares: List[Space], trees: Tuple[Tuple[str, str], ...]) -> None:
         self.spares = spares
         self.trees = trees
-        #: The user namespace its first session was started in (the view's,
-        #: held here so that its number is not given to another; -1: the
-        #: worker's own): where its copies' spares are cloned and ids mapped.
-        self.user_ns = user_ns
         self.members = 1
 
-    def take(self) -> str:
+    def take(self) -> Space:
         """The next spare, for a copy; OSError when none is left."""
         if not self.spares:
             raise OSError(f"a sandboxed session and its copies can make {FAMILY_FORKS} forks in all (each needs "
@@ -106,12 +105,7 @@ class Family:
         self.members += 1
         return self.spares.pop(0)
 
-    def directory(self, spare: str) -> str:
-        """Where a copy's working directory is on the host: its spare's
-        ``work`` for a session given one, else its home."""
-        return os.path.join(spare, self.trees[-1][0])
-
-    def left(self) -> List[str]:
+    def left(self) -> List[Space]:
         """A member ended: the spares no copy took, once the last one has,
         to be removed -- never another family's: its Landlock domain grants
         them, and a process of it may outlive its last member's Result (one
@@ -119,92 +113,80 @@ class Family:
         self.members -= 1
         if self.members:
             return []
-        if self.user_ns >= 0:
-            os.close(self.user_ns)
-            self.user_ns = -1
         unused, self.spares = self.spares, []
         return unused
 
 
 class Spares:
     """The worker's stock of spares, made off a session's start (after a
-    Result is out), so that starting one costs its rules, not its
-    directories. Each serves one family only, which removes those it did
-    not use as it ends.
+    Result is out), so that starting one costs its rules, not its spaces.
+    Each serves one family only, which lets go of those it did not use as
+    it ends.
 
-    ``private`` makes a fresh directory in the worker's ``jobs_dir``,
-    ``discard`` removes one."""
+    ``make`` makes a space of a disk bound with given directories,
+    ``release`` lets go of descriptors (the worker's remover)."""
 
-    def __init__(self, private: Callable[[], str], discard: Callable[[str], None]) -> None:
-        self._private = private
-        self._discard = discard
-        self._stock: List[str] = []
+    def __init__(self, make: Callable[[Optional[int], Tuple[Tuple[str, int], ...]], Space],
+                 release: Callable[[List[int]], None]) -> None:
+        self._make = make
+        self._release = release
+        self._stock: List[Space] = []
+        #: The disk bound of the spares in stock: the last family's.
+        self._disk: Optional[int] = None
 
-    def family(self, ruleset: int, rights: int, cwd: Optional[str], user_ns: int) -> Family:
-        """FAMILY_FORKS spares for a session about to start (``cwd``: the
-        working directory the caller gave it, if any; ``user_ns``: the user
-        namespace its view puts it in, -1 for the worker's own), every right
-        on their trees added to ``ruleset`` (the session's own, not yet
-        entered)."""
+    def family(self, ruleset: int, rights: int, cwd: Optional[str], disk: Optional[int]) -> Family:
+        """FAMILY_FORKS spares of ``disk`` bytes for a session about to
+        start (``cwd``: the working directory the caller gave it, if any),
+        every right on their trees added to ``ruleset`` (the session's own,
+        not yet entered)."""
         trees = TREES + ((("work", cwd),) if cwd is not None else ())
-        while len(self._stock) < FAMILY_FORKS:
-            self._stock.append(self._make())
+        if disk != self._disk:
+            self.close()
+            self._disk = disk
+        self.refill()
         spares, self._stock = self._stock[:FAMILY_FORKS], self._stock[FAMILY_FORKS:]
         rules: List[Tuple[int, int]] = []
         try:
             for spare in spares:
-                for name, _ in trees:
-                    rules.append((os.open(os.path.join(spare, name), os.O_PATH | os.O_CLOEXEC), rights))
+                rules += [(fd, rights) for fd in spare.handles(tuple(name for name, _ in trees))]
             add_rules(ruleset, rules)
         except BaseException:
-            for spare in spares:
-                self._discard(spare)
+            self.remove(spares)
             raise
         finally:
             for fd, _ in rules:
                 os.close(fd)
-        return Family(spares, trees, -1 if user_ns < 0 else os.dup(user_ns))
+        return Family(spares, trees)
 
-    def remove(self, spares: List[str]) -> None:
-        for spare in spares:
-            self._discard(spare)
+    def remove(self, spares: List[Space]) -> None:
+        self._release([spare.take() for spare in spares])
 
     def refill(self) -> None:
         """Make what the stock lacks for the next session, once the worker
         has nothing more urgent (a Result just went out)."""
         while len(self._stock) < FAMILY_FORKS:
-            self._stock.append(self._make())
+            self._stock.append(self._make(self._disk, _SPARE_DIRECTORIES))
 
     def close(self) -> None:
-        for spare in self._stock:
-            self._discard(spare)
+        self.remove(self._stock)
         self._stock.clear()
-
-    def _make(self) -> str:
-        spare = self._private()
-        for name in _SPARE_DIRECTORIES:
-            path = os.path.join(spare, name)
-            os.mkdir(path, 0o700)
-            if name in ("tmp", "shm"):
-                os.chmod(path, 0o1777)  # as the tmpfs the session's own are
-        return spare
 
 
 #: What a spare holds: a copy's home, /tmp, /dev/shm and working directory.
-_SPARE_DIRECTORIES = ("home", "tmp", "shm", "work")
+_SPARE_DIRECTORIES = (*DIRECTORIES, ("work", 0o700))
 
 
-def copy_layer(handled: int, scoped: int, spare: str, family: Family) -> int:
+def copy_layer(handled: int, scoped: int, spare: Space, family: Family) -> int:
     """The Landlock layer a copy enters once it has its own trees: writing
     only those, the family's unused spares (for its own forks) and the
     devices; reading is its parent's layers' business. A ruleset
     descriptor, for the caller to close."""
     writes = handled & ~READ
     opened: List[Tuple[int, int]] = []
+    names = tuple(name for name, _ in family.trees)
     try:
         for directory in (spare, *family.spares):
-            for name, _ in family.trees:
-                opened.append((os.open(os.path.join(directory, name), os.O_PATH | os.O_CLOEXEC), writes))
+            opened += [(fd, writes) for fd in directory.handles(names)]
         for device in DEVICES:
             try:
                 opened.append((os.open(device, os.O_PATH | os.O_CLOEXEC), writes & (FS_WRITE_FILE | FS_TRUNCATE)))
@@ -216,17 +198,17 @@ def copy_layer(handled: int, scoped: int, spare: str, family: Family) -> int:
             os.close(fd)
 
 
-def mount_copy(pid: int, spare: str, trees: Tuple[Tuple[str, str], ...], user_fd: int) -> None:
+def mount_copy(pid: int, spare: Space, trees: Tuple[Tuple[str, str], ...], user_fd: int) -> None:
     """Give the copy ``pid`` (unshared, waiting) its own trees from
     ``spare``; OSError naming the step that failed. ``user_fd``: the user
-    namespace the copy's parent was given (-1: the worker's own), where the
-    copy's spare is cloned and its ids mapped.
+    namespace of the copy's parent (execpool/worker/userns.py), above the
+    copy's, where its ids are mapped from.
 
     The view's machinery does it (execpool/worker/_spawn.c's make_view, in
     a vfork child, or its ctypes twin in a helper without the extension):
-    the spare's trees cloned, the copy's own user and group mapped, each to
-    itself (no other: nothing joining its namespace can take another id);
-    then, in the copy's mount namespace, each tree mounted over its place,
+    the copy's own user and group mapped, each to itself (no other: nothing
+    joining its namespace can take another id); then, in the copy's mount
+    namespace, the spare's trees cloned and each mounted over its place,
     with what was mounted beneath that place again on it. That namespace is
     its parent's until then, which the parent can still change: every path
     there is reached without following a link, and the directories the
@@ -246,13 +228,14 @@ def mount_copy(pid: int, spare: str, trees: Tuple[Tuple[str, str], ...], user_fd
             _make_in_spare(spare, trees, target, path, _is_dir(root, path))
     finally:
         os.close(root)
-    steps = [(STEP_CLONE_RW, os.fsencode(os.path.join(spare, name)), b"") for name, _ in trees]
+    steps = []
     with open(f"/proc/{pid}/status") as f:
         ids = dict(line.split(":", 1) for line in f if line.startswith(("Uid:", "Gid:")))
     steps.append((STEP_WRITE, os.fsencode(f"/proc/{pid}/setgroups"), b"deny"))  # no group dropped
     for name, key in (("uid_map", "Uid"), ("gid_map", "Gid")):
         own = ids[key].split()[1]  # the effective id: the copy's only one, as it was
         steps.append((STEP_WRITE, os.fsencode(f"/proc/{pid}/{name}"), f"{own} {own} 1\n".encode()))
+    steps += [(STEP_SPACE, name.encode(), b"") for name, _ in trees]
     steps += [(STEP_SAVE, os.fsencode(path), b"") for path, _ in saved]
     steps += [(STEP_ATTACH, b"%d" % index, os.fsencode(target))
               for index, target in sorted(enumerate(targets), key=lambda pair: pair[1].count("/"))]
@@ -260,11 +243,11 @@ def mount_copy(pid: int, spare: str, trees: Tuple[Tuple[str, str], ...], user_fd
     copy_mnt = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     try:
         _check_own(pid, copy_mnt)
-        view = (user_fd, copy_mnt, tuple(steps), b"/", 0, VIEW_INTO)
+        view = (user_fd, copy_mnt, spare.fd, -1, tuple(steps), b"/", VIEW_INTO)
         if _spawn is not None:
             os.close(_spawn.prepare_view(child_arguments((), view)))
         else:
-            _in_helper(lambda: make_view(view, -1))
+            _in_helper(lambda: make_view(view), (copy_mnt, spare.fd, *([user_fd] if user_fd >= 0 else [])))
     finally:
         os.close(copy_mnt)
 
@@ -295,22 +278,24 @@ def _is_dir(root: int, path: str) -> bool:
         os.close(fd)
 
 
-def _make_in_spare(spare: str, trees: Tuple[Tuple[str, str], ...], target: str, path: str, is_dir: bool) -> None:
+def _make_in_spare(spare: Space, trees: Tuple[Tuple[str, str], ...], target: str, path: str, is_dir: bool) -> None:
     """``path`` (beneath ``target``) made in the spare's tree for ``target``,
     a directory or an empty file: a mount point for the copy's view."""
     name = next(name for name, place in trees if place == target)
     inside = os.path.normpath(os.path.relpath(path, target))
     if inside.startswith(".."):
         raise OSError(f"{path} is not beneath {target}")
-    where = os.path.join(spare, name, inside)
-    os.makedirs(where if is_dir else os.path.dirname(where), 0o755, exist_ok=True)
-    if not is_dir:
-        os.close(os.open(where, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+    tree = spare.directory(name)
+    try:
+        make_path(tree, inside, is_dir)
+    finally:
+        os.close(tree)
 
 
-def _in_helper(body: Callable[[], None]) -> None:
+def _in_helper(body: Callable[[], None], keep: Tuple[int, ...]) -> None:
     """``body`` in a fork of the worker, which never changes namespaces
-    itself; OSError with what it raised."""
+    itself, keeping the descriptors ``keep`` (and nothing else of the
+    worker's); OSError with what it raised."""
     read_end, write_end = os.pipe()
 
     def run() -> None:
@@ -320,7 +305,7 @@ def _in_helper(body: Callable[[], None]) -> None:
             os.write(write_end, str(exc).encode("utf-8", "replace") or b"failed")
 
     try:
-        helper = fork_helper(_MOUNTER_NAME, (write_end,), run)
+        helper = fork_helper(_MOUNTER_NAME, (write_end, *keep), run)
     finally:
         os.close(write_end)
     try:

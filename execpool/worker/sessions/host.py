@@ -144,7 +144,7 @@ class Sessions:
 
     def _prepare_confined_copy(self, parent: RunningJob, child: RunningJob) -> int:
         """A sandboxed session's copy takes its family's next spare
-        (execpool/worker/sessions/family.py) as its directory; the Landlock
+        (execpool/worker/sessions/family.py) as its space; the Landlock
         layer it will enter, for the fork frame."""
         family = parent.family
         if family is None:
@@ -163,21 +163,21 @@ class Sessions:
         assert parent.link is not None and parent.link.forking is not None and parent.pid is not None
         child = self.jobs.get(parent.link.forking[0])
         pid = int(said) if said.isdigit() else 0
-        if child is None or child.link is None or child.tmpdir is None:
+        if child is None or child.link is None or child.space is None:
             return  # the copy's job is gone: its parent's answer says so
         if not pid or not self.tree.is_copy(pid, child):
             self._broke_protocol(parent, ProtocolError("the session named a process that is not its copy"))
             return
         assert child.family is not None
-        given = parent.user_ns if parent.user_ns >= 0 else child.family.user_ns
+        given = parent.user_ns  # the session's own (execpool/worker/userns.py): its copy's is made beneath it
         try:
             # The namespaces a cell may have moved its interpreter to are
             # not the ones to clone and map in: the fork is refused then.
-            if _user_ns(f"/proc/{parent.pid}") != _user_ns("/proc/self" if given < 0 else given):
+            if _user_ns(f"/proc/{parent.pid}") != _user_ns(given):
                 raise OSError("the session left the user namespace it was started in")
             copy_user = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
             try:
-                mount_copy(pid, child.tmpdir, child.family.trees, given)
+                mount_copy(pid, child.space, child.family.trees, given)
                 child.link.sock.send(MOUNTED)
             except BaseException:
                 os.close(copy_user)
@@ -217,8 +217,6 @@ class Sessions:
         self.host.running(child, pid, readers)
         self.begin(child)
         self.host.count_processes(child)
-        if child.family is not None and child.start.cwd is not None:  # a sandboxed copy's: not the one asked for
-            return json.dumps({"pid": pid, "directory": child.cwd}).encode("utf-8")
         return json.dumps({"pid": pid}).encode("utf-8")
 
     def ended(self, job: RunningJob) -> None:

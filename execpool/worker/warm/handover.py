@@ -130,7 +130,7 @@ class WarmJobs:
         start = job.start
         setup = Setup(job.cwd, rlimit_values(start.limits), not start.network, (), job.confinement(),
                       job.view_arguments())
-        description = memfd_holding("execpool-job", encode_job(job.in_view(job.script or ""), job.env, setup))
+        description = memfd_holding("execpool-job", encode_job(job.script_path(), job.env, setup))
         ready_r, ready_w = os.pipe()
         try:
             with output_pipes(start.separate_stderr) as (readers, out_w, err_w), \

@@ -57,6 +57,8 @@ from .wire import (
     SPARE_PID,
     decode_job,
     taken,
+    view_arguments,
+    view_fd_count,
 )
 
 #: What the worker's own PYTHONPATH added to sys.path (execpool itself),
@@ -101,11 +103,10 @@ def park(channel: socket.socket, worker_pid: int, name: str) -> NoReturn:
         description, stdin_fd, out_fd, err_fd, ready_w, *join_fds = fds
         os.write(ready_w, taken())
         script, env, cwd, rlimits, no_network, n_rulesets, view = decode_job(_read_all(description))
-        n_view = 0 if view is None else 1 + view[0]
+        n_view = view_fd_count(view)
         if len(join_fds) < n_rulesets + n_view:
             raise ValueError("a sandboxed job came without its rulesets")
-        namespaces = join_fds[n_rulesets:n_rulesets + n_view]
-        arguments = None if view is None else ((namespaces[0] if view[0] else -1), namespaces[-1], *view[1:])
+        arguments = None if view is None else view_arguments(view, join_fds[n_rulesets:n_rulesets + n_view])
         setup = Setup(cwd, rlimits, no_network, tuple(join_fds[n_rulesets + n_view:]), tuple(join_fds[:n_rulesets]),
                       arguments)
         linux.set_name(name)  # the interpreter's own, as a cold start has it

@@ -18,7 +18,7 @@ from __future__ import annotations
 import marshal
 import resource
 import struct
-from typing import Optional
+from typing import List, Optional
 
 from ...shared.jobs import Limits
 from ..spawn import RLIMIT_FIELDS, Setup, rlimit_values
@@ -30,11 +30,11 @@ SPARE_PID = struct.Struct("=i")
 #: Worker -> spare: the hand-over's one message, and the descriptors it
 #: carries (description, stdin, stdout, stderr, ready pipe, then the
 #: sandbox's rulesets, as many as the description says, then its view's
-#: namespaces when it has one, then cgroup files).
+#: namespaces and space when it has one, then cgroup files).
 JOB = b"job"
 FIXED_FDS = 5
 MAX_RULESETS = 2
-MAX_VIEW_FDS = 2
+MAX_VIEW_FDS = 4
 MAX_CGROUP_FDS = 8
 
 #: A spare's first word on the ready pipe: it has the job. A spare that dies
@@ -66,18 +66,38 @@ def encode_job(script: str, env: dict, setup: Setup) -> bytes:
     whose every page touched is a copy-on-write fault on a warm job's path.
     The setup's descriptors go beside it, in the hand-over's message: here
     is only how many rulesets there are, and of the view (the sandbox's
-    ``View.arguments``) whether it has a user namespace, its steps, its
-    working directory, its rights on its own tmpfs directories, and whether
-    its namespace is the job's own, made ahead."""
-    view = None if setup.view is None else (setup.view[0] >= 0, *setup.view[2:])
+    ``View.arguments``) whether it has a user namespace, a space and a user
+    namespace of the job's own, its steps, its working directory, and how
+    its namespace is had (the job's own, made ahead, or the template's
+    copied)."""
+    view = None if setup.view is None else (setup.view[0] >= 0, setup.view[2] >= 0, setup.view[3] >= 0,
+                                            *setup.view[4:])
     return marshal.dumps((script, env, setup.cwd, setup.rlimits, setup.no_network, len(setup.rulesets), view))
 
 
 def view_fds(view: Optional[tuple]) -> tuple:
-    """The descriptors of a view's arguments that go beside its description."""
+    """The descriptors of a view's arguments that go beside its
+    description: its user namespace (if any), its mount namespace, its
+    space and the job's own user namespace (if any)."""
     if view is None:
         return ()
-    return (view[1],) if view[0] < 0 else (view[0], view[1])
+    return tuple(fd for fd in view[:4] if fd >= 0)
+
+
+def view_arguments(view: tuple, fds: List[int]) -> tuple:
+    """A view's arguments again, in a spare, from its description and the
+    descriptors that came beside it (``view_fds``' order)."""
+    has_user, has_space, has_job_user, *rest = view
+    fds = list(fds)
+    user_fd = fds.pop(0) if has_user else -1
+    mnt_fd = fds.pop(0)
+    space_fd = fds.pop(0) if has_space else -1
+    job_user_fd = fds.pop(0) if has_job_user else -1
+    return (user_fd, mnt_fd, space_fd, job_user_fd, *rest)
+
+
+def view_fd_count(view: Optional[tuple]) -> int:
+    return 0 if view is None else 1 + view[0] + view[1] + view[2]
 
 
 def decode_job(data: bytes) -> tuple[str, dict, str, tuple, bool, int, Optional[tuple]]:
@@ -95,11 +115,11 @@ def decode_job(data: bytes) -> tuple[str, dict, str, tuple, bool, int, Optional[
 
 
 def _is_view(view: object) -> bool:
-    return (type(view) is tuple and len(view) == 5 and type(view[0]) is bool and type(view[2]) is bytes
-            and type(view[3]) is int and type(view[4]) is bool
-            and type(view[1]) is tuple and all(type(step) is tuple and len(step) == 3 and type(step[0]) is int
+    return (type(view) is tuple and len(view) == 6 and all(type(flag) is bool for flag in view[:3])
+            and type(view[4]) is bytes and type(view[5]) is int
+            and type(view[3]) is tuple and all(type(step) is tuple and len(step) == 3 and type(step[0]) is int
                                                and type(step[1]) is bytes and type(step[2]) is bytes
-                                               for step in view[1]))
+                                               for step in view[3]))
 
 
 def taken() -> bytes:
