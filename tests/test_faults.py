@@ -26,6 +26,7 @@ from helpers import (
 
 from execpool import ExecPool, Limits, PythonJob, ShellJob
 from execpool.pool import dispatch
+from execpool.worker.jobdirs import REMOVER_IN_FLIGHT
 
 
 @pytest.mark.slow
@@ -304,7 +305,8 @@ def test_a_job_that_builds_a_very_deep_tree_kills_nothing_and_leaves_nothing():
     assert os.path.isdir("/etc"), "the symlink out was never followed"
 
 
-def test_remove_tree_removes_any_depth_and_follows_no_symlink(tmp_path):
+@pytest.mark.parametrize("in_flight", [1, REMOVER_IN_FLIGHT])
+def test_remove_tree_removes_any_depth_and_follows_no_symlink(tmp_path, in_flight):
     from execpool.shared.kernel.dirs import remove_tree
 
     top = tmp_path / "top"
@@ -321,7 +323,7 @@ def test_remove_tree_removes_any_depth_and_follows_no_symlink(tmp_path):
     (top / ".execpool-hoisted-0" / "taken").write_text("x")
     keep = tmp_path / "keep"
     keep.write_text("not in the tree")
-    assert remove_tree(str(top))
+    assert remove_tree(str(top), in_flight)
     assert not top.exists() and keep.read_text() == "not in the tree"
 
 
@@ -342,7 +344,8 @@ def test_remove_tree_removes_a_directory_its_job_made_unreadable_as_nobody(tmp_p
     assert done.stdout == "True False\n", done.stderr[-2000:]
 
 
-def test_remove_tree_cannot_be_blocked_by_taking_the_names_it_hoists_into(tmp_path):
+@pytest.mark.parametrize("in_flight", [1, REMOVER_IN_FLIGHT])
+def test_remove_tree_cannot_be_blocked_by_taking_the_names_it_hoists_into(tmp_path, in_flight):
     """Red team: hoisting tried ``.execpool-hoisted-0`` to ``-63``; a job
     that made those 64 directories (not empty) beside and inside its tree
     made its directory impossible to remove, for good."""
@@ -354,7 +357,7 @@ def test_remove_tree_cannot_be_blocked_by_taking_the_names_it_hoists_into(tmp_pa
         for i in range(64):
             (level / f".execpool-hoisted-{i}").mkdir()
             (level / f".execpool-hoisted-{i}" / "x").write_text("x")
-    assert remove_tree(str(top))
+    assert remove_tree(str(top), in_flight)
     assert not top.exists()
 
 

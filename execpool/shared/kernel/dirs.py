@@ -7,8 +7,9 @@ a tree 3000 directories deep made it raise ``RecursionError`` -- which
 ``ignore_errors`` does not catch -- in the worker (killing it, and every
 other job it ran) and in the pool's cleanup. ``remove_tree`` instead hoists
 the contents of each subdirectory one level up and removes it, pass after
-pass: no recursion, two descriptors open at a time, no path longer than a
-name, and never a symlink followed.
+pass: no recursion, two descriptors open at a time (one more for each
+removal a caller keeps in flight), no path longer than a name, and never a
+symlink followed.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from __future__ import annotations
 import errno
 import os
 import secrets
-from typing import Optional
+from concurrent.futures import ThreadPoolExecutor
+from typing import List, Optional
 
 #: In a worker's ``jobs_dir``: where its jobs' directories go when they end,
 #: for its remover to delete (execpool/worker/jobdirs.py) -- and a dead
@@ -29,11 +31,12 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _HANDLE_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def remove_tree(path: str) -> bool:
+def remove_tree(path: str, in_flight: int = 1) -> bool:
     """Remove ``path`` and everything in it; False if something stayed
     (the caller logs or leaves it for a later sweep, never raises). A job
     may have left its own directory unreadable (mode 0); its owner, the
-    same user, undoes that first."""
+    same user, undoes that first. ``in_flight``: how many subdirectories
+    are removed at once, each by a thread of its own."""
     try:
         top = _open_own(path, None)
     except FileNotFoundError:
@@ -51,14 +54,26 @@ def remove_tree(path: str) -> bool:
                         _quietly(os.unlink, entry.name, dir_fd=top)
             if not subdirs:
                 break
-            for name in subdirs:
-                if not _hoist(top, name):
-                    return False
+            if not _hoist_all(top, subdirs, in_flight):
+                return False
     except OSError:
         return False
     finally:
         os.close(top)
     return _quietly(os.rmdir, path)
+
+
+def _hoist_all(top: int, names: List[str], in_flight: int) -> bool:
+    """:func:`_hoist` each of ``names``, ``in_flight`` at a time; False
+    once one fails (its thread stops there, the others finish theirs)."""
+
+    def hoist(share: List[str]) -> bool:
+        return all(_hoist(top, name) for name in share)
+
+    if in_flight < 2 or len(names) < 2:
+        return hoist(names)
+    with ThreadPoolExecutor(in_flight) as threads:
+        return all(list(threads.map(hoist, [names[i::in_flight] for i in range(in_flight)])))
 
 
 def _hoist(top: int, name: str) -> bool:
