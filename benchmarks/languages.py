@@ -15,10 +15,11 @@ keep-alive connection per thread. Two parts:
   retrying or a dataset repeating it sends), the first one's latency and the
   median of the rest. execpool compiles the program once (its compile
   cache); SandboxFusion compiles it every time.
-- **codecontests-shaped**: a C++ and a Java solution with 20 tests each,
-  sent as verl sends them -- one request per test, the same program in each
-  -- at concurrency 16; the wall time of all 40 per side. Target: execpool
-  at least 10x faster than SandboxFusion.
+- **codecontests-shaped**: a C++ and a Java solution with ``--tests`` tests
+  each (20), sent as verl sends them -- one request per test, the same
+  program in each -- at concurrency 16; the wall time of all of them (40)
+  per side.
+  Target: execpool at least 10x faster than SandboxFusion.
 
 Every answer is checked (HTTP 200, "Success", the exact stdout); a wrong
 one is counted, not hidden. The last line of stdout is one JSON object
@@ -139,14 +140,14 @@ def hello(client: Client, language: str, rounds: int) -> dict:
             "wrong": len(wrong), "example_wrong": wrong[:1]}
 
 
-def contests(client: Client, salt: str) -> dict:
+def contests(client: Client, salt: str, tests: int) -> dict:
     """Both solutions, each against its tests, one request per test, at
     CONCURRENCY; a comment makes the programs this run's own (no earlier
     run's compile is reused)."""
     requests = []
     for language, program in SOLUTIONS.items():
         marked = program + f"// {salt}\n"
-        for test in range(TESTS_PER_PROGRAM):
+        for test in range(tests):
             numbers = list(range(test, test + 50 + test))
             stdin = f"{len(numbers)}\n{' '.join(map(str, numbers))}\n"
             requests.append(({"code": marked, "language": language, "stdin": stdin, "compile_timeout": 60,
@@ -165,11 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sandbox-fusion", metavar="URL", help="a SandboxFusion server to compare against")
     parser.add_argument("--languages", default=",".join(HELLO), help="hello-world languages (comma-separated)")
     parser.add_argument("--rounds", type=int, default=8, help="hello-world requests per language and side")
-    args = parser.parse_args(argv)
+    parser.add_argument("--tests", type=int, default=TESTS_PER_PROGRAM,
+                        help=f"codecontests-shaped tests per program (default {TESTS_PER_PROGRAM})")
+    args = C.parse_args(parser, argv, smoke={"languages": "python,bash", "rounds": 2, "tests": 2})
     languages = [name for name in args.languages.split(",") if name]
     unknown = sorted(set(languages) - set(HELLO))
     if unknown:
         parser.error(f"no hello world for {', '.join(unknown)}; known: {', '.join(HELLO)}")
+    if args.rounds < 1 or args.tests < 1:
+        parser.error("--rounds and --tests must be at least 1")
     load_before = C.load()
     service = Service([])
     try:
@@ -177,11 +182,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.sandbox_fusion:
             sides["sandbox_fusion"] = Client(args.sandbox_fusion)
         salt = str(time.time_ns())
-        figures: dict = {"machine": C.machine(), "hello": {}, "contests": {}}
+        figures: dict = {"benchmark": "languages", "machine": C.machine(), "hello": {}, "contests": {},
+                         "skipped": {} if args.sandbox_fusion else {"sandbox_fusion": "no --sandbox-fusion URL"}}
         for language in languages:
             figures["hello"][language] = {side: hello(client, language, args.rounds) for side, client in sides.items()}
         for side, client in sides.items():
-            figures["contests"][side] = contests(client, salt)
+            figures["contests"][side] = contests(client, salt, args.tests)
     finally:
         figures_stop = service.stop()
     figures["service_stop"] = figures_stop
@@ -191,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     C.print_table("Hello world through /run_code, one request after another (the same program each time)", header,
                   [[language, *(figures["hello"][language][side][key] for side in sides
                                 for key in ("first_ms", "median_ms", "wrong"))] for language in languages])
-    C.print_table(f"Codecontests-shaped: {len(SOLUTIONS)} programs x {TESTS_PER_PROGRAM} tests, one request per "
+    C.print_table(f"Codecontests-shaped: {len(SOLUTIONS)} programs x {args.tests} tests, one request per "
                   f"test, concurrency {CONCURRENCY}", ["side", "wall s", "median ms", "wrong"],
                   [[side, f["wall_s"], f["median_ms"], f["wrong"]] for side, f in figures["contests"].items()])
     targets = {}

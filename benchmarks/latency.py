@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5, help="warm-up pairs/rounds before measuring (default 5)")
     parser.add_argument("--workers", type=int, default=2, help="pool workers (default 2)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the cancel delays (default 1)")
-    args = parser.parse_args(argv)
+    args = C.parse_args(parser, argv, smoke={"bash_iters": 3, "python_iters": 2, "sandbox_iters": 2,
+                                             "cancel_rounds": 1, "warmup": 1})
     for name in ("bash_iters", "python_iters", "workers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -192,14 +193,14 @@ def main(argv: list[str] | None = None) -> int:
             # Diagnostic: the same with a given cwd, so no private directory
             # is made and removed per job -- what that costs.
             bash_cwd = bench_exec(pool, ShellJob("echo hi", cwd=tmpdir), [BASH, "-c", "echo hi"], "hi\n",
-                                  max(20, args.bash_iters // 2), args.warmup)
+                                  (args.bash_iters + 1) // 2, args.warmup)
             python = bench_exec(pool, PythonJob('print("hi")'), raw_python, "hi\n",
                                 args.python_iters, args.warmup)
             if has_warm:
                 warm = bench_exec(pool, PythonJob('print("hi")', warm=True), raw_python, "hi\n",
                                   args.python_iters, args.warmup)
             if args.sandbox_iters and sandbox_missing is None:
-                few = max(10, args.sandbox_iters // 3)
+                few = (args.sandbox_iters + 2) // 3
                 sandbox["bash"] = bench_sandbox(pool, lambda box: ShellJob("echo hi", sandbox=box),
                                                 args.sandbox_iters, args.warmup)
                 sandbox["python_cold"] = bench_sandbox(pool, lambda box: PythonJob('print("hi")', sandbox=box),

@@ -78,12 +78,12 @@ async def _paired(args: argparse.Namespace, stateful: bool, pool: ExecPool) -> d
             "calls": len(ours)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=200, help="measured calls of each kind (default 200)")
     parser.add_argument("--warmup", type=int, default=20, help="calls of each kind before measuring (default 20)")
     parser.add_argument("--workers", type=int, default=2, help="workers of each pool (default 2)")
-    args = parser.parse_args()
+    args = C.parse_args(parser, argv, smoke={"calls": 2, "warmup": 1})
     load_before = C.load()
     with ExecPool(workers=args.workers, sandbox="strict") as pool:
         stateful = anyio.run(_paired, args, True, pool)

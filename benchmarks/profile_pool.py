@@ -10,26 +10,26 @@ Run from the repository root::
     python -m benchmarks.profile_pool warm --iters 300
     python -m benchmarks.profile_pool bash --iters 300 --sandbox strict
 
-Nothing in execpool is changed: the ``subprocess.Popen`` that starts the
-pool's lifeline (execpool/pool/lifeline.py) is wrapped, for this process
-only, so that the lifeline wraps its own, and a worker's command line
-``python -m execpool.worker ...`` becomes ``python -m cProfile -o FILE -m
-execpool.worker ...`` (and ``--tmpdir`` moves the jobs' private directories).
-A worker writes its profile when it exits normally
-(``pool.close()`` sends Shutdown), so the scenario always closes its pool.
-The profiles are kept in ``--out`` (default: a fresh temporary directory)
-for ``python -m pstats``.
+Nothing in execpool is changed: a worker's command line ``python -m
+execpool.worker ...`` becomes ``python -m cProfile -o FILE -m
+execpool.worker ...`` (``_common.workers_run_as``), and ``--tmpdir`` moves
+the jobs' private directories. A worker writes its profile when it exits
+normally (``pool.close()`` sends Shutdown), so the scenario always closes
+its pool. The profiles are kept in ``--out`` (default: a fresh temporary
+directory) for ``python -m pstats``.
 
 Scenarios: ``concurrency`` (N concurrent ``sleep`` streams on asyncio),
 ``flood`` (one stream of MB megabytes), ``kill`` (close() of a 51-process
 tree, repeated), ``bash`` (``echo hi`` round trips), ``warm`` (warm
-``print('hi')`` round trips, through the workers' spares).
+``print('hi')`` round trips, through the workers' spares). The last line of
+stdout is one JSON object: the scenario's figures and the profiles' paths.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import glob
 import io
@@ -44,43 +44,6 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 
 from benchmarks import _common as C
 from execpool import ExecPool, PythonJob, ShellJob
-import execpool.pool.lifeline as lifecycle
-
-
-#: Run in the lifeline process, which starts the workers
-#: (execpool/lifeline/process.py): its ``subprocess.Popen`` gives each
-#: worker's command line to cProfile. ``{out}`` is the profiles' directory.
-_LIFELINE = """
-import os, subprocess, sys
-import execpool.lifeline.process as process
-real, n = subprocess.Popen, [0]
-def popen(argv, *args, **kwargs):
-    if list(argv[1:3]) == ["-m", "execpool.worker"]:
-        n[0] += 1
-        argv = [argv[0], "-m", "cProfile", "-o", os.path.join({out!r}, "worker-%d.prof" % n[0]), *argv[1:]]
-    return real(argv, *args, **kwargs)
-process.subprocess = type("Wrapped", (), {{"Popen": staticmethod(popen), "__getattr__": lambda self, name: getattr(subprocess, name)}})()
-process.main(sys.argv[1:])
-"""
-
-
-class _ProfilingSubprocess:
-    """Stands in for the ``subprocess`` module inside execpool/pool/lifeline.py:
-    the lifeline it starts profiles the workers it starts."""
-
-    def __init__(self, real, out_dir: str, profile: bool) -> None:
-        self._real = real
-        self._out_dir = out_dir
-        self._profile = profile
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    def Popen(self, argv, *args, **kwargs):  # noqa: N802 - the name it replaces
-        argv = list(argv)
-        if self._profile and argv[1:3] == ["-m", "execpool.lifeline"]:
-            argv = [argv[0], "-c", _LIFELINE.format(out=self._out_dir), *argv[3:]]
-        return self._real.Popen(argv, *args, **kwargs)
 
 
 def _drain(gen):
@@ -91,7 +54,10 @@ def _drain(gen):
             return stop.value
 
 
-def scenario_concurrency(pool: ExecPool, args) -> str:
+# Each scenario returns its figures, with "summary": one line saying them.
+
+
+def scenario_concurrency(pool: ExecPool, args) -> dict:
     async def one():
         stream = pool.astream(ShellJob(f"sleep {args.sleep:g}", timeout=args.sleep + 120))
         async for _ in stream:
@@ -105,18 +71,20 @@ def scenario_concurrency(pool: ExecPool, args) -> str:
     results = asyncio.run(many())
     wall = time.perf_counter() - t0
     bad = sum(r.exit_code != 0 for r in results)
-    return f"{args.n} x sleep {args.sleep:g}: wall {wall:.3f} s, {bad} failed"
+    return {"summary": f"{args.n} x sleep {args.sleep:g}: wall {wall:.3f} s, {bad} failed", "n": args.n,
+            "wall_s": round(wall, 3), "failed": bad}
 
 
-def scenario_flood(pool: ExecPool, args) -> str:
+def scenario_flood(pool: ExecPool, args) -> dict:
     total = args.mb * 1_000_000
     t0 = time.perf_counter()
     result = _drain(pool.stream(ShellJob(f"yes {'x' * 99} | head -c {total}", timeout=600)))
     wall = time.perf_counter() - t0
-    return f"{args.mb} MB: {total / 1e6 / wall:.0f} MB/s, output_chars {result.output_chars}"
+    return {"summary": f"{args.mb} MB: {total / 1e6 / wall:.0f} MB/s, output_chars {result.output_chars}",
+            "mb_per_s": round(total / 1e6 / wall, 1), "output_chars": result.output_chars}
 
 
-def scenario_kill(pool: ExecPool, args) -> str:
+def scenario_kill(pool: ExecPool, args) -> dict:
     times = []
     for _ in range(args.rounds):
         gen = pool.stream(ShellJob(C.TREE_COMMAND, timeout=60), heartbeat_interval_s=30.0)
@@ -128,25 +96,30 @@ def scenario_kill(pool: ExecPool, args) -> str:
         t0 = time.perf_counter()
         gen.close()
         times.append(C.wait_gone(tree, t0)[1] or float("nan"))
-    return f"{args.rounds} close() of a {C.TREE_SIZE}-process tree: reaped median {C.ms(C.median(times))} ms"
+    reaped = C.ms(C.median(times))
+    return {"summary": f"{args.rounds} close() of a {C.TREE_SIZE}-process tree: reaped median {reaped} ms",
+            "rounds": args.rounds, "reaped_ms_median": reaped}
 
 
-def scenario_bash(pool: ExecPool, args) -> str:
+def scenario_bash(pool: ExecPool, args) -> dict:
     times = []
     for _ in range(args.iters):
         t0 = time.perf_counter()
         pool.run(ShellJob("echo hi", sandbox=args.sandbox))
         times.append(time.perf_counter() - t0)
-    return f"{args.iters} x echo hi: median {C.ms(C.median(times))} ms"
+    median = C.ms(C.median(times))
+    return {"summary": f"{args.iters} x echo hi: median {median} ms", "iters": args.iters, "ms_median": median}
 
 
-def scenario_warm(pool: ExecPool, args) -> str:
+def scenario_warm(pool: ExecPool, args) -> dict:
     times = []
     for _ in range(args.iters):
         t0 = time.perf_counter()
         pool.run(PythonJob("print('hi')", warm=True, sandbox=args.sandbox))
         times.append(time.perf_counter() - t0)
-    return f"{args.iters} x warm print('hi'): median {C.ms(C.median(times))} ms"
+    median = C.ms(C.median(times))
+    return {"summary": f"{args.iters} x warm print('hi'): median {median} ms", "iters": args.iters,
+            "ms_median": median}
 
 
 SCENARIOS = {"concurrency": scenario_concurrency, "flood": scenario_flood, "kill": scenario_kill,
@@ -180,33 +153,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tmpdir",
                         help="diagnostic: the temporary directory the pool makes the jobs' private directories "
                              "in (e.g. /dev/shm, to see what /tmp costs)")
-    args = parser.parse_args(argv)
+    args = C.parse_args(parser, argv, smoke={"n": 4, "sleep": 0.1, "mb": 1, "rounds": 1, "iters": 3, "top": 5})
     out_dir = args.out or tempfile.mkdtemp(prefix="execpool-profile-")
     os.makedirs(out_dir, exist_ok=True)
     C.raise_nofile(2 * args.n + 256)
 
     if args.tmpdir is not None:
         tempfile.tempdir = args.tmpdir
-    lifecycle.subprocess = _ProfilingSubprocess(lifecycle.subprocess, out_dir, not args.no_workers)
+    profiled = contextlib.nullcontext() if args.no_workers else C.workers_run_as(
+        ["-m", "cProfile", "-o", os.path.join(out_dir, f"worker-{C.WORKER_NUMBER}.prof"), "-m", "execpool.worker"])
     caller = None if args.no_caller else cProfile.Profile()
-    try:
-        with ExecPool(workers=args.workers, max_jobs_per_worker=1_000_000) as pool:
-            if caller is not None:
-                caller.enable()
-            summary = SCENARIOS[args.scenario](pool, args)
-            if caller is not None:
-                caller.disable()
-    finally:
-        lifecycle.subprocess = lifecycle.subprocess._real
-    print(f"scenario: {summary}")
+    with profiled, ExecPool(workers=args.workers, max_jobs_per_worker=1_000_000) as pool:
+        if caller is not None:
+            caller.enable()
+        figures = SCENARIOS[args.scenario](pool, args)
+        if caller is not None:
+            caller.disable()
+    print(f"scenario: {figures['summary']}")
     print(f"profiles in {out_dir}")
+    profiles = {}
     if caller is not None:
-        caller.dump_stats(os.path.join(out_dir, "caller.prof"))
+        profiles["caller"] = os.path.join(out_dir, "caller.prof")
+        caller.dump_stats(profiles["caller"])
         print("\n=== caller (main thread only) ===")
         print(_top(caller, args.top, args.sort))
     for path in sorted(glob.glob(os.path.join(out_dir, "worker-*.prof"))):
+        profiles[os.path.basename(path)[:-len(".prof")]] = path
         print(f"\n=== {os.path.basename(path)} ===")
         print(_top(path, args.top, args.sort))
+    C.emit_json({"benchmark": "profile_pool", "scenario": args.scenario, "workers": args.workers,
+                 "figures": figures, "profiles": profiles, "load": C.load(), "machine": C.machine()})
     return 0
 
 

@@ -476,18 +476,11 @@ async def measure(workload: Workload, sides: dict, levels: list[int], requests: 
 # --- main ----------------------------------------------------------------------------------
 
 
-def _levels(text: str) -> list[int]:
-    levels = list(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError("a comma-separated list of positive integers")
-    return levels
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     cpus = os.cpu_count() or 2
-    parser.add_argument("--concurrency", type=_levels, default=[1, 16, 64, 256],
+    parser.add_argument("--concurrency", type=C.positive_ints, default=[1, 16, 64, 256],
                         help="comma-separated levels (default 1,16,64,256)")
     parser.add_argument("--requests", type=int, default=96,
                         help="requests per side and level, at least the level's concurrency (default 96)")
@@ -506,7 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold", dest="warm", action="store_false",
                         help="cold Python on both sides (serve --cold; warm is the service's default)")
     parser.add_argument("--sandbox-fusion", metavar="URL", help="also send the requests to this SandboxFusion")
-    args = parser.parse_args(argv)
+    args = C.parse_args(parser, argv, smoke={"concurrency": [1, 4], "requests": 4, "warmup": 1, "workers": 2,
+                                             "max_in_flight": 4, "cpu_ms": 10.0})
     for name in ("requests", "workers", "max_in_flight", "max_queue"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -643,6 +637,7 @@ def main(argv: list[str] | None = None) -> int:
         "client_timeout_s": client_timeout,
         "cpu_loop": {"iterations": loop_n, "ms": C.ms(loop_s)},
         "sandbox_fusion": args.sandbox_fusion,
+        "skipped": {} if args.sandbox_fusion else {"sandbox_fusion": "no --sandbox-fusion URL"},
         "service": {"argv": service.argv[1:], **stopped},
         "nofile": nofile,
         "elapsed_s": round(elapsed, 2),

@@ -98,6 +98,9 @@ bytes a job is caught by the heap slope at the default sizes).
 Exits 1 on any wrong Result or any leak: threads, fds, tool or other
 processes, zombies, workers, a surviving process of this run, a process
 still running after ``pool.close()``, or memory growing as above.
+``--smoke`` runs one block of the schedule (every kind at least once) and
+reports the memory slopes without judging them: a hundred jobs are too
+few for a slope.
 The last line of stdout is one JSON object with every figure.
 """
 
@@ -498,7 +501,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--settle", type=float, default=2.0, help="max seconds to let counts settle (default 2)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the job order (default 1)")
     parser.add_argument("--skip", default="", help="comma-separated kinds to leave out, e.g. cancel_chatty")
-    args = parser.parse_args(argv)
+    args = C.parse_args(parser, argv, smoke={"jobs": sum(weight for _, weight in KINDS.values()), "warmup": 5,
+                                             "checkpoints": 2, "heap_slope_max": -1, "rss_slope_max": -1})
     if args.jobs is None:
         args.jobs = LONG_JOBS if args.long else 2000
     if args.concurrency is None:

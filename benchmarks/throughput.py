@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=2 * (os.cpu_count() or 2),
                         help="jobs in flight, for both designs (default: two per CPU)")
     parser.add_argument("--warmup", type=int, default=40, help="unmeasured jobs per design first (default 40)")
-    args = parser.parse_args(argv)
+    args = C.parse_args(parser, argv, smoke={"jobs": 4, "rounds": 1, "warmup": 1, "workers": 2, "concurrency": 2})
     for name in ("jobs", "rounds", "workers", "concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")

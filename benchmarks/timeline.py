@@ -9,16 +9,16 @@ Run from the repository root::
     python -m benchmarks.timeline warm --gap raw      # a raw cold start between jobs, as latency.py pairs them
     python -m benchmarks.timeline kill --iters 25
 
-Nothing in execpool is changed. For this process only, the pool's
-``subprocess.Popen`` is wrapped so that its workers start as ``python -m
-benchmarks.timeline --worker FILE ...``, which wraps a few worker methods
-with ``time.monotonic()`` stamps (CLOCK_MONOTONIC: comparable across
-processes) and then runs the real worker; in the caller, the pool's public
-``submit`` is wrapped and each future stamps its end. The worker writes its stamps to FILE at
-exit. Printed: the median time of each step from one stamp to the next
-(bash, warm), or the median time of each stamp after ``close()`` began
-(kill). The wrapped names are execpool internals; a stamp whose method no
-longer exists is simply absent.
+Nothing in execpool is changed. The pool's workers start as this file's
+``_worker_main`` (``_common.workers_run_as``), which wraps a few worker
+methods with ``time.monotonic()`` stamps (CLOCK_MONOTONIC: comparable
+across processes) and then runs the real worker; in the caller, the pool's
+public ``submit`` is wrapped and each future stamps its end. The worker
+writes its stamps to a file at exit. Printed: the median time of each step
+from one stamp to the next (bash, warm), or the median time of each stamp
+after ``close()`` began (kill). The wrapped names are execpool internals: one
+that no longer exists is named under ``unwrapped`` in the last line of
+stdout, one JSON object with the medians.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import atexit
 import glob
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -44,6 +45,10 @@ BASH_STEPS = ["c_run_in", "c_submit_in", "c_start_sent", "w_start_recv", "w_spaw
 
 # --- in the worker ----------------------------------------------------------------
 
+#: A worker's command line: its directory is /, so the repository is put on its path.
+WORKER_BOOT = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom benchmarks.timeline import _worker_main\n"
+               "_worker_main(sys.argv[2], sys.argv[3:])\n")
+
 
 def _worker_main(out_path: str, worker_argv: list[str]) -> None:
     import execpool.shared.kernel.proctree as proctree
@@ -53,6 +58,7 @@ def _worker_main(out_path: str, worker_argv: list[str]) -> None:
     from execpool.shared import channel
 
     marks: dict[str, dict[str, float]] = {}
+    unwrapped: list[str] = []
     current = {"job": None}
 
     def stamp(job_id, name: str) -> None:
@@ -62,6 +68,7 @@ def _worker_main(out_path: str, worker_argv: list[str]) -> None:
     def wrap(owner, attr: str, before=None, after=None) -> None:
         original = getattr(owner, attr, None)
         if original is None:
+            unwrapped.append(f"{owner.__name__}.{attr}")
             return
 
         def wrapper(*args, **kwargs):
@@ -83,11 +90,11 @@ def _worker_main(out_path: str, worker_argv: list[str]) -> None:
     wrap(W, "_finish", before=lambda self, job: stamp(job.start.job_id, "w_finish_in")
          if job.start.job_id in self.jobs else None)
 
-    def end_before(self, job, reason):
+    def end_before(self, job, ending):
         current["job"] = job.start.job_id
         stamp(job.start.job_id, "w_cancel_handled")
 
-    wrap(W, "_end", before=end_before, after=lambda self, job, reason: stamp(job.start.job_id, "w_end_out"))
+    wrap(W, "end", before=end_before, after=lambda self, job, ending: stamp(job.start.job_id, "w_end_out"))
 
     def send_before(self, msg):
         if isinstance(msg, channel.Finished):
@@ -100,38 +107,20 @@ def _worker_main(out_path: str, worker_argv: list[str]) -> None:
         elif isinstance(msg, channel.Spawned):
             stamp(msg.job_id, "w_spawned_sent")
 
-    wrap(W, "_send", before=send_before, after=send_after)
+    wrap(W, "send", before=send_before, after=send_after)
     for attr, name in (("_subtree_pids", "w_walk"), ("_killpg", "w_killpg"), ("_marked", "w_sweep")):
         wrap(proctree, attr, before=lambda *a, name=name: stamp(current["job"], name + "_in"),
              after=lambda *a, name=name: stamp(current["job"], name + "_out"))
 
     def dump() -> None:
         with open(out_path, "w") as f:
-            json.dump(marks, f)
+            json.dump({"marks": marks, "unwrapped": unwrapped}, f)
 
     atexit.register(dump)
     worker.main(worker_argv)
 
 
 # --- in the caller ------------------------------------------------------------------
-
-
-class _TimelineSubprocess:
-    def __init__(self, real, out_dir: str) -> None:
-        self._real = real
-        self._out_dir = out_dir
-        self._n = 0
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    def Popen(self, argv, *args, **kwargs):  # noqa: N802 - the name it replaces
-        argv = list(argv)
-        if argv[1:3] == ["-m", "execpool.worker"]:
-            self._n += 1
-            out = os.path.join(self._out_dir, f"worker-{self._n}.json")
-            argv = [argv[0], "-m", "benchmarks.timeline", "--worker", out, *argv[3:]]
-        return self._real.Popen(argv, *args, **kwargs)
 
 
 def _caller_stamps(supervisor, marks: dict) -> None:
@@ -164,10 +153,6 @@ def _steps(rows: list[dict], order: list[str]) -> list[tuple[str, float, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--worker"]:
-        _worker_main(argv[1], argv[2:])
-        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("scenario", choices=["bash", "warm", "kill"])
@@ -176,24 +161,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap", choices=["none", "raw"], default="none",
                         help="bash/warm: between jobs, nothing (default) or the raw Popen of the same tool "
                              "(cold python for warm), as the interleaved pairs of latency.py do")
-    args = parser.parse_args(argv)
 
-    import execpool.pool.workers as lifecycle
     import execpool.pool.supervisor as supervisor
     from benchmarks import _common as C
     from execpool import ExecPool, PythonJob, ShellJob
 
+    args = C.parse_args(parser, argv, smoke={"iters": 3})
     out_dir = tempfile.mkdtemp(prefix="execpool-timeline-")
     caller: dict = {}
-    real = lifecycle.subprocess
-    lifecycle.subprocess = _TimelineSubprocess(real, out_dir)
     _caller_stamps(supervisor, caller)
-    try:
-        pool = ExecPool(workers=1, max_jobs_per_worker=1_000_000)
-    finally:
-        lifecycle.subprocess = real
     measured = []
-    with pool:
+    with C.workers_run_as(["-c", WORKER_BOOT, C.REPO, os.path.join(out_dir, f"worker-{C.WORKER_NUMBER}.json")]), \
+            ExecPool(workers=1, max_jobs_per_worker=1_000_000) as pool:
         if args.scenario in ("bash", "warm"):
             if args.scenario == "warm" and not C.python_job_accepts("warm"):
                 print("this execpool's PythonJob has no `warm`")
@@ -232,9 +211,13 @@ def main(argv: list[str] | None = None) -> int:
                                       c_tree_reaped=t0 + (reaped or float("nan")))
                 measured.append(job_id)
     worker_marks: dict = {}
+    unwrapped: set[str] = set()
     for path in glob.glob(os.path.join(out_dir, "worker-*.json")):
         with open(path) as f:
-            worker_marks.update(json.load(f))
+            dumped = json.load(f)
+        worker_marks.update(dumped["marks"])
+        unwrapped.update(dumped["unwrapped"])
+    shutil.rmtree(out_dir, ignore_errors=True)
     rows = [{**caller[j], **worker_marks.get(j, {})} for j in measured]
 
     print(f"execpool timeline: {args.scenario}, {len(rows)} measured, load {C.load()}")
@@ -248,8 +231,14 @@ def main(argv: list[str] | None = None) -> int:
                         if not k.startswith(("c_submit", "c_start", "w_start", "w_spawn"))), key=lambda r: r[1])
         C.print_table("Median ms after gen.close() began", ["stamp", "ms", "n"], table)
     else:
-        C.print_table("Median ms per step (one job, stamp to next stamp)", ["step", "ms", "n"],
-                      _steps(rows, BASH_STEPS))
+        table = _steps(rows, BASH_STEPS)
+        C.print_table("Median ms per step (one job, stamp to next stamp)", ["step", "ms", "n"], table)
+    if unwrapped:
+        print(f"  note: no stamps from {', '.join(sorted(unwrapped))}: execpool has no such method now")
+        print()
+    C.emit_json({"benchmark": "timeline", "scenario": args.scenario, "measured": len(rows),
+                 "median_ms": {name: round(ms, 3) for name, ms, _ in table}, "unwrapped": sorted(unwrapped),
+                 "load": C.load(), "machine": C.machine()})
     return 0
 
 
