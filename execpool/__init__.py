@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .pool.stats import PoolStats
     from .pool.streams import AsyncJobStream, accepts_output_callback, drain_queue, stream_tool_execution
     from .pool.supervisor import ExecPool
+    from .pool.workspaces import Workspace
     from .shared.cells import CellResult
     from .shared.errors import (
         DiskBudgetError,
@@ -71,6 +72,7 @@ _EXPORTS = {
     "drain_queue": "pool.streams",
     "stream_tool_execution": "pool.streams",
     "ExecPool": "pool.supervisor",
+    "Workspace": "pool.workspaces",
     "ExecPoolError": "shared.errors",
     "PoolBrokenError": "shared.errors",
     "PoolClosedError": "shared.errors",

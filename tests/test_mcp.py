@@ -22,7 +22,7 @@ import httpx
 import httpx2
 import psutil
 import pytest
-from helpers import all_dead, pids_in, remember, wait_for
+from helpers import Gates, all_dead, pids_in, remember, wait_for
 from hostile import SETSID_DAEMON
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -182,29 +182,27 @@ def test_python_keeps_its_state_across_calls_until_reset_and_shows_images():
     run(main)
 
 
-def test_live_output_arrives_in_order_as_progress_and_the_result_is_the_same_without_it(tmp_path):
-    code = ("import os, time\nfor i in range(3):\n    print('line', i, flush=True)\n"
-            "while not os.path.exists('gate'):\n    time.sleep(0.01)\nprint('done')")
-
+def test_live_output_arrives_in_order_as_progress_and_the_result_is_the_same_without_it():
     async def main() -> None:
-        async with stdio(env={"EXECPOOL_SANDBOX_ROOT": str(tmp_path)}) as s:
+        async with stdio() as s:
             for tool, field, shaped in [("python", "code", lambda c: c),
                                         ("bash", "command", lambda c: f"python3 -c {shlex.quote(c)}")]:
-                printed = Printed()
-                results: list = []
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(_call_into, results, s, tool, {field: shaped(code)}, printed)
-                    await printed.until("line 2\n")  # live: the call still waits for the gate
-                    assert not results
-                    (workdir,) = tmp_path.glob("mcp-*")
-                    (workdir / "gate").touch()
-                (result,) = results
-                assert text(result) == "line 0\nline 1\nline 2\ndone\n"
-                await printed.until(lambda streamed: streamed == text(result))
-                sent = [progress for progress, _ in sorted(printed.received)]
-                assert sent == list(itertools.accumulate(len(message) for _, message in sorted(printed.received)))
-                assert text(await s.call_tool(tool, {field: shaped(code)})) == text(result)  # the gate is open
-                (workdir / "gate").unlink()
+                with Gates() as gates:
+                    code = (gates.python() + "for i in range(3):\n    print('line', i, flush=True)\n"
+                            "wait()\nprint('done')")
+                    printed = Printed()
+                    results: list = []
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(_call_into, results, s, tool, {field: shaped(code)}, printed)
+                        await printed.until("line 2\n")  # live: the call still waits for the gate
+                        assert not results
+                        gates.open()
+                    (result,) = results
+                    assert text(result) == "line 0\nline 1\nline 2\ndone\n"
+                    await printed.until(lambda streamed: streamed == text(result))
+                    sent = [progress for progress, _ in sorted(printed.received)]
+                    assert sent == list(itertools.accumulate(len(message) for _, message in sorted(printed.received)))
+                    assert text(await s.call_tool(tool, {field: shaped(code)})) == text(result)  # the gate is open
     run(main)
 
 
@@ -590,14 +588,18 @@ def test_http_a_made_up_session_id_keeps_no_interpreter(server):
     assert second["isError"] is True and "NameError" in second["content"][0]["text"]
 
 
-def test_http_workspaces_live_in_the_pool_s_own_directory(server):
-    """Not in the server's home (which its user may not write, and which a
-    SIGKILLed server would leave holding its clients' files)."""
-    async def main() -> str:
-        async with http(server) as session:
-            return text(await session.call_tool("bash", {"command": "pwd"})).strip()
-    where = run(main)
-    assert not where.startswith(os.path.expanduser("~")) and "execpool" in where, where
+def test_each_http_client_has_a_workspace_of_its_own_and_no_path_on_the_server(server):
+    """A client's files are in a workspace of the pool's (bounded, gone
+    with the pool), not in a directory of the server's disk: not in its
+    home (which its user may not write, and which a SIGKILLed server would
+    leave holding its clients' files), and not beside another client's."""
+    async def main() -> list:
+        async with http(server) as first, http(server) as second:
+            wrote = await first.call_tool("bash", {"command": "pwd; echo mine > mine.txt; ls"})
+            looked = await second.call_tool("bash", {"command": "pwd; ls -A"})
+            return [text(wrote).split(), text(looked).split()]
+    wrote, looked = run(main)
+    assert wrote == ["/home/user", "mine.txt"] and looked == ["/home/user"], (wrote, looked)
 
 
 def test_the_call_after_a_cancelled_cell_that_ignored_it_runs_in_a_new_interpreter():
@@ -616,3 +618,36 @@ def test_the_call_after_a_cancelled_cell_that_ignored_it_runs_in_a_new_interpret
             after = await s.call_tool("python", {"code": "1 + 1"})
             assert not after.is_error and text(after).startswith("2"), text(after)
     run(main)
+
+
+@pytest.mark.hostile
+def test_a_python_call_swapping_names_for_links_cannot_make_run_code_change_a_host_file(tmp_path):
+    """Red team, at the defaults: one python call started a thread that
+    swapped the compiled program for a link to a host file, and one
+    run_code C call then had the server chmod that file to 0755."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    target = private / "host-file"
+    target.write_text("host")
+    target.chmod(0o600)
+    swapper = ("import os, stat, threading\n"
+               "def swap():\n"
+               "    while True:\n"
+               "        try:\n"
+               "            if stat.S_ISREG(os.lstat('test').st_mode):\n"
+               "                os.unlink('test')\n"
+               f"                os.symlink({str(target)!r}, 'test')\n"
+               "        except OSError:\n"
+               "            pass\n"
+               "threading.Thread(target=swap, daemon=True).start()\n"
+               "print('swapping')")
+    program = ('#include <stdio.h>\nstatic volatile char big[48 << 20] = {1};\n'
+               'int main(void) { puts(big[0] ? "ran" : "?"); return 0; }\n')
+
+    async def main() -> None:
+        async with stdio() as s:
+            assert text(await s.call_tool("python", {"code": swapper})).strip() == "swapping"
+            for n in range(4):
+                await s.call_tool("run_code", {"language": "c", "code": program + f"/* {n % 2} */"})
+    run(main)
+    assert oct(target.stat().st_mode & 0o7777) == oct(0o600) and target.read_text() == "host"

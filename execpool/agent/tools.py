@@ -30,6 +30,7 @@ from typing import Any, Callable, Generator, List, Mapping, Optional, Union
 from ..pool.future import JobOutput
 from ..pool.sessions import Session
 from ..pool.supervisor import ExecPool
+from ..pool.workspaces import WORKSPACE_PATH, Workspace
 from ..shared import checks
 from ..shared.jobs import PythonJob, ShellJob
 from ..shared.kernel.sandbox import Sandbox
@@ -330,18 +331,36 @@ def bash_exec(command: str, cancel_event: Optional[threading.Event] = None,
 
 
 def python_session(session_id: Optional[str] = None, pool: Optional[ExecPool] = None,
-                   language: str = "python", idle_timeout: Optional[float] = 3600.0) -> Session:
+                   language: str = "python", idle_timeout: Optional[float] = 3600.0,
+                   workspace: Optional[Workspace] = None) -> Session:
     """A session for a conversation's tool calls (``session=`` of
     :func:`python_exec`, :func:`execute_tool` and the loop): in the working
-    directory of ``session_id``, so files the calls write persist as they do
-    without a session, in the tool layer's sandbox and with its
-    ``/mnt/data`` remap. Close it when the conversation ends (it also ends
-    after ``idle_timeout`` seconds without a call, and with the pool)."""
+    directory of ``session_id`` (or in ``workspace``: :func:`tool_workspace`),
+    so files the calls write persist as they do without a session, in the
+    tool layer's sandbox and with its ``/mnt/data`` remap. Close it when
+    the conversation ends (it also ends after ``idle_timeout`` seconds
+    without a call, and with the pool)."""
     if pool is None:
         pool = _shared_pool()
     env = {"PYTHONPATH": _python_path(pool)} if language == "python" else None
+    if workspace is not None:
+        return workspace.session(language, env=env, idle_timeout=idle_timeout)
     return pool.session(language, cwd=get_sandbox_workdir(session_id), sandbox=_sandbox(pool), env=env,
                         idle_timeout=idle_timeout)
+
+
+def tool_workspace(pool: ExecPool) -> Optional[Workspace]:
+    """A workspace for one conversation's (or connection's) tool calls, in
+    the tool layer's sandbox: its files, ``/tmp`` and ``/dev/shm`` within
+    the pool's disk bound, shared by every call given it and gone with it
+    (execpool/pool/workspaces.py) -- where the directory of a session id is
+    on the caller's disk, bounded per file only. None where the tool layer
+    runs without a sandbox (``EXECPOOL_TOOL_SANDBOX=off``): a workspace
+    needs one. DiskBudgetError when its bound does not fit the pool's disk
+    budget now."""
+    if os.environ.get(TOOL_SANDBOX_ENV, "").strip().lower() == "off" and pool.config.sandbox is None:
+        return None
+    return pool.workspace(sandbox=_sandbox(pool))
 
 
 def _run_cell(language: str, session: Session, source: str, cancel_event: Optional[threading.Event],
@@ -367,7 +386,7 @@ def _run_cell(language: str, session: Session, source: str, cancel_event: Option
         result = session.submit(source, timeout=timeout, cancel_event=cancel_event,
                                 on_event=None if output_callback is None else on_event).result()
         text = truncate(result.text, MAX_OUTPUT_CHARS)
-        hint = missing_path_hint(result.text, session.cwd)
+        hint = missing_path_hint(result.text, session.cwd or WORKSPACE_PATH)
         return text if not hint else text + ("\n" if text.endswith("\n") else "\n\n") + hint
     except Exception as exc:  # noqa: BLE001 - the model reads every failure as text
         return ERROR_PREFIX + _one_line(str(exc) or type(exc).__name__)
@@ -393,16 +412,18 @@ def _run_tool(tool_name: str, source: str, cancel_event: Optional[threading.Even
 
 
 def tool_job(tool_name: str, source: str, pool: ExecPool, *, timeout: Optional[float] = DEFAULT_TIMEOUT_S,
-             session_id: Optional[str] = None) -> Union[PythonJob, ShellJob]:
+             session_id: Optional[str] = None, in_workspace: bool = False) -> Union[PythonJob, ShellJob]:
     """The job :func:`python_exec` (``tool_name`` ``"python"``) or
     :func:`bash_exec` (``"terminal"``) runs for a call: for a caller that
     submits it itself -- an asyncio server awaiting the pool's future
     rather than holding a thread per call -- and gives its Result to
-    :func:`tool_text`. Raises ValueError or TypeError for bad input."""
+    :func:`tool_text`; ``in_workspace``: for ``Workspace.submit`` (no
+    working directory of its own: the workspace's). Raises ValueError or
+    TypeError for bad input."""
     if not isinstance(pool, ExecPool):
         raise TypeError(f"pool must be an execpool.ExecPool, not {type(pool).__name__}")
-    workdir = get_sandbox_workdir(session_id)
-    sandbox = _sandbox(pool)
+    workdir = None if in_workspace else get_sandbox_workdir(session_id)
+    sandbox = None if in_workspace else _sandbox(pool)
     if tool_name == "python":
         return PythonJob(source, timeout=timeout, cwd=workdir, max_output_chars=MAX_OUTPUT_CHARS,
                          env={"PYTHONPATH": _python_path(pool)}, sandbox=sandbox)
@@ -430,7 +451,7 @@ def tool_text(result: Result, job: Union[PythonJob, ShellJob]) -> str:
         scanned = head + "\n".join(result.error_lines)
     else:
         scanned = result.output
-    hint = missing_path_hint(scanned, str(job.cwd))
+    hint = missing_path_hint(scanned, WORKSPACE_PATH if job.cwd is None else str(job.cwd))
     if not hint:
         return text
     return text + ("\n" if text.endswith("\n") else "\n\n") + hint

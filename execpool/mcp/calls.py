@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import os
 import secrets
-import shutil
 import time
 from concurrent.futures import Future
 from typing import Any, Callable, Optional, Tuple
@@ -43,13 +41,16 @@ from ..agent.tools import (
     python_session,
     tool_job,
     tool_text,
+    tool_workspace,
     truncate,
 )
 from ..pool.future import JobOutput, OutputCapped
 from ..pool.sessions import Session
 from ..pool.supervisor import ExecPool
-from ..shared.errors import SessionClosedError
+from ..pool.workspaces import Workspace as PoolWorkspace
+from ..shared.errors import ExecPoolError, SessionClosedError
 from ..shared.jobs import CodeJob
+from ..shared.kernel.dirs import remove_tree
 from ..shared.output import STREAM_CAP_NOTICE
 from ..shared.result import CANCELLED_TEXT, ERROR_PREFIX, Status
 from .tools import PYTHON, RESET, RUN_CODE, Call
@@ -83,22 +84,40 @@ class Outcome:
 
 
 class Workspace:
-    """What one client's connection owns: a working directory -- the tool
-    layer's, under a session id of its own, shared by every tool -- and,
-    when python keeps state, its interpreter. ``aclose`` ends the
-    interpreter with its whole tree and removes the directory. Each
-    interpreter holds a place of ``claim``'s while it lives."""
+    """What one client's connection owns: its files -- a workspace of the
+    pool's (the tool layer's ``tool_workspace``: bounded, gone with the
+    connection), or, without the sandbox, the tool layer's directory of a
+    session id of its own -- shared by every tool, made at its first call;
+    and, when python keeps state, its interpreter. ``aclose`` ends the
+    interpreter with its whole tree and lets the files go. Each interpreter
+    holds a place of ``claim``'s while it lives."""
 
     def __init__(self, pool: ExecPool, idle_timeout: float, claim: Optional[Claim] = None) -> None:
         self.pool = pool
         self.idle_timeout = idle_timeout
         self._claim = claim
         self.session_id = "mcp-" + secrets.token_hex(8)
-        self.workdir = get_sandbox_workdir(self.session_id)
+        self._space: Optional[PoolWorkspace] = None
+        self._workdir: Optional[str] = None
         self._python: Optional[Session] = None
         #: Calls running now, and when the last one ended (``time.monotonic``).
         self.running = 0
         self.last_used = time.monotonic()
+
+    def space(self) -> Optional[PoolWorkspace]:
+        """The pool's workspace its calls run in (None without the sandbox:
+        they run in ``workdir``); DiskBudgetError when it cannot be had now."""
+        if self._space is None and self._workdir is None:
+            self._space = tool_workspace(self.pool)
+            if self._space is None:
+                self._workdir = get_sandbox_workdir(self.session_id)
+        return self._space
+
+    @property
+    def workdir(self) -> Optional[str]:
+        """The directory its calls run in without the sandbox (None with it)."""
+        self.space()
+        return self._workdir
 
     def python(self) -> Tuple[Session, bool]:
         """The live interpreter, started now if there is none; and whether
@@ -108,7 +127,8 @@ class Workspace:
             return ended, False
         give_back = self._claim() if self._claim is not None else None
         try:
-            session = python_session(self.session_id, self.pool, idle_timeout=self.idle_timeout)
+            session = python_session(self.session_id, self.pool, idle_timeout=self.idle_timeout,
+                                     workspace=self.space())
         except BaseException:
             if give_back is not None:
                 give_back()
@@ -128,7 +148,10 @@ class Workspace:
         its interpreter and files with it."""
         with anyio.CancelScope(shield=True):
             await self.reset()
-            await anyio.to_thread.run_sync(functools.partial(shutil.rmtree, self.workdir, ignore_errors=True))
+            if self._space is not None:
+                self._space.close()
+            elif self._workdir is not None:
+                await anyio.to_thread.run_sync(remove_tree, self._workdir)
 
 
 class Runner:
@@ -161,11 +184,13 @@ class Runner:
         """bash, and python without state: the tool layer's job, submitted
         here and awaited on the loop (no thread held per call)."""
         try:
+            place = space.space()
             job = tool_job("python" if call.tool == PYTHON else "terminal", call.source, self.pool,
-                           timeout=call.timeout, session_id=space.session_id)
-        except (TypeError, ValueError) as exc:
+                           timeout=call.timeout, session_id=space.session_id, in_workspace=place is not None)
+            future = (place or self.pool).submit(job, on_event=_live(on_output))
+        except (TypeError, ValueError, ExecPoolError) as exc:
             return Outcome(ERROR_PREFIX + " ".join(str(exc).splitlines()), is_error=True)
-        result = await _settled(self.pool.submit(job, on_event=_live(on_output)))
+        result = await _settled(future)
         text = tool_text(result, job)
         return Outcome(text, is_error=text.startswith(FAILED_PREFIXES))
 
@@ -183,7 +208,7 @@ class Runner:
                 if last:
                     raise
         text = truncate(result.text, MAX_OUTPUT_CHARS)
-        hint = missing_path_hint(result.text, session.cwd)
+        hint = missing_path_hint(result.text, session.cwd or PoolWorkspace.path)
         for note in (hint, RESTARTED_NOTE if restarted else ""):
             if note:
                 text += ("\n" if text.endswith("\n") else "\n\n") + note
@@ -192,9 +217,14 @@ class Runner:
         return Outcome(text, images, result.status is not Status.OK)
 
     async def _program(self, call: Call, space: Workspace, on_output: Optional[OnOutput]) -> Outcome:
-        job = CodeJob(call.language, call.source, timeout=call.timeout, cwd=space.workdir,
-                      max_output_chars=MAX_OUTPUT_CHARS, sandbox=self._sandbox())
-        result = await _settled(self.pool.submit(job, on_event=_live(on_output)))
+        try:
+            place = space.space()
+            job = CodeJob(call.language, call.source, timeout=call.timeout, cwd=space.workdir,
+                          max_output_chars=MAX_OUTPUT_CHARS, sandbox=None if place is not None else self._sandbox())
+            future = (place or self.pool).submit(job, on_event=_live(on_output))
+        except (TypeError, ValueError, ExecPoolError) as exc:
+            return Outcome(ERROR_PREFIX + " ".join(str(exc).splitlines()), is_error=True)
+        result = await _settled(future)
         return Outcome(result.text, is_error=result.status is not Status.OK)
 
     def _sandbox(self) -> Optional[str]:

@@ -65,6 +65,7 @@ from .future import JobFuture, OnEvent
 
 if TYPE_CHECKING:
     from .supervisor import ExecPool
+    from .workspaces import Workspace
 
 logger = logging.getLogger("execpool")
 
@@ -115,8 +116,11 @@ class CodeJobs:
     def languages(self) -> List[languages.Toolchain]:
         return [self.toolchain(self.language(language.name)) for language in languages.TABLE]
 
-    def submit(self, job: CodeJob, future: JobFuture, on_event: Optional[OnEvent]) -> None:
-        run = _CodeRun(self, job, future, on_event)
+    def submit(self, job: CodeJob, future: JobFuture, on_event: Optional[OnEvent],
+               workspace: Optional["Workspace"] = None) -> None:
+        """Start ``job``; its run (not its compile, which is the program's)
+        in ``workspace`` where given."""
+        run = _CodeRun(self, job, future, on_event, workspace)
         future._cancel = run.cancel
         self.later(run, run.begin)
 
@@ -139,7 +143,10 @@ class CodeJobs:
         """The sandbox a job's steps run in, as its cache key holds it."""
         return repr(self._pool.config.sandbox if job.sandbox is None else job.sandbox)
 
-    def submit_step(self, job: ShellJob | PythonJob, on_event: Optional[OnEvent] = None) -> JobFuture:
+    def submit_step(self, job: ShellJob | PythonJob, on_event: Optional[OnEvent] = None,
+                    workspace: Optional["Workspace"] = None) -> JobFuture:
+        if workspace is not None:
+            return workspace.submit(job, on_event=on_event)
         return self._pool.submit(job, on_event=on_event)
 
     def remove_later(self, directory: Optional[str]) -> None:
@@ -176,9 +183,11 @@ class _CodeRun:
     future. Steps run on the executor, one at a time; ``cancel`` comes from
     any thread."""
 
-    def __init__(self, jobs: CodeJobs, job: CodeJob, future: JobFuture, on_event: Optional[OnEvent]) -> None:
+    def __init__(self, jobs: CodeJobs, job: CodeJob, future: JobFuture, on_event: Optional[OnEvent],
+                 workspace: Optional["Workspace"]) -> None:
         self.jobs = jobs
         self.job = job
+        self.workspace = workspace
         # The row as this pool runs it; its toolchain is asked of the row
         # itself, never of a program's variant (one probe per language).
         self.row = jobs.language(job.language)
@@ -318,7 +327,8 @@ class _CodeRun:
             self._enter(_Phase.RUNNING, None)
             built = {} if artifact is None else read_back(artifact)
             if built is not None:
-                step = self.jobs.submit_step(self._run_job({**self._program(), **built}), self.on_event)
+                step = self.jobs.submit_step(self._run_job({**self._program(), **built}), self.on_event,
+                                             self.workspace)
         finally:
             if artifact is not None and not self._left:
                 self.jobs.cache.release(artifact)

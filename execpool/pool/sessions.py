@@ -47,6 +47,7 @@ from .stats import StatsRecorder
 if TYPE_CHECKING:
     from .supervisor import ExecPool
     from .workers import WorkerProcess
+    from .workspaces import Workspace
 
 #: A cell's timeout unless the call says, as a job's.
 DEFAULT_CELL_TIMEOUT_S = 300.0
@@ -237,6 +238,8 @@ class Session:
         fit its pool's disk budget now."""
         if self.language != "python":
             raise SessionForkError("only a Python session can be forked; a bash session cannot copy its shell")
+        if self._start.workspace is not None:
+            raise SessionForkError("a session in a workspace cannot be forked: its copy would share the workspace")
         if self._start.sandbox is not None and cwd is not None:
             raise SessionForkError("a sandboxed session's copy gets its own home, /tmp and /dev/shm at the paths "
                                    "its parent has them; it cannot be given a cwd")
@@ -483,7 +486,7 @@ def _why_gone(result: Result, in_cell: bool) -> str:
 def open_session(pool: "ExecPool", language: str, *, sandbox: Union[None, bool, str, Sandbox],
                  limits: Optional[Limits], idle_timeout: Optional[Number], cwd: Optional[Union[str, os.PathLike]],
                  env: Optional[Mapping[str, str]], network: bool, files: Optional[Mapping[str, Union[bytes, File]]],
-                 fetch: Sequence[str]) -> Session:
+                 fetch: Sequence[str], workspace: Optional["Workspace"] = None) -> Session:
     """``ExecPool.session``'s arguments checked, then the session started."""
     if language not in SESSION_LANGUAGES:
         raise ValueError(f"language must be one of {', '.join(SESSION_LANGUAGES)}, not {language!r}")
@@ -504,11 +507,13 @@ def open_session(pool: "ExecPool", language: str, *, sandbox: Union[None, bool, 
         stdin=None, warm=language == "python", network=network, separate_stderr=True,
         sandbox=config.sandbox if chosen is None else chosen or None,  # type: ignore[arg-type]
         session=True, idle_timeout=None if idle_timeout is None else float(idle_timeout),
-        files=tuple(job_files("files", files or {}).items()), fetch=fetch_patterns("fetch", fetch))
+        files=tuple(job_files("files", files or {}).items()), fetch=fetch_patterns("fetch", fetch),
+        workspace=None if workspace is None else workspace.id)
     session = Session(pool, language, start, directory)
-    session._reserve()
+    if workspace is None:
+        session._reserve()  # a workspace's session writes the workspace, which holds its own bound
     try:
-        session._worker = pool._workers.assign(session._handle, None)
+        session._worker = pool._workers.assign(session._handle, None, None if workspace is None else workspace.worker)
     except BaseException:
         session._give_back()
         raise

@@ -56,7 +56,8 @@ from .dispatch import Dispatcher
 from .future import CancelWatcher, JobFuture, JobHandle, OnEvent
 from .sessions import DEFAULT_IDLE_TIMEOUT_S, Session, open_session
 from .stats import PoolStats, StatsRecorder
-from .workers import Workers
+from .workers import WorkerProcess, Workers
+from .workspaces import Workspace, workspace_job, workspace_options
 
 __all__ = ["ExecPool"]
 
@@ -166,18 +167,25 @@ class ExecPool(JobRunner):
         (execpool/pool/code.py); its future is the run's, with the compile's
         Result in ``compile_result``.
         """
+        return self._submit(job, on_event, cancel_event, None)
+
+    def _submit(self, job: Job, on_event: Optional[OnEvent], cancel_event: Optional[threading.Event],
+                workspace: Optional[Workspace]) -> JobFuture:
+        """``submit``, in ``workspace`` where given (``Workspace.submit``)."""
         if not isinstance(job, (PythonJob, ShellJob, CodeJob)):
             raise TypeError(f"job must be an execpool.PythonJob, ShellJob or CodeJob, not {type(job).__name__}")
         if on_event is not None and not callable(on_event):
             raise TypeError(f"on_event must be callable, not {type(on_event).__name__}")
         checks.cancel_event(cancel_event)
+        if workspace is not None:
+            job = workspace_job(workspace, job)
         if job.cwd is not None and not os.path.isdir(job.cwd):
             raise ValueError(f"cwd {job.cwd!r} is not an existing directory")
         self._check_open()
         job_id = self._next_id()
         future = JobFuture(job_id)
         if isinstance(job, CodeJob):
-            self._code_jobs().submit(job, future, on_event)
+            self._code_jobs().submit(job, future, on_event, workspace)
             if cancel_event is not None:
                 self._watcher.watch(future, cancel_event)
             return future
@@ -198,13 +206,13 @@ class ExecPool(JobRunner):
             keep_background=job.keep_background, python=config.python, stdin=job.stdin,  # type: ignore[arg-type]
             warm=getattr(job, "warm", False), network=job.network, separate_stderr=job.separate_stderr,
             sandbox=config.sandbox if job.sandbox is None else job.sandbox or None,  # type: ignore[arg-type]
-            files=job.given_files, fetch=tuple(job.fetch),
+            files=job.given_files, fetch=tuple(job.fetch), workspace=None if workspace is None else workspace.id,
         )
-        size = reserved(start.sandbox, start.limits)
+        size = 0 if workspace is not None else reserved(start.sandbox, start.limits)  # the workspace holds its own
         if not self.disk_budget.fits(size):
             raise ValueError(f"limits.disk is {size} bytes, more than the pool's whole disk_budget "
                              f"({self.disk_budget.total}): the job could never start")
-        admission = _Admission(self, handle, start, size)
+        admission = _Admission(self, handle, start, size, None if workspace is None else workspace.worker)
         future._cancel = admission.cancel
         admission.token = self.disk_budget.acquire(size, admission.go)
         if cancel_event is not None:
@@ -215,7 +223,7 @@ class ExecPool(JobRunner):
                 limits: Optional[Limits] = None, idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT_S,
                 cwd: Optional[Union[str, os.PathLike]] = None, env: Optional[Mapping[str, str]] = None,
                 network: bool = True, files: Optional[Mapping[str, Union[bytes, File]]] = None,
-                fetch: Sequence[str] = ()) -> Session:
+                fetch: Sequence[str] = (), _workspace: Optional[Workspace] = None) -> Session:
         """A live ``"python"`` interpreter or ``"bash"`` shell that keeps its
         state between cells (execpool/pool/sessions.py): ``session.run(code)``
         gives a ``CellResult``. It starts at once (Python's from the warm
@@ -230,7 +238,19 @@ class ExecPool(JobRunner):
         fit now."""
         self._check_open()
         return open_session(self, language, sandbox=sandbox, limits=limits, idle_timeout=idle_timeout, cwd=cwd,
-                            env=env, network=network, files=files, fetch=fetch)
+                            env=env, network=network, files=files, fetch=fetch, workspace=_workspace)
+
+    def workspace(self, disk: Optional[int] = None, *, sandbox: Union[None, str, Sandbox] = None) -> Workspace:
+        """A space that outlives jobs (execpool/pool/workspaces.py): the jobs
+        and sessions run in it (``ws.submit``, ``ws.run``, ``ws.session``)
+        share its files, its ``/tmp`` and ``/dev/shm``, all within ``disk``
+        bytes (default: the pool's ``limits.disk``), which it holds of the
+        pool's disk budget until ``close()`` (``DiskBudgetError`` when it
+        does not fit now). Its jobs run in ``sandbox`` (the pool's, else
+        the strict one)."""
+        self._check_open()
+        disk, box = workspace_options(self, disk, sandbox)
+        return Workspace(self, disk, box)
 
     def _next_id(self) -> int:
         with self._ids_lock:
@@ -356,14 +376,17 @@ class _Admission:
     (execpool/pool/budget.py) until it fits, then sent; cancellable all
     along. What it took of the budget is given back when its future is done."""
 
-    def __init__(self, pool: ExecPool, handle: JobHandle, start: channel.Start, size: int) -> None:
+    def __init__(self, pool: ExecPool, handle: JobHandle, start: channel.Start, size: int,
+                 worker: Optional[WorkerProcess]) -> None:
         self.pool = pool
         self.handle = handle
         self.start = start
         self.size = size
+        #: Where it must run (its workspace's worker), or None: the least loaded.
+        self.pinned = worker
         self.token: Optional[object] = None
         self._lock = threading.Lock()
-        self._worker: Optional[Any] = None
+        self._worker: Optional[WorkerProcess] = None
         self._cancelled = False
 
     def go(self) -> None:
@@ -381,7 +404,7 @@ class _Admission:
             return
         deadline = None if start.timeout is None else time.monotonic() + start.timeout
         try:
-            worker = pool._workers.assign(self.handle, deadline)
+            worker = pool._workers.assign(self.handle, deadline, self.pinned)
         except Exception as exc:  # noqa: BLE001 - a job let in late has no caller to raise to: its Result says
             self.handle.finish(Result(status=Status.INFRA, error=str(exc), timeout=start.timeout))
             return

@@ -97,6 +97,9 @@ class WorkerProcess:
         self.send_lock = threading.Lock()
         self.jobs: dict[int, JobHandle] = {}
         self.pgids: dict[int, int] = {}
+        #: The workspaces it holds (execpool/pool/workspaces.py): it retires
+        #: only once they are closed too.
+        self.workspaces: set[int] = set()
         self.started = 0
         self.ready = threading.Event()
         self.retiring = False
@@ -182,11 +185,7 @@ class Workers:
                 if worker not in self.all:
                     raise PoolBrokenError(f"worker process {worker.pid} is gone")
             else:
-                candidates = [w for w in self.all if not w.retiring]
-                if not candidates:
-                    raise PoolBrokenError(self.broken or "execpool has no worker to run this job right now: every "
-                                          "worker died and none could be started again yet")
-                worker = min(candidates, key=lambda w: len(w.jobs))
+                worker = self._least_loaded()
             handle.worker = worker
             handle.deadline = deadline
             worker.jobs[handle.job_id] = handle
@@ -200,6 +199,32 @@ class Workers:
                 self.all.append(self._spawn())
         return worker
 
+    def _least_loaded(self) -> WorkerProcess:
+        """(Under the lock.)"""
+        candidates = [w for w in self.all if not w.retiring]
+        if not candidates:
+            raise PoolBrokenError(self.broken or "execpool has no worker to run this job right now: every "
+                                  "worker died and none could be started again yet")
+        return min(candidates, key=lambda w: len(w.jobs) + len(w.workspaces))
+
+    def hold_workspace(self, ident: int) -> WorkerProcess:
+        """The least-loaded worker, now holding workspace ``ident``."""
+        with self.lock:
+            if self.closed:
+                raise PoolClosedError("this ExecPool is closed")
+            worker = self._least_loaded()
+            worker.workspaces.add(ident)
+            return worker
+
+    def let_go_workspace(self, worker: WorkerProcess, ident: int) -> None:
+        """The workspace is closed: a retiring worker with nothing left goes."""
+        with self.lock:
+            worker.workspaces.discard(ident)
+            retire = worker.retiring and not worker.jobs and not worker.workspaces and worker in self.all
+        worker.send(channel.CloseWorkspace(ident))
+        if retire:
+            worker.send(channel.Shutdown())
+
     def finished(self, worker: WorkerProcess, job_id: int) -> Optional[JobHandle]:
         """The job's handle, no longer running; None if the worker runs no
         such job. Shuts a retiring worker down once it has no job left."""
@@ -208,7 +233,7 @@ class Workers:
             if handle is not None:
                 worker.pgids.pop(job_id, None)
                 self.running_jobs -= 1
-            retire = worker.retiring and not worker.jobs
+            retire = worker.retiring and not worker.jobs and not worker.workspaces
         if retire:
             worker.send(channel.Shutdown())
         return handle

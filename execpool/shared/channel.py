@@ -6,7 +6,8 @@ Messages are frozen dataclasses sent with ``multiprocessing.connection``
 supervisor-assigned ``job_id``.
 
 supervisor -> worker:  WorkerConfig (first, once), Start, Cancel, Shutdown,
-                       Cell, Interrupt, Fork (a session's)
+                       Cell, Interrupt, Fork (a session's), OpenWorkspace,
+                       CloseWorkspace
 worker -> supervisor:  Ready, Spawned, Output, Finished, CellDone (a session's)
 
 A session (execpool/pool/sessions.py) is a job that lives until it is
@@ -91,6 +92,26 @@ class Start:
     #: back from it once it ended (execpool/shared/files.py).
     files: Tuple[Tuple[str, File], ...] = ()
     fetch: Tuple[str, ...] = ()
+    #: The workspace it runs in (OpenWorkspace's id), whose space is its
+    #: own for its run; None: a space of its own.
+    workspace: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class OpenWorkspace:
+    """Make a space of ``disk`` bytes (None: no bound of its own) that
+    outlives jobs: the jobs and sessions started with its id run in it."""
+
+    workspace_id: int
+    disk: Optional[int]
+
+
+@dataclass(frozen=True)
+class CloseWorkspace:
+    """Let the workspace go: what its jobs wrote goes once the last of them
+    is gone."""
+
+    workspace_id: int
 
 
 @dataclass(frozen=True)
@@ -181,7 +202,7 @@ class CellDone:
     printed: int
 
 
-ToWorker = Union[WorkerConfig, Start, Cancel, Shutdown, Cell, Interrupt, Fork]
+ToWorker = Union[WorkerConfig, Start, Cancel, Shutdown, Cell, Interrupt, Fork, OpenWorkspace, CloseWorkspace]
 FromWorker = Union[Ready, Spawned, Output, Finished, CellDone]
 
 #: What each end accepts: a message going the other way is as wrong as garbage.

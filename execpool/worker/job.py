@@ -259,6 +259,12 @@ class RunningJob:
             return ""
         return os.path.join(self.cwd if self.view is None else self.view.cwd, self.script)
 
+    @property
+    def in_shared_directory(self) -> bool:
+        """Whether its working directory outlives it -- a caller's, or its
+        workspace's -- so that what execpool put there is taken back."""
+        return self.start.cwd is not None or self.start.workspace is not None
+
     def close_workdir(self) -> None:
         if self.workdir >= 0:
             os.close(self.workdir)

@@ -61,6 +61,7 @@ class Launcher:
         self.spares: Optional[Spares] = None
         #: Sandboxed jobs' user namespaces (execpool/worker/userns.py).
         self.namespaces = userns.Namespaces()
+        self.workspaces = space.Workspaces(self.new_space, dirs.release)
 
     def cgroups(self) -> Optional[Cgroups]:
         """The cgroup tier, detected the first time a job needs it; None
@@ -90,6 +91,7 @@ class Launcher:
         return self._views
 
     def close(self) -> None:
+        self.workspaces.close_all()
         if self.cgroup_tier is not None:
             self.cgroup_tier.close()
         self.ahead.close()
@@ -112,6 +114,10 @@ class Launcher:
         made = self._made_for(job)
         if made is not None:
             job.space = made.space
+        elif start.workspace is not None:
+            if not self._has_view(job):
+                raise OSError("a workspace's jobs run in the sandbox's view, and this one has none")
+            job.space = self.workspaces.space(start.workspace)
         elif self._has_view(job):
             job.space = self.new_space(start.limits.disk)
         if job.space is not None and start.cwd is None:
@@ -124,7 +130,7 @@ class Launcher:
                 job.cwd = start.cwd
             job.workdir = files.open_directory(job.cwd)
         if start.files:
-            job.placed = files.write(job.workdir, start.files, set_aside=start.cwd is not None)
+            job.placed = files.write(job.workdir, start.files, set_aside=job.in_shared_directory)
         self._group(job)
         job.env = dict(start.env)
         job.env[JOB_MARKER_ENV] = job.marker
@@ -209,7 +215,8 @@ class Launcher:
             own = tuple(dict.fromkeys((job.cwd, job.sandbox_tmp or job.cwd)))
             job.env["TMPDIR"] = own[-1]  # the only temporary directory a sandboxed job may write
             job.rulesets = confiner.rulesets(start.python, start.sandbox, own, template)
-        if start.session and start.argv_kind == "python" and template is not None and not start.sandbox.write:
+        if (start.session and start.argv_kind == "python" and template is not None and not start.sandbox.write
+                and start.workspace is None):
             if self.spares is None:
                 self.spares = Spares(self.new_space, self.dirs.release)
             job.family = self.spares.family(job.rulesets[-1], confiner.handled, start.cwd, start.limits.disk)
@@ -230,7 +237,7 @@ class Launcher:
     def _made_for(self, job: RunningJob) -> Optional[Made]:
         """What was made ahead for a job like this one (execpool/worker/ahead.py), if anything."""
         start = job.start
-        if start.sandbox is None or not Ahead.fits(start.cwd, start.sandbox):
+        if start.sandbox is None or start.workspace is not None or not Ahead.fits(start.cwd, start.sandbox):
             return None
         confiner = self.confiner()
         if confiner.support.missing_for(start.sandbox) is not None:

@@ -67,7 +67,8 @@ from .warm.supply import preload_errors
 from .warm.wire import REHEARSE_WHEN_IDLE_S
 
 #: What the supervisor may send once the worker is configured.
-_JOB_MESSAGES = (channel.Start, channel.Cancel, channel.Shutdown, channel.Cell, channel.Interrupt, channel.Fork)
+_JOB_MESSAGES = (channel.Start, channel.Cancel, channel.Shutdown, channel.Cell, channel.Interrupt, channel.Fork,
+                 channel.OpenWorkspace, channel.CloseWorkspace)
 
 
 #: Where no cgroup keeps a job's process cap, the worker counts the job's
@@ -200,6 +201,10 @@ class Worker:
                 self.sessions.fork(msg)
             elif isinstance(msg, channel.Interrupt):
                 self.sessions.cancel(msg.job_id)
+            elif isinstance(msg, channel.OpenWorkspace):
+                self.launcher.workspaces.open(msg.workspace_id, msg.disk)
+            elif isinstance(msg, channel.CloseWorkspace):
+                self.launcher.workspaces.close(msg.workspace_id)
 
     def _on_signal(self, fd: int) -> None:
         try:
@@ -418,7 +423,7 @@ class Worker:
         tmp_trashed = None if job.sandbox_tmp is None else self.dirs.discard(job.sandbox_tmp)
         if job.tmpdir is not None:
             trashed = self.dirs.discard(job.tmpdir)  # the script in it too
-        elif job.workdir >= 0 and job.start.cwd is not None:  # the caller's directory, given back as it was
+        elif job.workdir >= 0 and job.in_shared_directory:  # given back as it was
             if job.script is not None:
                 files.remove(job.workdir, job.script)
             if job.placed is not None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import ctypes
 import os
 import stat
-from typing import List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from ..shared.kernel.linux import open_beneath
 from .helper import descriptor_from
@@ -98,6 +98,44 @@ class Space:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+class Workspaces:
+    """The worker's workspaces (execpool/pool/workspaces.py): spaces that
+    outlive the jobs that run in them, by the pool's ids. ``make`` makes a
+    space of a disk bound, ``release`` lets go of descriptors (the
+    worker's remover)."""
+
+    def __init__(self, make: Callable[[Optional[int]], Space], release: Callable[[List[int]], None]) -> None:
+        self._make = make
+        self._release = release
+        #: A workspace's space, or why it could not be made (its jobs end with that).
+        self._open: Dict[int, Union[Space, str]] = {}
+
+    def open(self, ident: int, disk: Optional[int]) -> None:
+        try:
+            self._open[ident] = self._make(disk)
+        except OSError as exc:
+            self._open[ident] = f"the workspace could not be made: {exc}"
+
+    def space(self, ident: int) -> Space:
+        """The workspace's space, as a job's (its own descriptor of it, let
+        go with the job); OSError where there is none."""
+        entry = self._open.get(ident)
+        if entry is None:
+            raise OSError("the workspace is closed")
+        if isinstance(entry, str):
+            raise OSError(entry)
+        return Space(os.dup(entry.fd), entry.disk)
+
+    def close(self, ident: int) -> None:
+        entry = self._open.pop(ident, None)
+        if isinstance(entry, Space):
+            self._release([entry.take()])
+
+    def close_all(self) -> None:
+        for ident in list(self._open):
+            self.close(ident)
 
 
 def make(disk: Optional[int], user_fd: int = -1, mnt_fd: int = -1,
