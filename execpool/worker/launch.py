@@ -192,7 +192,7 @@ class Launcher:
             views = self.views()
             assert job.space is not None
             template = views.current(confiner.hidden())
-            job.user_ns = self.namespaces.make(template.user_fd)
+            job.user_ns = self.namespaces.take(template.user_fd)
             if made is not None:
                 job.view, job.rulesets = dataclasses.replace(made.view, job_user_fd=job.user_ns), (made.ruleset,)
             else:
@@ -246,9 +246,12 @@ class Launcher:
 
     def make_ahead(self) -> None:
         """Ask for the next jobs' own namespaces, if jobs that fit have come,
-        and make the next sandboxed session's spares: once a Result is out."""
+        make the next sandboxed jobs' user namespaces and the next sandboxed
+        session's spares: once a Result is out."""
         if self.ahead.wanted is not None and self._confiner is not None and self._views is not None:
             self.ahead.ask(self._confiner, self._views)
+        if self._views is not None and self._views.template is not None:
+            self.namespaces.refill(self._views.template.user_fd)
         if self.spares is not None:
             self.spares.refill()
 
