@@ -31,8 +31,9 @@ from typing import Iterable, Optional, Sequence
 
 import psutil
 
+from execpool import Limits
 from execpool.shared.kernel import proctree
-from execpool.worker.helper import PREPARER_NAME, REMOVER_NAME
+from execpool.worker.helper import PREPARER_NAME, REMOVER_NAME, USERNS_NAME
 from execpool.worker.warm.wire import SPARE_NAME, TEMPLATE_NAME
 
 MiB = 1 << 20
@@ -472,13 +473,33 @@ print("ok")
 HOSTILE = {"zombie_leader": ZOMBIE_LEADER_DAEMON, "dir_flood": DIRECTORY_FLOOD, "symlink_racer": SYMLINK_RACER,
            "marker_forger": MARKER_FORGER}
 
+#: Writes to the place it names until it is refused, and says ok if the
+#: refusal is its space's bound (ENOSPC): a sandboxed job
+#: (execpool/worker/space.py) filling its directory, or its /tmp and
+#: /dev/shm -- memory -- whose neighbours must notice nothing.
+_FILLER = """\
+import errno
+try:
+    for place in PLACES:
+        with open(place, "wb") as f:
+            while True:
+                f.write(b"x" * (1 << 20))
+                f.flush()
+except OSError as exc:
+    print("ok" if exc.errno == errno.ENOSPC else exc)
+"""
+FILLERS = {"disk_filler": _FILLER.replace("PLACES", repr(("fill",))),
+           "tmpfs_filler": _FILLER.replace("PLACES", repr(("/dev/shm/fill", "/tmp/fill")))}
+#: The fillers' bound: small, so that many fit the pool's disk budget at once.
+FILLER_LIMITS = Limits(disk=64 << 20)
+
 
 def is_pool_helper(proc: psutil.Process) -> bool:
     """A worker's warm template or parked spare (execpool/worker/warm/template.py), its
     helpers (execpool/worker/helper.py), or the pool's lifeline
     (execpool/lifeline/process.py): the pool's own, not a tool."""
     try:
-        return (proc.name() in (TEMPLATE_NAME, SPARE_NAME, PREPARER_NAME, REMOVER_NAME)
+        return (proc.name() in (TEMPLATE_NAME, SPARE_NAME, PREPARER_NAME, REMOVER_NAME, USERNS_NAME)
                 or "execpool.lifeline" in proc.cmdline())
     except psutil.Error:
         return False
@@ -673,3 +694,42 @@ def _ms_at(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
     return ms(median(values) if q == 0.5 else quantile(values, q))
+
+
+class CutShort:
+    """Jobs that end by a short timeout, and those of them whose tool had not
+    printed yet when the deadline came (a loaded machine can take longer
+    than a few tenths of a second to start bash): such an output is a
+    prefix of the expected one, accepted -- unless no such job kept any."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.jobs = 0
+        self.cut = 0
+
+    def expected(self, result, full: str) -> str:
+        """What the output of a job killed by its timeout must be: ``full``,
+        or a prefix of it when the tool had not finished printing."""
+        with self._lock:
+            self.jobs += 1
+            if result.output != full and full.startswith(result.output):
+                self.cut += 1
+                return result.output
+        return full
+
+    def problems(self) -> list[str]:
+        if self.jobs >= 10 and self.cut == self.jobs:
+            return [f"no output kept by any of the {self.jobs} jobs that ended by timeout"]
+        return []
+
+    def note(self) -> None:
+        if self.cut:
+            print(f"  note: {self.cut} of {self.jobs} short-timeout jobs timed out before their tool had printed "
+                  "(load); their cut output was accepted")
+
+    def figures(self) -> dict:
+        return {"jobs": self.jobs, "empty": self.cut}
+
+
+#: One per run: soak and chaos are each a process of their own.
+CUT_SHORT = CutShort()

@@ -167,6 +167,10 @@ def _expect(result: Result, text: str) -> Optional[str]:
     return None if result.text == text else f"text {result.text[:120]!r} (want {text[:120]!r})"
 
 
+def _output(result: Result, want: str) -> Optional[str]:
+    return None if result.output == want else f"output {result.output!r}"
+
+
 class Chaos:
     def __init__(self, pool: ExecPool, run_id: str, rng: random.Random) -> None:
         self.pool = pool
@@ -194,7 +198,7 @@ class Chaos:
     def timeout(self, i: int):
         r = self.pool.run(ShellJob("echo start; sleep 5", timeout=SHORT_TIMEOUT_S, env=self.env("timeout")))
         problem = _expect(r, f"Execution timed out after {SHORT_TIMEOUT_S} seconds.")
-        return r, problem or (None if r.output == "start\n" else f"output {r.output!r}")
+        return r, problem or _output(r, C.CUT_SHORT.expected(r, "start\n"))
 
     def cancel(self, i: int):
         event = threading.Event()
@@ -259,7 +263,7 @@ class Chaos:
         r = self.pool.run(ShellJob("( setsid sleep 1000 & ); echo ok", timeout=SHORT_TIMEOUT_S,
                                    env=self.env("daemon_holds_pipe")))
         problem = _expect(r, f"Execution timed out after {SHORT_TIMEOUT_S} seconds.")
-        return r, problem or (None if r.output == "ok\n" else f"output {r.output!r}")
+        return r, problem or _output(r, C.CUT_SHORT.expected(r, "ok\n"))
 
     def hostile(self, kind: str):
         r = self.pool.run(PythonJob(C.HOSTILE[kind], timeout=JOB_TIMEOUT_S, env=self.env(kind)))
@@ -277,6 +281,17 @@ class Chaos:
     def marker_forger(self, i: int):
         return self.hostile("marker_forger")
 
+    def filler(self, kind: str):
+        r = self.pool.run(PythonJob(C.FILLERS[kind], timeout=JOB_TIMEOUT_S, env=self.env(kind), sandbox="strict",
+                                    limits=C.FILLER_LIMITS))
+        return r, _expect(r, "ok\n")
+
+    def disk_filler(self, i: int):
+        return self.filler("disk_filler")
+
+    def tmpfs_filler(self, i: int):
+        return self.filler("tmpfs_filler")
+
     def background(self, i: int):
         r = self.pool.run(ShellJob("for n in $(seq 20); do sleep 1000 >/dev/null 2>&1 & done; echo bg",
                                    timeout=JOB_TIMEOUT_S, env=self.env("background")))
@@ -287,7 +302,7 @@ class Chaos:
 KINDS: dict[str, int] = {
     "shell": 12, "python": 10, "warm": 6, "fail": 8, "timeout": 8, "cancel": 10, "close": 10, "flood": 4,
     "daemon_python": 6, "warm_daemon": 4, "daemon_shell": 8, "daemon_holds_pipe": 6, "background": 8,
-    "zombie_leader": 2, "dir_flood": 1, "symlink_racer": 1, "marker_forger": 2,
+    "zombie_leader": 2, "dir_flood": 1, "symlink_racer": 1, "marker_forger": 2, "disk_filler": 2, "tmpfs_filler": 2,
 }
 
 
@@ -483,6 +498,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         f"{len(ledger_report['closed_not_cancelled'])}")
     if hung:
         problems.append(f"caller threads hung: {hung}")
+    problems.extend(C.CUT_SHORT.problems())
     ok = not wrong and not leaks and not problems
 
     total = len(outcomes)
@@ -496,6 +512,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     C.print_table("Baseline (after warm-up) / after (settled)", ["count", "baseline", "after"],
                   [[k, baseline[k], after[k]] for k in (*SETTLE_KEYS, "workers")]
                   + [["running after pool.close()", len(below), len(survivors)]])
+    C.CUT_SHORT.note()
     for o in wrong[:10]:
         print(f"  WRONG {o.kind}: {o.problem}")
     for line in problems + [f"LEAK {leak}" for leak in leaks]:
@@ -517,6 +534,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "worker_killed_results": sum(o.verdict == "worker_killed" for o in outcomes),
         "wrong": len(wrong),
         "wrong_examples": [f"{o.kind}: {o.problem}" for o in wrong[:5]],
+        "timed_out_before_output": C.CUT_SHORT.figures(),
         "submitted": ledger_report["submitted"],
         "lost": len(ledger_report["lost"]),
         "duplicated": len(ledger_report["duplicated"]),

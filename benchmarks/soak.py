@@ -225,29 +225,11 @@ def fail(s: Soak, i: int) -> Optional[str]:
     return problem
 
 
-#: Jobs that end by a short timeout, and those of them whose tool had not
-#: printed yet when the deadline came (a loaded machine can take longer than
-#: 0.2 s to start bash): such an output is a prefix of the expected one.
-_cut_short = {"jobs": 0, "empty": 0}
-_cut_short_lock = threading.Lock()
-
-
-def _expected_before_deadline(r: Result, full: str) -> str:
-    """What the output of a job killed by its timeout must be: ``full``, or a
-    prefix of it when the tool had not finished printing by the deadline."""
-    with _cut_short_lock:
-        _cut_short["jobs"] += 1
-        if r.output != full and full.startswith(r.output):
-            _cut_short["empty"] += 1
-            return r.output
-    return full
-
-
 def timeout(s: Soak, i: int) -> Optional[str]:
     t0 = time.monotonic()
     r = s.pool.run(ShellJob("echo start; sleep 5; echo late", timeout=TIMEOUT_S, env=s.env("timeout")))
     wall = time.monotonic() - t0
-    problem = _expect(r, output=_expected_before_deadline(r, "start\n"), exit_code=None, timed_out=True)
+    problem = _expect(r, output=C.CUT_SHORT.expected(r, "start\n"), exit_code=None, timed_out=True)
     if problem is None and not (TIMEOUT_S <= wall < TIMEOUT_S + END_SLACK_S):
         problem = f"took {wall:.3f} s for a {TIMEOUT_S} s timeout"
     if problem is None and r.text != f"Execution timed out after {TIMEOUT_S} seconds.":
@@ -367,7 +349,7 @@ def daemon_holds_pipe(s: Soak, i: int) -> Optional[str]:
     # the job runs to its timeout, and then the escaped daemon must die too.
     r = s.pool.run(ShellJob("( setsid sleep 1000 & ) ; echo ok", timeout=HOLDS_PIPE_TIMEOUT_S,
                             env=s.env("daemon_holds_pipe")))
-    return _expect(r, output=_expected_before_deadline(r, "ok\n"), exit_code=None, timed_out=True)
+    return _expect(r, output=C.CUT_SHORT.expected(r, "ok\n"), exit_code=None, timed_out=True)
 
 
 def background(s: Soak, i: int) -> Optional[str]:
@@ -380,6 +362,14 @@ def _hostile(kind: str) -> Callable[[Soak, int], Optional[str]]:
     it does to its neighbours shows in theirs and in what is left."""
     def run(s: Soak, i: int) -> Optional[str]:
         return _expect(s.pool.run(PythonJob(C.HOSTILE[kind], timeout=JOB_TIMEOUT_S, env=s.env(kind))), output="ok\n")
+    return run
+
+
+def _filler(kind: str) -> Callable[[Soak, int], Optional[str]]:
+    """A sandboxed job that fills its space to the bound (benchmarks/_common.py)."""
+    def run(s: Soak, i: int) -> Optional[str]:
+        return _expect(s.pool.run(PythonJob(C.FILLERS[kind], timeout=JOB_TIMEOUT_S, env=s.env(kind), sandbox="strict",
+                                            limits=C.FILLER_LIMITS)), output="ok\n")
     return run
 
 
@@ -403,6 +393,7 @@ KINDS: dict[str, tuple[Callable[[Soak, int], Optional[str]], int]] = {
     "daemon_holds_pipe": (daemon_holds_pipe, 4),
     "background": (background, 7),
     **{kind: (_hostile(kind), 1) for kind in C.HOSTILE},
+    **{kind: (_filler(kind), 1) for kind in C.FILLERS},
 }
 
 
@@ -584,8 +575,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         leaks.append(f"processes of this run alive after pool.close(): {len(after_close['ours'])}")
     base = rss_baseline(checkpoints, args.jobs * args.rss_warmup)
     measured = checkpoints[base:]
-    if _cut_short["jobs"] >= 10 and _cut_short["empty"] == _cut_short["jobs"]:
-        leaks.append(f"no output kept by any of the {_cut_short['jobs']} jobs that ended by timeout")
+    leaks.extend(C.CUT_SHORT.problems())
     rss_drift = window_drift(measured, "trimmed_mib")
     rss_drift_raw = window_drift(measured, "raw_mib")
     rss_slope = round((slope(measured, "trimmed_mib") or 0.0) * 1024 * 1000, 1)
@@ -645,9 +635,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"  note: {after['marked_others']} EXECPOOL_JOB process(es) of another run are alive (not counted)")
     if crash_errors:
         print(f"  {crash_errors} wrong result(s) are jobs failed by a crashed worker (see stderr)")
-    if _cut_short["empty"]:
-        print(f"  note: {_cut_short['empty']} of {_cut_short['jobs']} short-timeout jobs timed out before their tool "
-              "had printed (load); their cut output was accepted")
+    C.CUT_SHORT.note()
     for o in wrong[:10]:
         print(f"  WRONG job {o.index} ({o.kind}): {o.problem}")
     if len(wrong) > 10:
@@ -686,7 +674,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "running_after_close": len(survivors),
         "leaks": leaks,
         "leftovers_killed": killed,
-        "timed_out_before_output": dict(_cut_short),
+        "timed_out_before_output": C.CUT_SHORT.figures(),
         "rss_checkpoints": checkpoints,
         "traced_growth": growth_lines,
         "rss_drift_mib": rss_drift,

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from execpool import ExecPool, PythonJob, ShellJob
+from execpool import ExecPool, Limits, PythonJob, ShellJob
 from execpool import tools
 from execpool.agent.tools import (
     MAX_OUTPUT_CHARS,
@@ -625,6 +625,22 @@ def test_python_exec_in_a_session_keeps_state_and_files_of_the_conversation(tool
         assert python_exec("import time\ntime.sleep(30)", session=session, timeout=0.3) == (
             "Execution timed out after 0.3 seconds.")
         assert python_exec("r", session=session) == "2"
+
+
+def test_a_conversation_in_a_tool_workspace_has_a_bounded_disk_of_its_own():
+    """The tool layer's session directory is bounded per file only; a
+    workspace gives the conversation one bound for all it writes."""
+    with ExecPool(workers=1, limits=Limits(disk=8 << 20)) as pool:
+        workspace = tools.tool_workspace(pool)
+        assert workspace is not None
+        with workspace, tools.python_session(pool=pool, workspace=workspace) as session:
+            assert python_exec("open('kept.txt', 'w').write('x')", session=session) == "1"
+            assert python_exec("open('kept.txt').read()", session=session) == "'x'"
+            text = python_exec("open('/tmp/big', 'wb').write(bytes(16 << 20))", session=session)
+            assert "No space left on device" in text
+            assert python_exec("import os; os.remove('/tmp/big') if os.path.exists('/tmp/big') else None\n"
+                               "open('kept.txt').read()", session=session) == "'x'"
+        assert not os.listdir(get_sandbox_workdir())  # nothing on the caller's disk
 
 
 def test_a_session_call_streams_and_cancels(tool_pool):

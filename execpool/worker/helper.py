@@ -22,6 +22,9 @@ from ..shared.kernel import linux
 #: The helpers' process names, as ``ps`` shows them.
 PREPARER_NAME = "execpool-prep"
 REMOVER_NAME = "execpool-rm"
+#: Not a fork: the fresh interpreter an unprivileged worker has its jobs'
+#: user namespaces made by (execpool/worker/userns.py).
+USERNS_NAME = "execpool-userns"
 
 
 def fork_helper(name: str, keep: Iterable[int], body: Callable[[], None]) -> int:

@@ -36,7 +36,7 @@ from typing import Iterator, List, Optional
 
 from ..shared.kernel import linux
 from ..shared.kernel.sandbox import VIEW_MOUNT_NS, view_kind
-from .helper import descriptor_from, fork_helper
+from .helper import USERNS_NAME, descriptor_from, fork_helper
 from .spawn import _spawn
 
 #: ioctl(2) on a user namespace's descriptor: its parent's (linux/nsfs.h).
@@ -125,7 +125,7 @@ class _Maker:
             os.execv(sys.executable, [sys.executable, "-m", __name__, *map(str, fds)])
 
         try:
-            self.pid = fork_helper("execpool-userns", fds, become)
+            self.pid = fork_helper(USERNS_NAME, fds, become)
         finally:
             theirs.close()
 
@@ -148,7 +148,7 @@ class _Maker:
 
 def _serve(sock: socket.socket, parent: int) -> None:
     """The maker's life: a namespace for each request, until EOF."""
-    linux.set_name("execpool-userns")
+    linux.set_name(USERNS_NAME)
     while sock.recv(16):
         try:
             fd = make(parent)
@@ -223,7 +223,7 @@ def _made(parent_fd: int, uid_map: bytes, gid_map: bytes) -> int:
                 f.write(text)
         return os.open("/proc/self/ns/user", os.O_RDONLY | os.O_CLOEXEC)
 
-    return descriptor_from("execpool-userns", [parent_fd] if parent_fd >= 0 else [], make_one)
+    return descriptor_from(USERNS_NAME, [parent_fd] if parent_fd >= 0 else [], make_one)
 
 
 if __name__ == "__main__":
