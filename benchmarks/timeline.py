@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="bash/warm: between jobs, nothing (default) or the raw Popen of the same tool "
                              "(cold python for warm), as the interleaved pairs of latency.py do")
 
-    import execpool.pool.supervisor as supervisor
+    import execpool.supervisor as supervisor
     from benchmarks import _common as C
     from execpool import ExecPool, PythonJob, ShellJob
 

@@ -28,12 +28,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .agent.loop import chat_with_tools
+    from .drain import AsyncJobStream, accepts_output_callback, drain_queue, stream_tool_execution
     from .pool.config import PoolConfig
     from .pool.future import JobEvent, JobFuture, JobOutput, OutputCapped
     from .pool.sessions import CellFuture, Session
     from .pool.stats import PoolStats
-    from .pool.streams import AsyncJobStream, accepts_output_callback, drain_queue, stream_tool_execution
-    from .pool.supervisor import ExecPool
     from .pool.workspaces import Workspace
     from .shared.cells import CellResult
     from .shared.errors import (
@@ -51,6 +50,7 @@ if TYPE_CHECKING:
     from .shared.languages import Toolchain, languages
     from .shared.output import TOOL_OUTPUT_STREAM_MAX_CHARS
     from .shared.result import Result, Status
+    from .supervisor import ExecPool
 
 _EXPORTS = {
     "chat_with_tools": "agent.loop",
@@ -67,11 +67,11 @@ _EXPORTS = {
     "SessionForkError": "shared.errors",
     "DiskBudgetError": "shared.errors",
     "File": "shared.files",
-    "AsyncJobStream": "pool.streams",
-    "accepts_output_callback": "pool.streams",
-    "drain_queue": "pool.streams",
-    "stream_tool_execution": "pool.streams",
-    "ExecPool": "pool.supervisor",
+    "AsyncJobStream": "drain",
+    "accepts_output_callback": "drain",
+    "drain_queue": "drain",
+    "stream_tool_execution": "drain",
+    "ExecPool": "supervisor",
     "Workspace": "pool.workspaces",
     "ExecPoolError": "shared.errors",
     "PoolBrokenError": "shared.errors",

@@ -24,8 +24,8 @@ import uuid
 import pytest
 
 import execpool
-from execpool.pool import streams as drain
-from execpool.pool.streams import accepts_output_callback, drain_queue, stream_tool_execution
+from execpool import drain
+from execpool.drain import accepts_output_callback, drain_queue, stream_tool_execution
 from execpool.shared.output import TOOL_OUTPUT_STREAM_MAX_CHARS
 from helpers import collect
 

@@ -1,5 +1,5 @@
-"""The package is laid out by process (DESIGN.md, "Layout: folders by
-process"): a module's folder says which process runs it, and what a folder
+"""The package is laid out by process (docs/design.md; the README's "How it
+works"): a module's folder says which process runs it, and what a folder
 may import is fixed here. The worker's and the lifeline's folders import
 only the shared one; the caller's folders never import theirs. Checked
 twice: statically, from every module's imports, and in fresh interpreters,
@@ -11,6 +11,7 @@ import ast
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -33,10 +34,15 @@ ALLOWED = {
     "cli": {"pool", "formats", "shared", "ray", "serve", "mcp"},
 }
 
-#: The top of the package: the public face and nothing else -- the
-#: re-exports, ``python -m execpool``, and the tool layer and the loop
-#: under the names they were first published with.
-TOP = {"__init__", "__main__", "tools", "loop"}
+#: The top of the package: the public face -- the re-exports, ``python -m
+#: execpool``, and the tool layer and the loop under the names they were
+#: first published with -- and the design card's two caller-side modules.
+TOP = {"__init__", "__main__", "tools", "loop", "supervisor", "drain"}
+
+#: The design card's modules at the top, by the folder whose process runs
+#: them and whose rules they keep: the supervisor and the parent-side
+#: stream are the library's, in the caller's process.
+CARD = {"supervisor": "pool", "drain": "pool"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,10 +59,11 @@ def _modules() -> dict[str, str]:
 
 
 def _folder(module: str) -> str:
-    """The top folder a module is in ("" for the package's top)."""
+    """The top folder a module is in, or whose rules it keeps ("" for the
+    package's public face)."""
     path = _modules()[module]
     rel = os.path.relpath(path, PACKAGE).split(os.sep)
-    return rel[0] if len(rel) > 1 else ""
+    return rel[0] if len(rel) > 1 else CARD.get(rel[0][:-3], "")
 
 
 def _imports(module: str, path: str) -> set[str]:
@@ -82,7 +89,7 @@ def _imports(module: str, path: str) -> set[str]:
 
 def test_every_module_is_in_a_folder_of_its_process():
     modules = _modules()
-    top = {os.path.basename(path)[:-3] for name, path in modules.items() if _folder(name) == ""}
+    top = {os.path.basename(path)[:-3] for path in modules.values() if os.path.dirname(path) == PACKAGE}
     assert top == TOP, f"the package's top holds only its public face; found {sorted(top - TOP)}"
     folders = {_folder(name) for name in modules} - {""}
     assert folders == set(ALLOWED), folders ^ set(ALLOWED)
@@ -98,7 +105,7 @@ def test_each_folder_imports_only_what_its_process_may():
         for target in _imports(module, path):
             if target == "execpool" or target.count(".") == 0:
                 continue
-            other = target.split(".")[1]
+            other = CARD.get(target.split(".")[1], target.split(".")[1])
             if other in ALLOWED and other != folder and other not in ALLOWED[folder]:
                 crossings.append(f"{module} imports {target}")
     assert not crossings, "\n".join(crossings)
@@ -122,6 +129,9 @@ def test_every_documented_import_path_still_works():
             "from execpool import ExecPool, PythonJob, ShellJob, Result, Status, ExecPoolError, drain_queue\n"
             "from execpool.ray import RayPool\nfrom execpool.serve import create_app\n"
             "from execpool.loop import chat_with_tools\n"
+            "from execpool.supervisor import ExecPool as Supervised\n"
+            "from execpool.drain import stream_tool_execution, drain_queue as drained\n"
+            "assert Supervised is ExecPool and drained is drain_queue and callable(stream_tool_execution)\n"
             "assert execpool.tools is execpool.agent.tools and execpool.loop is execpool.agent.loop\n"
             "assert callable(create_app) and callable(chat_with_tools) and RayPool.submit\n"
             "assert set(execpool.__all__) <= set(dir(execpool))\n"
@@ -163,3 +173,22 @@ def test_the_callers_side_loads_nothing_of_the_workers_or_the_lifelines():
     loaded = _loaded_by("execpool", "execpool.tools", "execpool.loop", *callers)
     assert set(callers) <= loaded
     assert not {m for m in loaded if m.split(".")[1:2] in (["worker"], ["lifeline"])}
+
+
+def test_the_package_cites_only_files_of_the_repository():
+    """Module docstrings cited a DESIGN.md the repository did not have and
+    paths that a move had left behind: every file the package names is here."""
+    root = os.path.dirname(PACKAGE)
+    cited = re.compile(r"\b((?:execpool|docs|tests|benchmarks)/[\w/.-]*\w\.(?:py|md|c|sh|html))")
+    outside = re.compile(r"\b(?:DESIGN|SPEC|SERVE|STYLE)\.md\b|\bSPEC §")
+    missing = []
+    for folder, _dirs, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith((".py", ".c", ".sh", ".html")):
+                path = os.path.join(folder, name)
+                text = open(path, encoding="utf-8").read()
+                where = os.path.relpath(path, root)
+                missing += [f"{where}: {hit.group(0)}" for hit in outside.finditer(text)]
+                missing += [f"{where}: {hit}" for hit in cited.findall(text)
+                            if not os.path.exists(os.path.join(root, hit))]
+    assert not missing, "\n".join(sorted(set(missing)))

@@ -7,7 +7,7 @@ events over a bounded queue, so the generator can yield heartbeats and notice
 cancellation while the server is silent (prefill, long gaps between deltas).
 Per tool call, ``stream_tool_execution`` runs the call on a
 ``tool-exec-<name>`` thread and gives its live output the same cap and pacing
-as pool jobs (SPEC §1).
+as pool jobs.
 
 Why a thread and not read timeouts: httpx cannot resume a response after a
 read timeout, so a short timeout used as a heartbeat tick would kill the
@@ -35,7 +35,7 @@ from typing import Any, Callable, Generator, Optional
 import httpx
 from httpx_sse import ServerSentEvent, connect_sse
 
-from ..pool.streams import stream_tool_execution
+from ..drain import stream_tool_execution
 from ..shared import checks
 from ..shared.result import CANCELLED_TEXT, ERROR_PREFIX
 

@@ -5,7 +5,7 @@ executes one tool call. It owns nothing but a lazily created, shared default
 ``ExecPool`` (closed at interpreter exit) and the sandbox directories; the
 pool runs the code. Every entry point returns the string the model reads and
 never raises: a tool's own failure, a bad argument and an internal error are
-all text (SPEC §2, §4, §6).
+all text.
 
 Result strings are rendered from the core ``Result`` in one place
 (``tool_text``): the pool keeps only the head the model will read (the job's
@@ -29,13 +29,13 @@ from typing import Any, Callable, Generator, List, Mapping, Optional, Union
 
 from ..pool.future import JobOutput
 from ..pool.sessions import Session
-from ..pool.supervisor import ExecPool
 from ..pool.workspaces import WORKSPACE_PATH, Workspace
 from ..shared import checks
 from ..shared.jobs import PythonJob, ShellJob
 from ..shared.kernel.sandbox import Sandbox
 from ..shared.output import FILES_ADVICE, TOOL_RESULT_CHARS, truncation_notice
 from ..shared.result import ERROR_LINE_MARKERS, ERROR_PREFIX, NO_CODE_TEXT, NO_COMMAND_TEXT, Result
+from ..supervisor import ExecPool
 
 
 def env_int(name: str, default: int) -> int:
@@ -304,7 +304,7 @@ def python_exec(code: str, cancel_event: Optional[threading.Event] = None,
                 session_id: Optional[str] = None, pool: Optional[ExecPool] = None,
                 session: Optional[Session] = None) -> str:
     """Run ``code`` as a Python script in the session's working directory
-    and return the model-facing string (SPEC §2); never raises.
+    and return the model-facing string; never raises.
 
     ``output_callback(text)`` receives live output as it is produced; if it
     raises, it is not called again and the job runs on. ``cancel_event``
@@ -433,7 +433,7 @@ def tool_job(tool_name: str, source: str, pool: ExecPool, *, timeout: Optional[f
 
 
 def tool_text(result: Result, job: Union[PythonJob, ShellJob]) -> str:
-    """The model-facing string of a :func:`tool_job`'s Result (SPEC §2),
+    """The model-facing string of a :func:`tool_job`'s Result,
     capped at ``MAX_OUTPUT_CHARS``, with the missing-path hint.
 
     ``Result.text`` renders the status strings and exit codes; it is given

@@ -26,7 +26,7 @@ from ..formats.records import STATUSES, invalid_record, result_record
 from ..formats.request import Defaults
 from ..pool.config import disk_options
 from ..pool.many import run_tagged
-from ..pool.supervisor import ExecPool
+from ..supervisor import ExecPool
 from .lines import input_lines, make_job, parse_line
 from .out import RecordsError, ResultsFile, StdoutResults, Stop
 from .run import EXIT_INTERRUPTED, EXIT_USAGE, NON_DUMPABLE

@@ -18,8 +18,8 @@ import sys
 
 from ..formats.records import result_record
 from ..formats.request import COMMAND_LINE, BadField, Defaults, parse
-from ..pool.supervisor import ExecPool
 from ..shared.result import Result, Status
+from ..supervisor import ExecPool
 
 EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130

@@ -112,7 +112,7 @@ def schema(extra: Mapping[str, tuple] = {}) -> dict:
 
 
 def cell_record(result: CellResult) -> Dict[str, Any]:
-    """A session's cell, as ``/v1/sessions/{id}/run`` answers it (shared/SERVE.md §8)."""
+    """A session's cell, as ``/v1/sessions/{id}/run`` answers it."""
     return {"status": result.status.value, "stdout": result.stdout, "stderr": result.stderr, "value": result.value,
             "data": result.data, "display": list(result.display), "error": result.error,
             "exit_code": result.exit_code, "alive": result.alive, "message": result.message,

@@ -46,17 +46,17 @@ from ..agent.tools import (
 )
 from ..pool.future import JobOutput, OutputCapped
 from ..pool.sessions import Session
-from ..pool.supervisor import ExecPool
 from ..pool.workspaces import Workspace as PoolWorkspace
 from ..shared.errors import ExecPoolError, SessionClosedError
 from ..shared.jobs import CodeJob
 from ..shared.kernel.dirs import remove_tree
 from ..shared.output import STREAM_CAP_NOTICE
 from ..shared.result import CANCELLED_TEXT, ERROR_PREFIX, Status
+from ..supervisor import ExecPool
 from .tools import PYTHON, RESET, RUN_CODE, Call
 
-#: How the tool layer's strings begin when the call did not succeed (SPEC
-#: §2): they make the call an MCP tool error.
+#: How the tool layer's strings begin when the call did not succeed:
+#: they make the call an MCP tool error.
 FAILED_PREFIXES = ("Exit code ", "Execution timed out after ", CANCELLED_TEXT, ERROR_PREFIX)
 
 RESET_TEXT = "Python was reset: the next python call runs in a fresh interpreter. Files were kept."

@@ -23,9 +23,9 @@ from mcp.server.stdio import stdio_server
 
 from ..agent.tools import SANDBOX_ROOT_ENV, TOOL_SANDBOX_ENV
 from ..pool.config import disk_options
-from ..pool.supervisor import ExecPool
 from ..shared.jobs import Limits
 from ..shared.kernel.sandbox import sandbox_support
+from ..supervisor import ExecPool
 from .calls import Runner, Workspace
 from .server import Context, create_server
 from .stdio import loop_streams

@@ -40,8 +40,8 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.responses import JSONResponse
 
 from ..agent.tools import SANDBOX_ROOT_ENV
-from ..pool.supervisor import ExecPool
 from ..shared.result import CANCELLED_TEXT
+from ..supervisor import ExecPool
 from .calls import Claim, Outcome, Runner, Workspace
 from .server import Busy, Context, create_server
 from .settings import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_TIMEOUT_S, DEFAULT_TIMEOUT_S

@@ -1,7 +1,7 @@
 """What every pool offers on top of its ``submit``: ``run``, ``stream``,
 ``astream``, ``map``, ``imap_unordered`` and ``with``.
 
-Caller side. ExecPool (execpool/pool/supervisor.py) and RayPool
+Caller side. ExecPool (execpool/supervisor.py) and RayPool
 (execpool/ray/pool.py) differ only in where a job runs; written once here on
 their public ``submit``, the events, heartbeats, cancellation and ordering
 are the same code for both, which is what lets RayPool promise ExecPool's
@@ -14,9 +14,9 @@ import abc
 import threading
 from typing import Iterable, Iterator, Optional, TypeVar
 
+from .. import drain
 from ..shared.jobs import Job
 from ..shared.result import Result
-from . import streams
 from .future import JobFuture, OnEvent
 from .many import check_max_in_flight, imap_unordered_jobs, map_jobs
 
@@ -59,20 +59,20 @@ class JobRunner(abc.ABC):
 
     def stream(self, job: Job, *, tool_name: str = "", tool_call_id: str = "",
                cancel_event: Optional[threading.Event] = None,
-               heartbeat_interval_s: float = 10.0) -> streams.EventStream:
+               heartbeat_interval_s: float = 10.0) -> drain.EventStream:
         """A generator of ``tool_output`` / ``heartbeat`` events that returns
-        the job's Result; ``close()`` cancels the job (SPEC §1)."""
+        the job's Result; ``close()`` cancels the job."""
         self._check_open()
-        return streams.stream_job(self.submit, job, tool_name=tool_name, tool_call_id=tool_call_id,
+        return drain.stream_job(self.submit, job, tool_name=tool_name, tool_call_id=tool_call_id,
                                 cancel_event=cancel_event, heartbeat_interval_s=heartbeat_interval_s)
 
     def astream(self, job: Job, *, tool_name: str = "", tool_call_id: str = "",
                 cancel_event: Optional[threading.Event] = None,
-                heartbeat_interval_s: float = 10.0) -> streams.AsyncJobStream:
+                heartbeat_interval_s: float = 10.0) -> drain.AsyncJobStream:
         """The asyncio form of :meth:`stream`: ``async for event in ...``, then
         ``.result``. Cancelling the consuming task cancels the job."""
         self._check_open()
-        return streams.AsyncJobStream(self.submit, job, tool_name=tool_name, tool_call_id=tool_call_id,
+        return drain.AsyncJobStream(self.submit, job, tool_name=tool_name, tool_call_id=tool_call_id,
                                     cancel_event=cancel_event, heartbeat_interval_s=heartbeat_interval_s)
 
     def map(self, jobs: Iterable[Job], *,

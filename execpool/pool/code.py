@@ -64,7 +64,7 @@ from .deadlines import Deadlines
 from .future import JobFuture, OnEvent
 
 if TYPE_CHECKING:
-    from .supervisor import ExecPool
+    from ..supervisor import ExecPool
     from .workspaces import Workspace
 
 logger = logging.getLogger("execpool")

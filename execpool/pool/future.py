@@ -128,7 +128,7 @@ class JobHandle:
             logger.error("execpool: job %d ended twice; the second Result is dropped", self.job_id)
 
     def _emit(self, event: JobEvent) -> None:
-        """A consumer's failure is its own (SPEC §2.2): the dispatcher thread
+        """A consumer's failure is its own: the dispatcher thread
         serves every other job and must not die of it, nor this job."""
         try:
             if self.on_event is not None:

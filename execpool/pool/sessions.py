@@ -45,7 +45,7 @@ from .future import JobFuture, JobHandle, JobOutput, OnEvent, OutputCapped
 from .stats import StatsRecorder
 
 if TYPE_CHECKING:
-    from .supervisor import ExecPool
+    from ..supervisor import ExecPool
     from .workers import WorkerProcess
     from .workspaces import Workspace
 
@@ -368,7 +368,7 @@ class Session:
                 cell.on_event(JobOutput(piece, stream))
             if self._live.capped:
                 cell.on_event(OutputCapped(self._live.sent))
-        except Exception:  # noqa: BLE001 - a consumer's failure is its own (SPEC §2.2)
+        except Exception:  # noqa: BLE001 - a consumer's failure is its own
             pass
 
     def _cell_done(self, reply: bytes, interrupted: bool, printed: int) -> None:

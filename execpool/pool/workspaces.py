@@ -28,8 +28,8 @@ from ..shared.result import Result
 from .future import JobFuture, OnEvent
 
 if TYPE_CHECKING:
+    from ..supervisor import ExecPool
     from .sessions import Session
-    from .supervisor import ExecPool
     from .workers import WorkerProcess
 
 #: Where a workspace's jobs find it: their home, as their view has it.

@@ -23,8 +23,8 @@ from typing import Any, Optional
 
 from ..pool.future import JobFuture, OnEvent
 from ..pool.stats import PoolStats
-from ..pool.supervisor import ExecPool
 from ..shared.result import Result
+from ..supervisor import ExecPool
 
 #: Events per streamed item: one Ray item costs ~0.5-1 ms here, so a flood
 #: is carried ~50 events at a time (tens of thousands of events/s). An item

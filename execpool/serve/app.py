@@ -1,4 +1,4 @@
-"""``execpool serve``: one pool behind HTTP (shared/SERVE.md).
+"""``execpool serve``: one pool behind HTTP (the README's "Service").
 
 ::
 
@@ -53,7 +53,7 @@ from starlette.routing import Route
 
 from ..formats.request import BadField, Defaults
 from ..mcp import settings as mcp_settings
-from ..pool.supervisor import ExecPool
+from ..supervisor import ExecPool
 from .admission import Admission, ClientGone, Reason, Rejected
 from .jobs import ServiceJobs, Settings
 from .metrics import ServiceMetrics

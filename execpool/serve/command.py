@@ -49,8 +49,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ..formats.request import Defaults
 from ..pool.config import disk_options
-from ..pool.supervisor import ExecPool
 from ..shared.kernel.sandbox import sandbox_support
+from ..supervisor import ExecPool
 from .admission import Reason
 from .app import LOOPBACK_NAMES, create_app
 from .jobs import ServiceJobs

@@ -25,11 +25,11 @@ from starlette.requests import Request
 
 from ..formats.request import Defaults, Job, JobRequest
 from ..pool.future import JobFuture
-from ..pool.supervisor import ExecPool
 from ..shared.errors import ExecPoolError
 from ..shared.files import File
 from ..shared.jobs import CodeJob, Limits, ShellJob
 from ..shared.result import Result, Status
+from ..supervisor import ExecPool
 from .admission import Admission, Reason, Rejected
 from .metrics import ServiceMetrics
 from .settings import DEFAULT_FETCH_MAX_BYTES, FETCH_FILE_MAX_BYTES

@@ -1,4 +1,4 @@
-"""The service's Prometheus metrics (shared/SERVE.md §5).
+"""The service's Prometheus metrics (the README's "Service", metrics).
 
 Runs in the service's process (execpool/serve/app.py). Each app gets a registry
 of its own, so that two apps in one process do not collide; the figures the
@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, SummaryMetricFamily
 
 from ..pool.stats import DURATION_BUCKETS_S
-from ..pool.supervisor import ExecPool
 from ..shared.result import Result
+from ..supervisor import ExecPool
 from .admission import Admission
 
 

@@ -41,7 +41,7 @@ DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_MAX_QUEUE = 256
 DEFAULT_QUEUE_TIMEOUT_S = 5.0
 
-#: Sessions open at once (shared/SERVE.md §8), and how long one may go
+#: Sessions open at once (the README's "Sessions over HTTP"), and how long one may go
 #: without a cell -- the longest a request may ask, too.
 DEFAULT_MAX_SESSIONS = 64
 DEFAULT_SESSION_IDLE_S = 600.0

@@ -2,8 +2,8 @@
 who start their own ``subprocess.Popen``.
 
 Every way a job ends in execpool -- exit, timeout, cancel, stream close,
-worker crash, pool close -- goes through :func:`kill_tree`. Its order follows
-DESIGN.md ("Process-tree kill, in order of strength"):
+worker crash, pool close -- goes through :func:`kill_tree`. Its order is
+docs/design.md's ("Process-tree kill, in order of strength"):
 
 1. Walk the leader's descendants through the kernel's child lists while the
    leader still links them, keeping those outside the job's group.

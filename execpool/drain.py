@@ -25,10 +25,10 @@ import time
 from concurrent import futures
 from typing import Any, Callable, Generator, Optional, Tuple
 
-from ..shared import checks
-from ..shared.output import STREAM_CAP_NOTICE, LiveBudget
-from ..shared.result import Result
-from .future import JobOutput, OutputCapped
+from .pool.future import JobOutput, OutputCapped
+from .shared import checks
+from .shared.output import STREAM_CAP_NOTICE, LiveBudget
+from .shared.result import Result
 
 #: How long close() waits for the worker to confirm the tree is dead.
 CLOSE_ACK_TIMEOUT_S = 0.5
@@ -267,7 +267,7 @@ def stream_tool_execution(invoke: Callable[[Callable[[str], None]], Any], *, too
                           tool_call_id: str = "", cancel_event: Optional[threading.Event] = None,
                           heartbeat_interval_s: float = 10.0, poll_interval_s: float = 0.25) -> EventStream:
     """Stream any blocking ``invoke(output_callback) -> result`` the way pool
-    jobs stream (SPEC §1): same events, cap, heartbeats and close semantics.
+    jobs stream: same events, cap, heartbeats and close semantics.
 
     The cap is enforced where output is produced: once a call has queued more
     than the cap, its callback drops further chunks, so a flood holds at most

@@ -23,7 +23,7 @@ count does not grow with the number of concurrent jobs.
 
 ``submit`` is the one entry point: it validates the job, sends it to the
 least-loaded worker and returns a ``JobFuture`` (execpool/pool/future.py).
-Everything above it -- ``run``, ``stream`` and ``astream`` (execpool/pool/streams.py),
+Everything above it -- ``run``, ``stream`` and ``astream`` (execpool/drain.py),
 ``map`` and ``imap_unordered`` (execpool/pool/many.py), the tool layer, the CLI,
 the service -- is a client of it.
 """
@@ -38,26 +38,26 @@ import threading
 import time
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
-from ..shared import channel, checks
-from ..shared.errors import PoolBrokenError, PoolClosedError
-from ..shared.files import File
-from ..shared.jobs import CodeJob, Job, Limits, PythonJob, ShellJob
-from ..shared.kernel import linux
-from ..shared.kernel.sandbox import Sandbox
-from ..shared.languages import Toolchain
-from ..shared.output import TOOL_OUTPUT_STREAM_MAX_CHARS
-from ..shared.result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, Status
-from .base import JobRunner
-from .budget import DiskBudget, reserved
-from .code import CodeJobs
-from .compile_cache import CompileCacheStats
-from .config import PoolConfig
-from .dispatch import Dispatcher
-from .future import CancelWatcher, JobFuture, JobHandle, OnEvent
-from .sessions import DEFAULT_IDLE_TIMEOUT_S, Session, open_session
-from .stats import PoolStats, StatsRecorder
-from .workers import WorkerProcess, Workers
-from .workspaces import Workspace, workspace_job, workspace_options
+from .pool.base import JobRunner
+from .pool.budget import DiskBudget, reserved
+from .pool.code import CodeJobs
+from .pool.compile_cache import CompileCacheStats
+from .pool.config import PoolConfig
+from .pool.dispatch import Dispatcher
+from .pool.future import CancelWatcher, JobFuture, JobHandle, OnEvent
+from .pool.sessions import DEFAULT_IDLE_TIMEOUT_S, Session, open_session
+from .pool.stats import PoolStats, StatsRecorder
+from .pool.workers import WorkerProcess, Workers
+from .pool.workspaces import Workspace, workspace_job, workspace_options
+from .shared import channel, checks
+from .shared.errors import PoolBrokenError, PoolClosedError
+from .shared.files import File
+from .shared.jobs import CodeJob, Job, Limits, PythonJob, ShellJob
+from .shared.kernel import linux
+from .shared.kernel.sandbox import Sandbox
+from .shared.languages import Toolchain
+from .shared.output import TOOL_OUTPUT_STREAM_MAX_CHARS
+from .shared.result import NO_CODE_TEXT, NO_COMMAND_TEXT, Result, Status
 
 __all__ = ["ExecPool"]
 
