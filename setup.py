@@ -8,6 +8,6 @@ from setuptools import Extension, setup
 
 extensions = []
 if sys.platform.startswith("linux"):
-    extensions.append(Extension("execpool.worker._spawn", ["execpool/worker/_spawn.c"], optional=True))
+    extensions.append(Extension("execpool.tool._spawn", ["execpool/tool/_spawn.c"], optional=True))
 
 setup(ext_modules=extensions)

@@ -26,7 +26,7 @@ from helpers import proc_kib, wait_for
 from execpool import ExecPool, JobOutput, Limits, PythonJob, ShellJob, Status
 from execpool.shared.kernel.cgroups import Cgroups, JobGroup
 from execpool.worker.spawn import SPAWN_METHODS
-from execpool.worker.warm.wire import read_report, taken
+from execpool.tool.spare_wire import read_report, taken
 
 MiB = 1 << 20
 PY = shlex.quote(sys.executable)

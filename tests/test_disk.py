@@ -220,8 +220,8 @@ def test_a_sandboxed_fork_that_does_not_fit_says_so():
 
 WITHOUT_EXTENSION = textwrap.dedent("""\
     import json, sys
-    import execpool.worker.spawn as spawn
-    assert spawn._spawn is None, "the extension was found"
+    import execpool.tool.become as become
+    assert become._spawn is None, "the extension was found"
     from execpool import ExecPool, Limits, PythonJob, ShellJob
     FILL = FILL_SOURCE
     seen = {}
@@ -255,9 +255,9 @@ def test_without_the_c_extension_spaces_namespaces_and_forks_are_the_same(user):
     base = tempfile.mkdtemp(prefix="execpool-test-")  # tmp_path's parents are root's alone
     os.chmod(base, 0o755)
     site = unprivileged_pythonpath(base)
-    for built in os.listdir(os.path.join(site, "execpool", "worker")):
+    for built in os.listdir(os.path.join(site, "execpool", "tool")):
         if built.startswith("_spawn") and built.endswith(".so"):
-            os.unlink(os.path.join(site, "execpool", "worker", built))
+            os.unlink(os.path.join(site, "execpool", "tool", built))
     script = WITHOUT_EXTENSION.replace("FILL_SOURCE", repr(FILL))
     credentials = {} if user == "root" else {"user": UNPRIVILEGED, "group": UNPRIVILEGED, "extra_groups": []}
     python = sys.executable if user == "root" else unprivileged_python()

@@ -23,7 +23,10 @@ PACKAGE = os.path.dirname(os.path.abspath(execpool.__file__))
 #: ``execpool/__init__.py``, which imports nothing at import time).
 ALLOWED = {
     "shared": set(),
-    "worker": {"shared"},
+    "worker": {"shared", "tool"},
+    # The tool's process: beside untrusted code, it takes nothing but the
+    # shared definitions (no channel to the caller, no pool, no worker).
+    "tool": {"shared"},
     "lifeline": {"shared"},
     "pool": {"shared"},
     "formats": {"shared"},
@@ -100,8 +103,8 @@ def test_each_folder_imports_only_what_its_process_may():
     crossings = []
     for module, path in sorted(modules.items()):
         folder = _folder(module)
-        if not folder or module.startswith("execpool.agent.shim"):
-            continue  # the top re-exports everything, lazily; the shim runs inside a tool and imports nothing
+        if not folder:
+            continue  # the top re-exports everything, lazily
         for target in _imports(module, path):
             if target == "execpool" or target.count(".") == 0:
                 continue
@@ -148,11 +151,25 @@ def test_every_benchmark_imports_what_it_uses():
     subprocess.run([sys.executable, "-c", code, *names], check=True, timeout=120, cwd=os.path.dirname(PACKAGE))
 
 
-def test_a_worker_loads_only_its_folder_and_the_shared_one():
-    """What a worker process, its template and its spares import."""
-    loaded = _loaded_by("execpool.worker.loop", "execpool.worker.warm.template", "execpool.worker.warm.spare")
-    assert {"execpool.worker.loop", "execpool.worker.warm.handover", "execpool.shared.channel"} <= loaded
-    assert not _in({"worker", "shared"}, loaded)
+def test_a_worker_loads_only_its_folder_the_tools_and_the_shared_one():
+    """What a worker process imports: it starts tools, so it has their code."""
+    loaded = _loaded_by("execpool.worker.loop")
+    assert {"execpool.worker.loop", "execpool.worker.warm.handover", "execpool.shared.channel",
+            "execpool.tool.become"} <= loaded
+    assert not _in({"worker", "tool", "shared"}, loaded)
+
+
+def test_the_tools_process_loads_nothing_of_the_workers_or_the_callers():
+    """The template, a spare, a session's runtime and its fork run beside
+    untrusted code: nothing of the worker's loop, channel or secrets, and
+    the shim (which runs inside the user's own interpreter) nothing at all."""
+    tool = [name for name in _modules() if _folder(name) == "tool" and ".shim" not in name]
+    loaded = _loaded_by(*tool)
+    assert set(tool) <= loaded
+    assert not _in({"tool", "shared"}, loaded)
+    assert "execpool.shared.channel" not in loaded
+    shim = os.path.join(PACKAGE, "tool", "shim", "sitecustomize.py")
+    assert not _imports("sitecustomize", shim), "the shim imports nothing of execpool"
 
 
 def test_the_lifeline_loads_only_its_folder_and_the_shared_one():
@@ -169,7 +186,7 @@ def test_the_callers_side_loads_nothing_of_the_workers_or_the_lifelines():
     """Every module of the caller's folders at once, in one interpreter."""
     modules = _modules()
     callers = [name for name in modules if _folder(name) in {"pool", "formats", "agent", "serve", "cli", "ray"}
-               and not name.endswith("__main__") and ".shim" not in name]
+               and not name.endswith("__main__")]
     loaded = _loaded_by("execpool", "execpool.tools", "execpool.loop", *callers)
     assert set(callers) <= loaded
     assert not {m for m in loaded if m.split(".")[1:2] in (["worker"], ["lifeline"])}

@@ -837,7 +837,7 @@ def test_the_tool_layer_runs_model_code_in_the_strict_sandbox(tmp_path, monkeypa
         assert tool_layer.python_exec(read_secret, pool=pool, session_id="s") == "s3cret\n"  # the control
 
 
-#: Where execpool.worker._spawn is not built: the rulesets through ctypes
+#: Where execpool.tool._spawn is not built: the rulesets through ctypes
 #: (build_ruleset) and entered through ctypes (enter), in a fresh process.
 PURE_PYTHON = textwrap.dedent("""
     import os, socket, sys, tempfile

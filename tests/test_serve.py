@@ -21,7 +21,7 @@ import pytest
 from helpers import Gates, all_dead, pids_in, wait_for
 
 from execpool.formats.request import HTTP_JOB, RUN_CODE
-from execpool.worker.warm.wire import TEMPLATE_NAME
+from execpool.tool.spare_wire import TEMPLATE_NAME
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEADLINE_S = 20.0

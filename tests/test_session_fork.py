@@ -214,7 +214,7 @@ def test_a_session_forked_before_its_runtime_started_forks_when_it_does(pool):
 #: Run in a session: its runtime answers the next fork with ``VICTIM``'s pid.
 LIE = """
 import gc, json
-from execpool.worker.sessions.python import Runtime
+from execpool.tool.python_session import Runtime
 runtime = next(o for o in gc.get_objects() if isinstance(o, Runtime))
 runtime._fork = lambda tag, body: json.dumps({"pid": VICTIM}).encode() + b"\\0"
 """

@@ -226,7 +226,7 @@ def test_a_pool_closed_with_sandboxed_sessions_open_says_nothing_of_its_preparer
 #: for ``VICTIM``'s trees to be mounted, as a copy's parent would.
 FORGED_MOUNT = """
 import gc, json
-from execpool.worker.sessions.python import Runtime
+from execpool.tool.python_session import Runtime
 runtime = next(o for o in gc.get_objects() if isinstance(o, Runtime))
 def forged(tag, body):
     runtime.channel.sendall(tag + b"+VICTIM\\0")
@@ -284,7 +284,7 @@ def test_a_session_that_left_its_user_namespace_is_refused_a_fork(pool):
 #: Run in a sandboxed session: its runtime answers the next fork with a
 #: copy that never asked for its own directories.
 UNMOUNTED_COPY = """
-from execpool.worker.sessions import fork
+from execpool.tool import session_fork as fork
 fork._own_trees = lambda channel, confine, layer, said_w: None
 """
 
@@ -301,7 +301,7 @@ def test_a_sandboxed_copy_that_never_had_its_own_directories_is_no_session(pool)
 
 #: Run in a session: its runtime answers the next fork naming a pid past a C int.
 HUGE_PID = """
-from execpool.worker.sessions import fork
+from execpool.tool import session_fork as fork
 def huge(runtime, spec, fds, ask_mount):
     for fd in fds:
         os.close(fd)
@@ -329,7 +329,7 @@ def test_a_session_naming_a_pid_past_a_c_int_for_its_copy_costs_no_one_else(sand
 #: Run in a sandboxed session: its next copy makes a user namespace but
 #: stays in its parent's mount namespace, and asks for its trees there.
 SHARED_MOUNTS = """
-from execpool.worker.sessions import fork
+from execpool.tool import session_fork as fork
 def shared(channel, confine, layer, said_w):
     fork.sandbox.unshare_capless(fork._CLONE_NEWUSER)
     os.write(said_w, b"+%d\\n" % os.getpid())
@@ -354,7 +354,7 @@ def test_a_copy_that_kept_its_parent_s_mount_namespace_gets_no_trees_there(pool)
 #: are mounted (its ids mapped: a root's) sets a file capability in its /tmp.
 CAPABLE_COPY = """
 import ctypes, os, struct
-from execpool.worker.sessions import fork
+from execpool.tool import session_fork as fork
 def capable(channel, confine, layer, said_w):
     if ctypes.CDLL(None, use_errno=True).unshare(0x10000000 | 0x00020000) != 0:
         raise OSError(ctypes.get_errno(), "unshare")
@@ -417,7 +417,7 @@ def test_a_parent_that_joins_its_copy_s_user_namespace_sets_no_file_capability(p
 #: Run in a session: its runtime writes PID into every descriptor the next
 #: fork frame brings, and says it has no copy.
 MOVER = """
-from execpool.worker.sessions import fork
+from execpool.tool import session_fork as fork
 def mover(runtime, spec, fds, ask_mount):
     for fd in fds:
         try:
@@ -454,7 +454,7 @@ def test_a_fork_hands_the_session_no_cgroup_file(sandbox):
 #: serves its socket, and says there is none.
 DENIED = """
 import signal
-from execpool.worker.sessions import fork
+from execpool.tool import session_fork as fork
 made = fork.fork_copy
 def deny(runtime, spec, fds, ask_mount):
     global denied

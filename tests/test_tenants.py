@@ -23,7 +23,7 @@ import pytest
 from helpers import alive, all_dead, pids_in, state, wait_for, worker_records
 
 from execpool import ExecPool, Limits, PythonJob, ShellJob
-from execpool.worker.warm.wire import SPARE_NAME, TEMPLATE_NAME
+from execpool.tool.spare_wire import SPARE_NAME, TEMPLATE_NAME
 
 pytestmark = pytest.mark.hostile
 
@@ -249,7 +249,7 @@ def test_a_template_killed_as_it_starts_fails_the_waiting_warm_jobs_not_the_work
             while not stop.is_set():
                 for child in worker.children():
                     try:
-                        if child.name() == TEMPLATE_NAME or "execpool.worker.warm.template" in child.cmdline():
+                        if child.name() == TEMPLATE_NAME or "execpool.tool.template" in child.cmdline():
                             child.kill()
                     except psutil.Error:
                         pass

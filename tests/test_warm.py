@@ -13,7 +13,7 @@ from helpers import all_dead, pids_in, wait_for
 
 from execpool import ExecPool, Limits, PythonJob, ShellJob, sandbox_support
 from execpool.pool.config import DEFAULT_WARM_SPARES as WARM_SPARES
-from execpool.worker.warm.wire import SPARE_NAME, TEMPLATE_NAME
+from execpool.tool.spare_wire import SPARE_NAME, TEMPLATE_NAME
 
 CORPUS = {
     "print": "print('hello')\nprint(1, 2, sep='-', end='!\\n')",

@@ -1,4 +1,4 @@
 """The model-facing layer over the pool, run in an LLM server's process: the
-tools (tools.py) and the tool-calling loop (loop.py); shim/ is put on a
-Python tool's path and runs inside the tool itself. Public as
+tools (tools.py) and the tool-calling loop (loop.py). The shim it puts on
+a Python tool's path runs inside the tool: execpool/tool/shim/. Public as
 ``execpool.tools`` and ``execpool.loop``."""

@@ -34,6 +34,7 @@ from ..shared import checks
 from ..shared.jobs import PythonJob, ShellJob
 from ..shared.kernel.sandbox import Sandbox
 from ..shared.output import FILES_ADVICE, TOOL_RESULT_CHARS, truncation_notice
+from ..shared.package import PACKAGE_DIR
 from ..shared.result import ERROR_LINE_MARKERS, ERROR_PREFIX, NO_CODE_TEXT, NO_COMMAND_TEXT, Result
 from ..supervisor import ExecPool
 
@@ -80,7 +81,7 @@ MAX_SESSION_ID_CHARS = 128
 HABIT_PREFIXES = ("/mnt/data", "/mnt/outputs", "/home/sandbox", "/workspace", "/tmp/outputs")
 
 #: Holds the ``sitecustomize`` that remaps /mnt/data inside Python tools.
-SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim")
+SHIM_DIR = os.path.join(PACKAGE_DIR, "tool", "shim")
 
 PYTHON_TOOL: dict = {
     "type": "function",

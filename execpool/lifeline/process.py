@@ -87,7 +87,7 @@ ORPHANS_TIMEOUT_S = 5.0
 
 #: Characters reserved in a worker's environment for a job marker (a
 #: 12-character token, "/", a job id, "/", 16 secret characters): blank room
-#: a warm job overwrites with its own marker (execpool/worker/warm/spare.py).
+#: a warm job overwrites with its own marker (execpool/tool/spare.py).
 MARKER_ROOM = 64
 
 

@@ -64,7 +64,7 @@ class PoolConfig:
     #: The constructor returns once every worker is ready, at most this long.
     startup_timeout: float = 30.0
     #: How workers start tools: ``"vfork"`` through the small C extension
-    #: execpool.worker._spawn (the default where it was built) or
+    #: execpool.tool._spawn (the default where it was built) or
     #: ``"fork"``, pure Python and a few milliseconds slower per tool; both
     #: set the session, rlimits and death signal before the tool's first
     #: instruction.
@@ -147,7 +147,7 @@ def _spawn_method(method: object) -> str:
     if method not in ("vfork", "fork"):
         raise ValueError(f"spawn_method must be 'auto', 'vfork' or 'fork', not {method!r}")
     if method == "vfork" and not has_spawn_extension():
-        raise ValueError("spawn_method='vfork' needs the execpool.worker._spawn extension, which is not built here")
+        raise ValueError("spawn_method='vfork' needs the execpool.tool._spawn extension, which is not built here")
     return method
 
 

@@ -12,7 +12,7 @@ worker -> supervisor:  Ready, Spawned, Output, Finished, CellDone (a session's)
 
 A session (execpool/pool/sessions.py) is a job that lives until it is
 closed: its tool is a runtime that takes cells -- Python's
-(execpool/worker/sessions/python.py) or bash's -- on a socket the worker
+(execpool/tool/python_session.py) or bash's -- on a socket the worker
 gives it as its stdin, and answers each on the same socket with a reply
 that the worker passes on as a ``CellDone`` once the cell's output went out.
 

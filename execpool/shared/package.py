@@ -14,9 +14,9 @@ PACKAGE_PARENT = os.path.dirname(PACKAGE_DIR)
 
 
 def has_spawn_extension() -> bool:
-    """Whether execpool/worker/_spawn was built here. Looked for as a file:
-    importing (or even finding) it would import the worker's package into
-    the caller."""
-    folder = os.path.join(PACKAGE_DIR, "worker")
+    """Whether the C extension (execpool/tool/_spawn.c) was built here.
+    Looked for as a file: importing (or even finding) it would import the
+    tool's package into the caller."""
+    folder = os.path.join(PACKAGE_DIR, "tool")
     return any(os.path.isfile(os.path.join(folder, "_spawn" + suffix))
                for suffix in importlib.machinery.EXTENSION_SUFFIXES)

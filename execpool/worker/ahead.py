@@ -11,7 +11,7 @@ those mounts, the job's private directory and its Landlock ruleset were
 most of what the sandbox added to a job's start. The preparer makes them
 ahead -- the space (execpool/worker/space.py), the ruleset, and a mount
 namespace a short-lived child leaves behind
-(execpool.worker._spawn.prepare_view) -- on whichever core is free, and
+(execpool.tool._spawn.prepare_view) -- on whichever core is free, and
 sends the worker their descriptors; the job's tool only enters the
 namespace. The worker keeps it until the job's Result is out and closes
 it then, so that its teardown is not on the job's way out.
@@ -46,10 +46,10 @@ from typing import Callable, Deque, Optional, Tuple
 
 from ..shared.kernel import sandbox
 from ..shared.kernel.sandbox import Sandbox
+from ..tool.become import _spawn
 from . import space
 from .helper import PREPARER_NAME, fork_helper
 from .rulesets import Confiner
-from .spawn import _spawn
 from .view import HOME, Template, View, Views
 
 logger = logging.getLogger("execpool")

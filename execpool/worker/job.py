@@ -23,12 +23,13 @@ from ..shared.files import File
 from ..shared.kernel.cgroups import JobGroup
 from ..shared.output import LiveBudget
 from ..shared.result import Result, Status
+from ..tool.become import DEVNULL
 from .capture import MAX_ERROR_LINES, Capture
 from .files import Placed
 from .sessions.family import Family
 from .sessions.link import SessionLink
 from .space import Space
-from .spawn import DEVNULL, memfd_holding
+from .spawn import memfd_holding
 from .view import View
 
 

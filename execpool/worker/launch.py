@@ -20,6 +20,7 @@ from typing import Callable, List, Optional, Tuple
 from ..shared.jobs import MAX_PROCESSES
 from ..shared.kernel.cgroups import Cgroups
 from ..shared.kernel.markers import JOB_MARKER_ENV
+from ..tool.become import Setup, rlimit_values
 from . import files, space, userns
 from .ahead import Ahead, Made
 from .job import RunningJob
@@ -27,7 +28,7 @@ from .jobdirs import JobDirs
 from .rulesets import Confiner
 from .sessions import runtime_source
 from .sessions.family import Spares
-from .spawn import RULESET_BUILDER, Setup, Tool, rlimit_values, start_tool
+from .spawn import RULESET_BUILDER, Tool, start_tool
 from .view import HOME, TMP, Views
 
 #: A tool that cannot be forked for want of process slots (EAGAIN) is tried

@@ -53,6 +53,7 @@ from typing import Dict, List, Optional, Set
 
 from ..shared import channel
 from ..shared.kernel import linux
+from ..tool.spare_wire import REHEARSE_WHEN_IDLE_S
 from . import files
 from .capture import READ_SIZE, Stream
 from .job import Ending, Phase, RunningJob
@@ -64,7 +65,6 @@ from .timers import Kind, Timers
 from .tree import Tree
 from .warm.handover import Hooks, WarmJobs
 from .warm.supply import preload_errors
-from .warm.wire import REHEARSE_WHEN_IDLE_S
 
 #: What the supervisor may send once the worker is configured.
 _JOB_MESSAGES = (channel.Start, channel.Cancel, channel.Shutdown, channel.Cell, channel.Interrupt, channel.Fork,

@@ -176,7 +176,7 @@ class _NetPort(ctypes.Structure):
 def build_ruleset(handled: int, scoped: int, rules: List[Tuple[int, int]], handled_net: int = 0,
                   ports: Sequence[Tuple[int, int]] = ()) -> int:
     """A ruleset through ctypes, one call per rule: what a worker without
-    the C extension uses (execpool.worker._spawn.ruleset does the same in one)."""
+    the C extension uses (execpool.tool._spawn.ruleset does the same in one)."""
     attr = _RulesetAttr(handled, handled_net, scoped)
     ruleset = int(syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
                            ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0)))
@@ -395,7 +395,7 @@ class Confiner:
     paths, and a copy of the world-readable layer's descriptor. Building
     them here rather than in the tool's process keeps the vfork child to a
     few system calls and lets a warm spare receive its rulesets ready-made.
-    ``build`` is execpool.worker._spawn.ruleset where the extension was
+    ``build`` is execpool.tool._spawn.ruleset where the extension was
     built (one call for every rule), :func:`build_ruleset` otherwise.
     Raises OSError with a clear message where the kernel lacks what the
     sandbox needs."""

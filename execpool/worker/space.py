@@ -20,7 +20,7 @@ frees it whole -- no walk, however many files the job made.
 
 Where the worker may mount (root) it makes the space itself; elsewhere a
 short-lived child makes it in the view's user namespace, the only place an
-unprivileged worker may mount a tmpfs (execpool.worker._spawn.space).
+unprivileged worker may mount a tmpfs (execpool.tool._spawn.space).
 
 A tmpfs's ``size`` counts data pages, not files: a million empty files fit
 in a megabyte, each holding about a kilobyte of the kernel's memory (1038
@@ -38,8 +38,8 @@ import stat
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from ..shared.kernel.linux import open_beneath
+from ..tool.become import _spawn
 from .helper import descriptor_from
-from .spawn import _spawn
 
 #: Its directories and their modes: the home is the job's alone, ``/tmp``
 #: and ``/dev/shm`` are as a system's are.

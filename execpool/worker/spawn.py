@@ -1,19 +1,16 @@
-"""How a worker starts a tool process: every tool gets a new session, the
-death signal, its working directory (and cgroup, and network namespace), its
-output pipe on fd 1 and fd 2 (or, for a job that keeps stderr apart, a pipe
-for each), its sandbox (execpool/shared/kernel/sandbox.py: entered while the rulesets'
-descriptors are still open), no other descriptor, and its rlimits -- in that
-order, so a lowered open-files limit cannot hide a descriptor from the
-close, and a root tool has lost the capability to raise its rlimits before
-they are set -- in one of three ways:
+"""How a worker starts a tool process, in one of three ways:
 
-- ``vfork``: execpool.worker._spawn (C) vforks and execs ``bash -c`` or
-  ``python -u FILE``;
-- ``fork``: the pure-Python fallback, where the C extension was not built;
+- ``vfork``: the C extension (execpool/tool/_spawn.c) vforks and execs
+  ``bash -c`` or ``python -u FILE``, setting the tool up in between;
+- ``fork``: the pure-Python fallback, where the extension was not built:
+  the child runs :func:`execpool.tool.become.become_tool`, then execs;
 - ``warm``: no exec at all -- a parked spare of the worker's template
-  becomes the job's interpreter (execpool/worker/warm/spare.py). The worker
-  hands warm jobs to spares itself (execpool/worker/warm/handover.py);
-  :func:`become_tool` is the ``Setup`` the spare shares with a fork.
+  becomes the job's interpreter (execpool/tool/spare.py), handed the job by
+  the worker (execpool/worker/warm/handover.py) with the same ``Setup``.
+
+What the new process does to itself, and in which order, is the tool's
+side: execpool/tool/become.py. The worker's side is here: the output pipes,
+the start, and its own memory figures.
 """
 
 from __future__ import annotations
@@ -21,33 +18,19 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import resource
 import signal
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, NoReturn, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Tuple
 
-from ..shared.jobs import Limits
-from ..shared.kernel import linux, sandbox
-
-try:
-    from . import _spawn
-except ImportError:  # not built here; the pure-Python start is used instead
-    _spawn = None  # type: ignore[assignment]  # the extension is optional: every use asks first
+from ..shared.kernel import sandbox
+from ..tool.become import DEVNULL, Setup, _spawn, become_tool
 
 #: How a worker builds a sandboxed job's Landlock rulesets: one C call each
 #: where the extension was built (execpool/worker/rulesets.py).
 RULESET_BUILDER = None if _spawn is None else _spawn.ruleset
 
-#: How tools are started: "vfork" (execpool.worker._spawn) or "fork" (pure Python).
+#: How tools are started: "vfork" (execpool.tool._spawn) or "fork" (pure Python).
 SPAWN_METHODS = ("vfork", "fork") if _spawn is not None else ("fork",)
-
-#: Stdin of a job that was given none (and of the template and spares).
-DEVNULL = os.open(os.devnull, os.O_RDONLY)
-
-
-#: The Limits fields that are rlimits, in the order execpool.worker._spawn takes them.
-RLIMIT_FIELDS = ("address_space", "cpu_seconds", "file_size", "open_files")
-_RLIMITS = (resource.RLIMIT_AS, resource.RLIMIT_CPU, resource.RLIMIT_FSIZE, resource.RLIMIT_NOFILE)
 
 
 class _OwnMemory:
@@ -93,24 +76,6 @@ class _OwnMemory:
 
 keep_own_peak_resettable = _OwnMemory.open
 give_back_memory = _OwnMemory.give_back
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What a tool's new process does to itself before the tool's first
-    instruction -- a cold tool's after its vfork or fork, a warm job's in
-    its spare -- in the order of the module docstring."""
-
-    cwd: str
-    #: The rlimits in the order execpool.worker._spawn takes them, -1 for none.
-    rlimits: Tuple[int, ...]
-    no_network: bool = False
-    #: ``cgroup.procs`` files of the job's groups, written "0" to join them.
-    join_fds: Tuple[int, ...] = ()
-    #: The job's Landlock rulesets (execpool/worker/rulesets.py); none: no sandbox.
-    rulesets: Tuple[int, ...] = ()
-    #: The job's view (execpool/worker/view.py's ``View.arguments``); None: none.
-    view: Optional[tuple] = None
 
 
 @dataclass(frozen=True)
@@ -177,23 +142,6 @@ def memfd_holding(name: str, data: bytes) -> int:
     return fd
 
 
-def _apply_limits(rlimits: tuple) -> None:
-    for which, value in zip(_RLIMITS, rlimits, strict=True):
-        if value < 0:
-            continue
-        _soft, hard = resource.getrlimit(which)
-        if hard != resource.RLIM_INFINITY:
-            value = min(value, hard)
-        resource.setrlimit(which, (value, value))
-
-
-def rlimit_values(limits: Limits) -> tuple:
-    """The rlimits in the order execpool.worker._spawn takes them, -1 for none:
-    plain integers, which a spare receives and applies without building a
-    Limits again."""
-    return tuple(-1 if getattr(limits, field) is None else getattr(limits, field) for field in RLIMIT_FIELDS)
-
-
 def _exec(argv: list, env: dict) -> Callable[[int], None]:
     def then(_ready_fd: int) -> None:
         # exec resets caught signals itself; ignored ones would stay ignored.
@@ -225,40 +173,3 @@ def _fork_child(setup: Setup, stdio: tuple, then: Callable[[int], None]) -> int:
     return pid
 
 
-def become_tool(setup: Setup, stdio: tuple, ready_w: int, parent_pid: int, then: Callable[[int], None]) -> NoReturn:
-    """In a fork of the worker (or a spare): ``setup``, with ``stdio`` on
-    fds 0, 1 and 2. A failure before ``then`` takes over reaches the worker
-    through ``ready_w``."""
-    try:
-        for fd in setup.join_fds:
-            os.write(fd, b"0")  # this process into its job's cgroup
-        os.setsid()
-        if setup.no_network:
-            linux.unshare_network()
-        linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent_pid:
-            os._exit(137)  # the parent died before the death signal was armed
-        os.chdir(setup.cwd)
-        for target, fd in enumerate(stdio):
-            os.dup2(fd, target)
-        if setup.rulesets:
-            if _spawn is not None:
-                _spawn.confine(*sandbox.child_arguments(setup.rulesets, setup.view))
-            else:
-                sandbox.enter(setup.rulesets, setup.view)
-        close_all_but(ready_w)  # the worker's pipes, selector and channel are not the tool's
-        _apply_limits(setup.rlimits)
-        then(ready_w)
-    except BaseException as exc:  # noqa: BLE001 - report, never return into the loop
-        try:
-            os.write(ready_w, str(exc).encode("utf-8", "replace")[:2048])
-        finally:
-            os._exit(127)
-    os._exit(127)  # ``then`` execs or exits; returning would run the worker's loop in the tool
-
-
-def close_all_but(keep: int) -> None:
-    """Close every descriptor from 3 up except ``keep``, whatever its number."""
-    if keep > 3:
-        linux.close_range(3, keep - 1)
-    linux.close_range(max(3, keep + 1))

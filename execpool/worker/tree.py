@@ -63,7 +63,7 @@ class Tree:
 
     def is_copy(self, pid: int, job: RunningJob) -> bool:
         """Whether ``pid`` is the copy a session says it forked for ``job``
-        (execpool/worker/sessions/fork.py): the worker's child, not yet
+        (execpool/tool/session_fork.py): the worker's child, not yet
         reaped, no job's leader nor a helper, and marked as ``job``'s --
         the copy stamps the marker before it says its pid, and a session can
         stamp no process but its own, so it cannot hand the worker another

@@ -5,7 +5,7 @@ Runs in the worker process (and its preparer). The worker makes the
 namespace before the job's tool starts -- a child of the worker's own, or
 of its view's where the worker lacks CAP_SYS_ADMIN, the worker's ids mapped
 to themselves -- and the tool enters it last, after its view's mounts
-(execpool/worker/_spawn.c, execpool/shared/kernel/sandbox.py). No process
+(execpool/tool/_spawn.c, execpool/shared/kernel/sandbox.py). No process
 leaves its user namespace's subtree: entering another needs a capability
 there, which a sandboxed process never has. So a process that left its
 job's session and process group and cleared its environment -- its job's
@@ -36,8 +36,8 @@ from typing import Iterator, List, Optional
 
 from ..shared.kernel import linux
 from ..shared.kernel.sandbox import VIEW_MOUNT_NS, view_kind
+from ..tool.become import _spawn
 from .helper import USERNS_NAME, descriptor_from, fork_helper
-from .spawn import _spawn
 
 #: ioctl(2) on a user namespace's descriptor: its parent's (linux/nsfs.h).
 NS_GET_PARENT = 0xB702

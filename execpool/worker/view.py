@@ -8,7 +8,7 @@ paths, ``/proc``, ``/sys``, a ``/dev`` with the devices programs expect --
 is a :class:`Template`, built once per worker in a mount namespace of its
 own (in a user namespace of its own where the worker lacks CAP_SYS_ADMIN),
 kept by its descriptors. A job's :class:`View` is a few steps its tool's
-new process takes (execpool/worker/_spawn.c, or
+new process takes (execpool/tool/_spawn.c, or
 execpool/shared/kernel/sandbox.py without the extension): enter the
 template's namespaces, copy the mount namespace (a few dozen mounts, not
 the machine's), and mount what is the job's own -- its ``/tmp`` (and
@@ -206,7 +206,7 @@ def _readable(root_fd: int, tops: Iterable[str], covered: FrozenSet[str]) -> Lis
 @dataclass(frozen=True)
 class View:
     """One job's view: what its tool's new process does (the steps, with
-    the template's namespaces, as execpool/worker/_spawn.c takes them)."""
+    the template's namespaces, as execpool/tool/_spawn.c takes them)."""
 
     user_fd: int
     mnt_fd: int

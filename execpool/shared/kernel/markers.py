@@ -19,7 +19,7 @@ JOB_MARKER_ENV = "EXECPOOL_JOB"
 
 def marker_matches(value: Optional[str], marker: str) -> bool:
     """A job marker is ``TOKEN/JOB/SECRET``; matching ``TOKEN`` finds a whole worker's
-    jobs. Blanks are padding (see execpool/worker/warm/spare.py)."""
+    jobs. Blanks are padding (see execpool/tool/spare.py)."""
     if value is None:
         return False
     value = value.strip()

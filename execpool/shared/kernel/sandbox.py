@@ -5,7 +5,7 @@ Shared. The caller builds :class:`Sandbox` values (``"strict"`` is
 ``Sandbox()``) and asks :func:`sandbox_support` what the machine offers; the
 worker builds each sandboxed job's Landlock rulesets (execpool/worker/rulesets.py)
 and every way of starting a tool enters them in the new process: the C
-extension after its vfork (execpool/worker/_spawn.c), :func:`enter` after a Python
+extension after its vfork (execpool/tool/_spawn.c), :func:`enter` after a Python
 fork and in a warm spare, which gets the job's rulesets over its hand-over
 socket.
 
@@ -244,7 +244,7 @@ def _seccomp_works() -> bool:
     return _libc.prctl(_PR_GET_SECCOMP, 0, 0, 0, 0) >= 0
 
 
-#: A new process tries what a tool's view needs (execpool/worker/_spawn.c): a
+#: A new process tries what a tool's view needs (execpool/tool/_spawn.c): a
 #: fresh interpreter, so that neither a threaded caller forks nor the
 #: caller's own mounts change.
 _VIEW_PROBE = """
@@ -366,7 +366,7 @@ def view_kind() -> int:
     return VIEW_MOUNT_NS if _Capabilities.get() else VIEW_USER_NS
 
 
-#: The steps of a job's view, as execpool/worker/_spawn.c numbers them
+#: The steps of a job's view, as execpool/tool/_spawn.c numbers them
 #: (execpool/worker/view.py makes them, and says what each is for): clone a
 #: path of the worker's (writable or read-only) for a later attach, an
 #: empty tmpfs (with the options ``b``), a directory (and its parents),
@@ -388,7 +388,7 @@ _MOVE_MOUNT_T_EMPTY_PATH = 0x40
 
 
 def child_arguments(rulesets: Tuple[int, ...], view: Optional[tuple]) -> tuple:
-    """What execpool.worker._spawn's child needs to enter the sandbox: the rulesets
+    """What execpool.tool._spawn's child needs to enter the sandbox: the rulesets
     (entered in order, each a Landlock layer), the seccomp filter and the
     view (execpool/worker/view.py's ``View.arguments``, or None)."""
     return tuple(rulesets), seccomp.PROGRAM, view
@@ -421,7 +421,7 @@ def _clone_tree(fd: int, path: bytes, read_only: bool) -> int:
 
 
 def make_view(view: tuple) -> None:
-    """execpool/worker/_spawn.c's make_view, through ctypes."""
+    """execpool/tool/_spawn.c's make_view, through ctypes."""
     user_fd, mnt_fd, space_fd, job_user_fd, steps, cwd, own_namespace = view
     if own_namespace == VIEW_OWN:  # made ahead for the job (execpool/worker/ahead.py): entered as it is
         if user_fd >= 0 and _libc.setns(user_fd, _CLONE_NEWUSER) != 0 or _libc.setns(mnt_fd, _CLONE_NEWNS) != 0:
@@ -518,7 +518,7 @@ def attach(tree: int, target: str) -> None:
 
 def unshare_capless(kinds: int) -> None:
     """For a confined process (a session's copy,
-    execpool/worker/sessions/fork.py): new namespaces, a user namespace
+    execpool/tool/session_fork.py): new namespaces, a user namespace
     among them, without the capabilities that namespace gives -- gone in
     this call, before the caller runs another line, since it needs none.
     Its code is its parent session's to change, though, and the parent
@@ -547,7 +547,7 @@ def confine_again(ruleset_fd: int) -> None:
 
 
 def enter(rulesets: Tuple[int, ...], view: Optional[tuple] = None) -> None:
-    """Confine the calling process for good, in the order execpool.worker._spawn
+    """Confine the calling process for good, in the order execpool.tool._spawn
     does it: the job's view (``View.arguments``), no new
     privileges, no capabilities, the Landlock layers, the seccomp filter.
     For a freshly forked tool or a warm spare, before any of the job's code

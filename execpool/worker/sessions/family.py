@@ -62,11 +62,11 @@ from ...shared.kernel.sandbox import (
     child_arguments,
     make_view,
 )
+from ...tool.become import _spawn
 from ..files import make_path
 from ..helper import fork_helper
 from ..rulesets import DEVICES, FS_TRUNCATE, FS_WRITE_FILE, READ, add_rules, build_ruleset
 from ..space import DIRECTORIES, Space
-from ..spawn import _spawn
 from ..view import HOME, SHM, TMP
 
 #: How many copies a sandboxed session's family (it, its copies and
@@ -204,7 +204,7 @@ def mount_copy(pid: int, spare: Space, trees: Tuple[Tuple[str, str], ...], user_
     namespace of the copy's parent (execpool/worker/userns.py), above the
     copy's, where its ids are mapped from.
 
-    The view's machinery does it (execpool/worker/_spawn.c's make_view, in
+    The view's machinery does it (execpool/tool/_spawn.c's make_view, in
     a vfork child, or its ctypes twin in a helper without the extension):
     the copy's own user and group mapped, each to itself (no other: nothing
     joining its namespace can take another id); then, in the copy's mount

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Dict, List, Protocol
 from ...shared import channel
 from ...shared.cells import FORK_TIMEOUT_S
 from ...shared.output import LiveBudget
+from ...tool.session_fork import MOUNTED
 from ..capture import READ_SIZE, waiting_bytes
 from ..job import Ending, RunningJob
 from ..spawn import output_pipes
 from ..timers import Kind
 from .family import copy_layer, mount_copy
-from .fork import MOUNTED
 from .link import INTERRUPT_GRACE_S, MOUNT, STARTED, WORKER_REPLY_BYTES, ProtocolError, SessionLink, fork_answer
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class Sessions:
 
     def fork(self, msg: channel.Fork) -> None:
         """Copy a Python session, between its cells, into a new one
-        (execpool/worker/sessions/fork.py). The copy's directory, cgroup,
+        (execpool/tool/session_fork.py). The copy's directory, cgroup,
         pipes and socket are made here, as for any tool, and its pipes and
         socket go down with the fork frame; ``_forked`` takes the copy the
         runtime names as the new job's tool, in its cgroup."""

@@ -4,7 +4,7 @@ the cell running now, its deadlines.
 Runs in the worker process, on its loop (execpool/worker/loop.py), which
 owns the session's job like any other (its tree, its output pipes, its
 Result when the session ends); this is what a session has besides. The
-runtime (execpool/worker/sessions/python.py, bash.sh) is given one end of a
+runtime (execpool/tool/python_session.py, bash.sh) is given one end of a
 socket pair as its stdin and moves it off fd 0 before any cell runs; the
 worker keeps the other end. A cell goes down as its number, a newline, its
 source and a NUL; the runtime says the number and ``!`` and a NUL as the
@@ -14,7 +14,7 @@ colon, its reply and a NUL -- JSON from Python, the exit status from bash
 -- which the worker passes on, unread, as a ``CellDone``. A fork takes a
 turn as a cell does: its frame is the number, ``*`` and a JSON spec, sent
 with the copy's descriptors, and its reply names the copy
-(execpool/worker/sessions/fork.py), which the worker checks before it
+(execpool/tool/session_fork.py), which the worker checks before it
 says anything of it; a sandboxed session's copy first asks for its own
 trees (the number, ``+`` and its pid: execpool/worker/sessions/family.py).
 

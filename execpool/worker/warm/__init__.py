@@ -1,4 +1,4 @@
-"""Warm Python inside a worker. Which process runs each file: template.py,
-the template (``python -m execpool.worker.warm.template``); spare.py, each
-spare the template clones; supply.py and handover.py, the worker itself;
-wire.py, the words between the worker and its spares."""
+"""Warm Python, the worker's side: supply.py keeps the template and its
+spares, handover.py hands a job to a spare. The template and the spares
+themselves run the tool's code (execpool/tool/template.py, spare.py), and
+the words between them and the worker are execpool/tool/spare_wire.py."""

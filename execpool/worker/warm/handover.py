@@ -25,10 +25,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
+from ...tool.become import Setup, rlimit_values
+from ...tool.spare_wire import MAX_CGROUP_FDS, REHEARSE_WHEN_IDLE_S, encode_job, read_report, view_fds
 from ..job import RunningJob
-from ..spawn import Setup, memfd_holding, output_pipes, rlimit_values
+from ..spawn import memfd_holding, output_pipes
 from .supply import SpareSupply, WarmSpare
-from .wire import MAX_CGROUP_FDS, REHEARSE_WHEN_IDLE_S, encode_job, read_report, view_fds
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class WarmJobs:
 
     def rehearse_if_idle(self) -> None:
         """Parked spares rehearse only once the worker has had nothing to
-        do for a while (execpool/worker/warm/wire.py says why)."""
+        do for a while (execpool/tool/spare_wire.py says why)."""
         idle_since = self.hooks.idle_since()
         if idle_since is not None and time.monotonic() - idle_since >= REHEARSE_WHEN_IDLE_S:
             self.spares.rehearse()

@@ -2,7 +2,7 @@
 it, as handles the worker's loop watches.
 
 Runs in the worker process, on its loop (execpool/worker/loop.py). The
-template (execpool/worker/warm/template.py) is a process the worker starts
+template (execpool/tool/template.py) is a process the worker starts
 once (again only if it dies); each spare it asks for arrives over the
 template's socket as a pid and a socket of the spare's own, and waits
 parked until a job is handed to it (execpool/worker/warm/handover.py). A
@@ -24,9 +24,10 @@ import subprocess
 import sys
 from typing import Callable, Optional, Tuple
 
-from ..spawn import Setup, Tool, start_tool
-from .template import unfindable
-from .wire import JOB, REHEARSE, SPARE_PID, UNLIMITED
+from ...tool.become import Setup
+from ...tool.spare_wire import JOB, REHEARSE, SPARE_PID, UNLIMITED
+from ...tool.template import unfindable
+from ..spawn import Tool, start_tool
 
 #: How long the jobs' interpreter may take to say which ``preload`` modules
 #: it lacks, when it is not the worker's.
@@ -48,7 +49,7 @@ MALLOC_TUNABLES = "glibc.malloc.hugetlb=1"
 
 def preload_errors(python: str, preload: Tuple[str, ...]) -> Tuple[str, ...]:
     """Find what warm jobs should find already loaded -- the template
-    imports it (execpool/worker/warm/template.py), the worker imports none
+    imports it (execpool/tool/template.py), the worker imports none
     of the caller's code -- and report what cannot be found, so the pool
     can say which module is at fault."""
     if not preload:
@@ -57,7 +58,7 @@ def preload_errors(python: str, preload: Tuple[str, ...]) -> Tuple[str, ...]:
         return tuple(unfindable(preload))
     # Another interpreter (a runtime of the jobs' own): asked, as its
     # template will import them there.
-    ask = ("import sys\nfrom execpool.worker.warm.template import unfindable\n"
+    ask = ("import sys\nfrom execpool.tool.template import unfindable\n"
            "print(*unfindable(sys.argv[1:]), sep='\\n')")
     try:
         done = subprocess.run([python, "-c", ask, *preload], capture_output=True, text=True,
@@ -90,7 +91,7 @@ class WarmTemplate:
             # The pool's interpreter, not necessarily the worker's: a warm
             # job runs with what a cold one would (execpool comes from the
             # worker's PYTHONPATH, which the spare takes off the job's path).
-            argv = [python, "-m", "execpool.worker.warm.template", str(os.getpid()), ",".join(preload)]
+            argv = [python, "-m", "execpool.tool.template", str(os.getpid()), ",".join(preload)]
             env = {"GLIBC_TUNABLES": MALLOC_TUNABLES, **os.environ}
             template = Tool(argv, env, Setup("/", UNLIMITED), stdin_fd=theirs.fileno())
             self.pid, readers = start_tool(template, spawn_method)

@@ -3,7 +3,7 @@ and then becomes that job's interpreter, running the job's file as ``python
 -u FILE`` would, without an interpreter start-up.
 
 Who runs this module: each **spare**, from the moment the template
-(execpool/worker/warm/template.py) cloned it. Parked, it waits on its socket
+(execpool/tool/template.py) cloned it. Parked, it waits on its socket
 for one job -- rehearsing a warm start meanwhile when its worker is idle and
 asks, so it takes its copy-on-write faults before the job comes -- then
 says on the job's ready pipe that it took the job (and the CPU it had spent
@@ -43,10 +43,10 @@ import types
 from importlib.machinery import SourceFileLoader
 from typing import Callable, NoReturn, TextIO
 
-from ...shared.kernel import linux
-from ...shared.kernel.markers import JOB_MARKER_ENV
-from ..spawn import Setup, become_tool
-from .wire import (
+from ..shared.kernel import linux
+from ..shared.kernel.markers import JOB_MARKER_ENV
+from .become import Setup, become_tool
+from .spare_wire import (
     FIXED_FDS,
     JOB,
     MAX_CGROUP_FDS,

@@ -1,7 +1,7 @@
 """A Python session's fork: its interpreter copied, copy-on-write, to
 become a session of its own.
 
-Runs in the session's own process (execpool/worker/sessions/python.py),
+Runs in the session's own process (execpool/tool/python_session.py),
 between cells, when the worker sends a fork frame: the copy's socket and
 its stdout and stderr pipes come with it, and a JSON spec -- the copy's
 job marker, the directory to copy and where to. The
@@ -36,9 +36,9 @@ import stat
 import sys
 from typing import Any, Callable, Dict, List, Optional, Set
 
-from ...shared.kernel import linux, sandbox
-from ...shared.kernel.markers import JOB_MARKER_ENV
-from ..warm.spare import stamp_marker
+from ..shared.kernel import linux, sandbox
+from ..shared.kernel.markers import JOB_MARKER_ENV
+from .spare import stamp_marker
 
 #: The byte the worker sends a sandboxed copy once its trees are mounted.
 MOUNTED = b"\x01"

@@ -1,4 +1,4 @@
-# The types of execpool/worker/_spawn.c, the workers' C extension: each
+# The types of execpool/tool/_spawn.c, the workers' C extension: each
 # function's docstring there says what it does.
 from typing import List, Optional, Sequence, Tuple
 

@@ -2,11 +2,11 @@
 state, taking one cell at a time.
 
 Runs in the session's own process -- a warm spare that became the
-session's tool (execpool/worker/warm/spare.py), sandboxed, limited and
+session's tool (execpool/tool/spare.py), sandboxed, limited and
 watched like any job's. The warm template imports this module (and the
 standard library modules it needs) once, so a session starts with it
 loaded; it imports nothing else of execpool's but, for a fork, its
-fork's (execpool/worker/sessions/fork.py). Its stdin
+fork's (execpool/tool/session_fork.py). Its stdin
 is the session's socket (execpool/worker/sessions/link.py); it moves that
 off fd 0 (a cell's ``input()`` reads an empty stdin) to a descriptor that no
 program the cell starts inherits.
@@ -27,7 +27,7 @@ the number and ``!`` once SIGINT would interrupt it, and its reply, after
 the cell's output is flushed, is the number, a colon, one JSON object --
 ``{"value", "data", "display", "error", "execution_count", "cost"}`` -- and
 a NUL. A fork comes as its number, ``*`` and a JSON spec, with the
-copy's descriptors; the reply is the fork's (execpool/worker/sessions/fork.py),
+copy's descriptors; the reply is the fork's (execpool/tool/session_fork.py),
 after, for a sandboxed session, the number, ``+`` and the copy's pid: the
 copy waits for its trees.
 The cost is the CPU the cell took (the session's process, and the
@@ -227,7 +227,7 @@ class Runtime:
         which serves its own socket from here on. A sandboxed copy's request
         for its trees goes up as the number, ``+`` and its pid."""
         fds, self._fds = self._fds, []
-        from .fork import fork_copy  # only a fork needs it
+        from .session_fork import fork_copy  # only a fork needs it
         try:
             spec = json.loads(body)
         except ValueError:

@@ -2,7 +2,7 @@
 spare and what the spare answers.
 
 Worker side, and the spare's: the worker (execpool/worker/warm/handover.py
-and supply.py) writes these, a spare (execpool/worker/warm/spare.py) reads
+and supply.py) writes these, a spare (execpool/tool/spare.py) reads
 them, and both are code of the worker's folder -- a spare is a clone of the
 worker's template, never anything of the caller's.
 
@@ -20,8 +20,8 @@ import resource
 import struct
 from typing import List, Optional
 
-from ...shared.jobs import Limits
-from ..spawn import RLIMIT_FIELDS, Setup, rlimit_values
+from ..shared.jobs import Limits
+from .become import RLIMIT_FIELDS, Setup, rlimit_values
 
 #: Spare -> worker, over the template's channel: the spare's pid, its
 #: socket passed along.
@@ -48,7 +48,7 @@ TAKEN = b"\x01"
 #: code runs, and the pipe is closed before it does: the job cannot forge it.
 SPENT = struct.Struct("=dd")
 
-#: Worker -> parked spare: rehearse a warm start now (execpool/worker/warm/spare.py),
+#: Worker -> parked spare: rehearse a warm start now (execpool/tool/spare.py),
 #: taking the copy-on-write faults a job would take. Only a worker idle for
 #: REHEARSE_WHEN_IDLE_S asks: a busy worker's spares are taken soon, and
 #: there a rehearsal would only spend CPU that a batch is short of.

@@ -1,14 +1,14 @@
 """The warm template: the process every warm job's spare is cloned from.
 
 Who runs this module: the **template**, ``python -m
-execpool.worker.warm.template WORKER_PID PRELOAD``, a fresh interpreter the
+execpool.tool.template WORKER_PID PRELOAD``, a fresh interpreter the
 worker starts with an exec (never a fork of the worker), so it has never
 held any job's code, environment, stdin or output. It imports what warm
 jobs should find loaded, rehearses a warm start once, freezes its heap, and
 then does one thing: on each request from its worker it clones a *spare*
 with CLONE_PARENT (``linux.fork_sibling``), so the spare is the worker's own
 child -- reaped by the worker, killed with it. The clone then runs
-execpool/worker/warm/spare.py: it hands its socket to the worker and waits
+execpool/tool/spare.py: it hands its socket to the worker and waits
 for one job.
 
 The worker's side of the template and its spares is
@@ -26,10 +26,10 @@ import socket
 import sys
 from typing import Iterable, List, NoReturn
 
-from ...shared.kernel import linux, sandbox
-from ..spawn import DEVNULL, Setup
+from ..shared.kernel import linux, sandbox
 from . import spare
-from .wire import TEMPLATE_NAME, UNLIMITED, decode_job, encode_job
+from .become import DEVNULL, Setup
+from .spare_wire import TEMPLATE_NAME, UNLIMITED, decode_job, encode_job
 
 
 def unfindable(names: Iterable[str]) -> List[str]:
@@ -67,7 +67,7 @@ def main(argv: list) -> NoReturn:
         # runtime: imported here once -- ast, json, traceback: a third of a
         # session's start when each spare imported them -- and shared by
         # every clone.
-        importlib.import_module("execpool.worker.sessions.python")
+        importlib.import_module("execpool.tool.python_session")
         spare.rehearse()
         decode_job(encode_job("", {}, Setup("/", UNLIMITED)))
         sandbox.prepare()

@@ -964,7 +964,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "execpool.worker._spawn", "vfork-based tool start for execpool workers.", -1, methods,
+    PyModuleDef_HEAD_INIT, "execpool.tool._spawn", "vfork-based tool start for execpool workers.", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__spawn(void) { return PyModule_Create(&module); }
