@@ -27,7 +27,7 @@ import threading
 
 from execpool import ExecPool, PythonJob, ShellJob
 from execpool.shared.jobs import Limits
-from execpool.shared.kernel.seccomp import TABLES
+from execpool.sandbox.seccomp import TABLES
 
 #: The victim keeps a secret in its directory and in its /tmp, and listens
 #: on a Unix socket there.

@@ -23,10 +23,13 @@ PACKAGE = os.path.dirname(os.path.abspath(execpool.__file__))
 #: ``execpool/__init__.py``, which imports nothing at import time).
 ALLOWED = {
     "shared": set(),
-    "worker": {"shared", "tool"},
+    "worker": {"shared", "tool", "sandbox"},
     # The tool's process: beside untrusted code, it takes nothing but the
-    # shared definitions (no channel to the caller, no pool, no worker).
-    "tool": {"shared"},
+    # shared definitions and how to confine itself (no channel to the
+    # caller, no pool, no worker).
+    "tool": {"shared", "sandbox"},
+    # How the sandbox is done: loaded by the worker and the tool only.
+    "sandbox": {"shared"},
     "lifeline": {"shared"},
     "pool": {"shared"},
     "formats": {"shared"},
@@ -69,12 +72,18 @@ def _folder(module: str) -> str:
     return rel[0] if len(rel) > 1 else CARD.get(rel[0][:-3], "")
 
 
-def _imports(module: str, path: str) -> set[str]:
+def _imports(module: str, path: str, typing: bool = True) -> set[str]:
     """The execpool modules ``module`` imports, wherever in it (a lazy
-    import inside a function counts: it runs in the same process)."""
+    import inside a function counts: it runs in the same process), and
+    under ``if TYPE_CHECKING:`` too unless ``typing`` is false."""
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read(), path)):
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    if not typing:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+                node.body = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name.startswith("execpool"))
         elif isinstance(node, ast.ImportFrom):
@@ -156,7 +165,7 @@ def test_a_worker_loads_only_its_folder_the_tools_and_the_shared_one():
     loaded = _loaded_by("execpool.worker.loop")
     assert {"execpool.worker.loop", "execpool.worker.warm.handover", "execpool.shared.channel",
             "execpool.tool.become"} <= loaded
-    assert not _in({"worker", "tool", "shared"}, loaded)
+    assert not _in({"worker", "tool", "sandbox", "shared"}, loaded)
 
 
 def test_the_tools_process_loads_nothing_of_the_workers_or_the_callers():
@@ -166,7 +175,7 @@ def test_the_tools_process_loads_nothing_of_the_workers_or_the_callers():
     tool = [name for name in _modules() if _folder(name) == "tool" and ".shim" not in name]
     loaded = _loaded_by(*tool)
     assert set(tool) <= loaded
-    assert not _in({"tool", "shared"}, loaded)
+    assert not _in({"tool", "sandbox", "shared"}, loaded)
     assert "execpool.shared.channel" not in loaded
     shim = os.path.join(PACKAGE, "tool", "shim", "sitecustomize.py")
     assert not _imports("sitecustomize", shim), "the shim imports nothing of execpool"
@@ -182,6 +191,23 @@ def test_the_shared_folder_loads_nothing_else():
     assert not _in({"shared"}, _loaded_by(*shared))
 
 
+def test_how_the_sandbox_is_done_loads_only_the_shared_folder():
+    sandbox = [name for name in _modules() if _folder(name) == "sandbox"]
+    loaded = _loaded_by(*sandbox)
+    assert set(sandbox) <= loaded and not _in({"sandbox", "shared"}, loaded)
+
+
+def test_no_module_imports_one_that_imports_it():
+    """No two modules import each other at run time: each folder's modules
+    form layers (a name imported only for its type, under TYPE_CHECKING,
+    aside)."""
+    graph = {name: {t for t in _imports(name, path, typing=False) if t in _modules()}
+             for name, path in _modules().items()}
+    pairs = sorted(f"{a} <-> {b}" for a, targets in graph.items() for b in targets
+                   if a < b and a in graph.get(b, ()) and not (a == "execpool" or b == "execpool"))
+    assert not pairs, "\n".join(pairs)
+
+
 def test_the_callers_side_loads_nothing_of_the_workers_or_the_lifelines():
     """Every module of the caller's folders at once, in one interpreter."""
     modules = _modules()
@@ -189,7 +215,7 @@ def test_the_callers_side_loads_nothing_of_the_workers_or_the_lifelines():
                and not name.endswith("__main__")]
     loaded = _loaded_by("execpool", "execpool.tools", "execpool.loop", *callers)
     assert set(callers) <= loaded
-    assert not {m for m in loaded if m.split(".")[1:2] in (["worker"], ["lifeline"])}
+    assert not {m for m in loaded if m.split(".")[1:2] in (["worker"], ["lifeline"], ["tool"], ["sandbox"])}
 
 
 def test_the_package_cites_only_files_of_the_repository():

@@ -313,7 +313,7 @@ def etc_dir():
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_what_only_root_may_read_in_etc_stays_hidden_as_etc_changes(pool, etc_dir, warm):
-    """The world-readable layer (execpool/worker/rulesets.py) follows /etc: a
+    """The world-readable layer (execpool/sandbox/rulesets.py) follows /etc: a
     directory made after the worker started, and a file replaced by a
     rename -- a new inode -- are seen; a root-only file stays hidden,
     unless the job's Sandbox names it."""
@@ -415,7 +415,7 @@ def test_an_interpreter_named_through_a_linked_directory_opens_only_its_own_pref
 
 
 def test_an_interpreter_whose_prefix_holds_a_home_is_refused_clearly(tmp_path, monkeypatch):
-    from execpool.worker import rulesets
+    from execpool.sandbox import rulesets
 
     home = tmp_path / "home"
     (home / "bin").mkdir(parents=True)
@@ -842,9 +842,10 @@ def test_the_tool_layer_runs_model_code_in_the_strict_sandbox(tmp_path, monkeypa
 PURE_PYTHON = textwrap.dedent("""
     import os, socket, sys, tempfile
     from execpool.worker import space
-    from execpool.worker.rulesets import Confiner
-    from execpool.worker.view import Views
-    from execpool.shared.kernel.sandbox import Sandbox, enter
+    from execpool.sandbox.rulesets import Confiner
+    from execpool.sandbox.view import Views
+    from execpool.sandbox.enter import enter
+    from execpool.shared.kernel.sandbox import Sandbox
     secret, own, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     confiner, sandbox, views = Confiner(), Sandbox(connect=()), Views(tempfile.mkdtemp())
     template = views.current(confiner.hidden())

@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from execpool.shared.kernel import seccomp
+from execpool.sandbox import seccomp
 
 _ALLOW = 0x7FFF0000
 _ERRNO = 0x00050000

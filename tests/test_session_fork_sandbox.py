@@ -331,7 +331,7 @@ def test_a_session_naming_a_pid_past_a_c_int_for_its_copy_costs_no_one_else(sand
 SHARED_MOUNTS = """
 from execpool.tool import session_fork as fork
 def shared(channel, confine, layer, said_w):
-    fork.sandbox.unshare_capless(fork._CLONE_NEWUSER)
+    fork.enter.unshare_capless(fork._CLONE_NEWUSER)
     os.write(said_w, b"+%d\\n" % os.getpid())
     channel.recv(1)
 fork._own_trees = shared

@@ -11,7 +11,7 @@
  * every other descriptor closed, rlimits, then execve -- and, for a
  * sandboxed job, between the descriptors and close_range: no new
  * privileges, no capabilities, the job's Landlock rulesets (built by the
- * worker, execpool/worker/rulesets.py) and the seccomp filter. Only
+ * worker, execpool/sandbox/rulesets.py) and the seccomp filter. Only
  * async-signal-safe calls run in the child; every allocation happens in the
  * parent before vfork; the child reports a failure through memory it shares
  * with the parent until exec.
@@ -80,7 +80,7 @@ struct net_port_attr {
 #define MAX_RULESETS 4
 #define MAX_STEPS 48
 #define MAX_CLONES 16
-/* The steps of a job's view (execpool/worker/view.py names them). */
+/* The steps of a job's view (execpool/sandbox/view.py names them). */
 #define STEP_CLONE_RW 1   /* open_tree(a): a path of the worker's, attached later by STEP_ATTACH */
 #define STEP_CLONE_RO 2
 #define STEP_TMPFS 3      /* an empty tmpfs on a, with the options b */
@@ -195,7 +195,7 @@ static int write_file(const char *path, const char *text) {
     return failed ? -1 : 0;
 }
 
-/* The job's view (execpool/worker/view.py): the paths of the worker's it
+/* The job's view (execpool/sandbox/view.py): the paths of the worker's it
  * names cloned while the worker's mounts are still in reach (in the view's
  * user namespace first, where the worker lacks CAP_SYS_ADMIN), then the
  * view's mount namespace entered and copied -- a namespace of the tool's
@@ -686,7 +686,7 @@ PyDoc_STRVAR(ruleset_doc,
 "A new Landlock ruleset handling the filesystem rights handled_fs, the\n"
 "network rights handled_net and the scopes scoped, with one path-beneath\n"
 "rule per (O_PATH fd, rights) pair of rules and one port rule per\n"
-"(port, rights) pair of ports: what execpool.worker.rulesets.Confiner builds for\n"
+"(port, rights) pair of ports: what execpool.sandbox.rulesets.Confiner builds for\n"
 "each sandboxed job, in one call rather than one ctypes call per rule.\n"
 "Raises OSError.");
 

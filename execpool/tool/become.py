@@ -21,8 +21,9 @@ import signal
 from dataclasses import dataclass
 from typing import Callable, NoReturn, Optional, Tuple
 
+from ..sandbox.enter import child_arguments, enter
 from ..shared.jobs import Limits
-from ..shared.kernel import linux, sandbox
+from ..shared.kernel import linux
 
 try:
     from . import _spawn
@@ -50,9 +51,9 @@ class Setup:
     no_network: bool = False
     #: ``cgroup.procs`` files of the job's groups, written "0" to join them.
     join_fds: Tuple[int, ...] = ()
-    #: The job's Landlock rulesets (execpool/worker/rulesets.py); none: no sandbox.
+    #: The job's Landlock rulesets (execpool/sandbox/rulesets.py); none: no sandbox.
     rulesets: Tuple[int, ...] = ()
-    #: The job's view (execpool/worker/view.py's ``View.arguments``); None: none.
+    #: The job's view (execpool/sandbox/view.py's ``View.arguments``); None: none.
     view: Optional[tuple] = None
 
 
@@ -91,9 +92,9 @@ def become_tool(setup: Setup, stdio: tuple, ready_w: int, parent_pid: int, then:
             os.dup2(fd, target)
         if setup.rulesets:
             if _spawn is not None:
-                _spawn.confine(*sandbox.child_arguments(setup.rulesets, setup.view))
+                _spawn.confine(*child_arguments(setup.rulesets, setup.view))
             else:
-                sandbox.enter(setup.rulesets, setup.view)
+                enter(setup.rulesets, setup.view)
         close_all_but(ready_w)  # the worker's pipes, selector and channel are not the tool's
         _apply_limits(setup.rlimits)
         then(ready_w)

@@ -36,7 +36,8 @@ import stat
 import sys
 from typing import Any, Callable, Dict, List, Optional, Set
 
-from ..shared.kernel import linux, sandbox
+from ..sandbox import enter
+from ..shared.kernel import linux
 from ..shared.kernel.markers import JOB_MARKER_ENV
 from .spare import stamp_marker
 
@@ -180,7 +181,7 @@ def _own_trees(channel: socket.socket, confine: Dict[str, Any], layer: int, said
     mounted = _mount_points()  # its parent's, which it shares until it unshares
     theirs = [(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), path) for path in paths]
     try:
-        sandbox.unshare_capless(_CLONE_NEWUSER | _CLONE_NEWNS | (0 if confine.get("network") else linux.CLONE_NEWNET))
+        enter.unshare_capless(_CLONE_NEWUSER | _CLONE_NEWNS | (0 if confine.get("network") else linux.CLONE_NEWNET))
         os.write(said_w, b"+%d\n" % os.getpid())
         if channel.recv(1) != MOUNTED:
             raise OSError("the worker did not mount the copy's directories")
@@ -189,7 +190,7 @@ def _own_trees(channel: socket.socket, confine: Dict[str, Any], layer: int, said
     finally:
         for fd, _ in theirs:
             os.close(fd)
-    sandbox.confine_again(layer)
+    enter.confine_again(layer)
     os.close(layer)
 
 

@@ -4,7 +4,7 @@ of the worker.
 Who runs this module: the worker (``Ahead``, on its loop) and its
 **preparer** (``_prepare``), a fork of the worker made once per template,
 which lives until the template changes or the worker stops. A job's view
-(execpool/worker/view.py) is the worker's template copied, with what is the
+(execpool/sandbox/view.py) is the worker's template copied, with what is the
 job's own mounted in the copy: its home (its private directory), its
 ``/tmp`` and its ``/dev/shm``. Made in the tool's new process, that copy,
 those mounts, the job's private directory and its Landlock ruleset were
@@ -44,13 +44,13 @@ import socket
 from dataclasses import dataclass
 from typing import Callable, Deque, Optional, Tuple
 
-from ..shared.kernel import sandbox
+from ..sandbox.enter import child_arguments
+from ..sandbox.rulesets import Confiner
+from ..sandbox.view import HOME, Template, View, Views
 from ..shared.kernel.sandbox import Sandbox
 from ..tool.become import _spawn
 from . import space
 from .helper import PREPARER_NAME, fork_helper
-from .rulesets import Confiner
-from .view import HOME, Template, View, Views
 
 logger = logging.getLogger("execpool")
 
@@ -231,7 +231,7 @@ def _prepare(sock: socket.socket, confiner: Confiner, views: Views, template: Te
                     for fd in handles:
                         os.close(fd)
                 try:
-                    mnt_fd = _spawn.prepare_view(sandbox.child_arguments((ruleset,), plan.arguments()))
+                    mnt_fd = _spawn.prepare_view(child_arguments((ruleset,), plan.arguments()))
                 except BaseException:
                     os.close(ruleset)
                     raise

@@ -18,6 +18,7 @@ import time
 from collections import deque
 from typing import Dict, Iterator, List, Optional, Tuple
 
+from ..sandbox.view import View
 from ..shared import channel
 from ..shared.files import File
 from ..shared.kernel.cgroups import JobGroup
@@ -30,7 +31,6 @@ from .sessions.family import Family
 from .sessions.link import SessionLink
 from .space import Space
 from .spawn import memfd_holding
-from .view import View
 
 
 class Phase(enum.Enum):
@@ -134,7 +134,7 @@ class RunningJob:
         self.left_out: Tuple[str, ...] = ()
         # A sandboxed job's space (execpool/worker/space.py), held until its
         # Result is out; its Landlock rulesets and its view
-        # (execpool/worker/view.py), open until its tool entered them; and,
+        # (execpool/sandbox/view.py), open until its tool entered them; and,
         # for one without the view, its private TMPDIR: ``tmpdir`` for a job
         # without a cwd, else a directory of its own (``sandbox_tmp``),
         # removed like ``tmpdir``.

@@ -17,6 +17,8 @@ import shutil
 import time
 from typing import Callable, List, Optional, Tuple
 
+from ..sandbox.rulesets import Confiner
+from ..sandbox.view import HOME, SPACE_DIRECTORIES, SPACE_HOME, TMP, Views
 from ..shared.jobs import MAX_PROCESSES
 from ..shared.kernel.cgroups import Cgroups
 from ..shared.kernel.markers import JOB_MARKER_ENV
@@ -25,11 +27,9 @@ from . import files, space, userns
 from .ahead import Ahead, Made
 from .job import RunningJob
 from .jobdirs import JobDirs
-from .rulesets import Confiner
 from .sessions import runtime_source
 from .sessions.family import Spares
 from .spawn import RULESET_BUILDER, Tool, start_tool
-from .view import HOME, TMP, Views
 
 #: A tool that cannot be forked for want of process slots (EAGAIN) is tried
 #: this many times, reaping between tries: bounded, since the worker's other
@@ -123,7 +123,7 @@ class Launcher:
             job.space = self.new_space(start.limits.disk)
         if job.space is not None and start.cwd is None:
             job.cwd = "/"  # where its tool is before its view: the home of its space is where it runs
-            job.workdir = job.space.directory(space.HOME)
+            job.workdir = job.space.directory(SPACE_HOME)
         else:
             if start.cwd is None:
                 job.tmpdir = job.cwd = self.dirs.private()
@@ -145,7 +145,7 @@ class Launcher:
         return box is not None and box.read_only_view and self.confiner().support.missing_for(box) is None
 
     def new_space(self, disk: Optional[int],
-                  directories: Tuple[Tuple[str, int], ...] = space.DIRECTORIES) -> space.Space:
+                  directories: Tuple[Tuple[str, int], ...] = SPACE_DIRECTORIES) -> space.Space:
         """A space of ``disk`` bytes: made by the worker where it may mount,
         else in its view's template's namespaces."""
         template = self.views().current(self.confiner().hidden())

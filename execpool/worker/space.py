@@ -4,7 +4,7 @@
 Runs in the worker process and in its preparer (execpool/worker/ahead.py).
 A sandboxed job's (or session's) home -- its working directory unless the
 caller gave one --, ``/tmp`` and ``/dev/shm`` are directories of its space,
-each attached at its place in the job's view (execpool/worker/view.py): one
+each attached at its place in the job's view (execpool/sandbox/view.py): one
 counter for all of them, kept by the kernel, which refuses a write past it
 (``ENOSPC``) to root as to anyone. Before, each was a tmpfs of half the
 machine's memory, and the home a directory on the pool's disk: one session
@@ -37,14 +37,11 @@ import os
 import stat
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
+from ..sandbox.view import SPACE_DIRECTORIES, SPACE_HOME, SPACE_SHM, SPACE_TMP
 from ..shared.kernel.linux import open_beneath
 from ..tool.become import _spawn
 from .helper import descriptor_from
 
-#: Its directories and their modes: the home is the job's alone, ``/tmp``
-#: and ``/dev/shm`` are as a system's are.
-HOME, TMP, SHM = "home", "tmp", "shm"
-DIRECTORIES = ((HOME, 0o700), (TMP, 0o1777), (SHM, 0o1777))
 #: One file allowed per this many bytes of a space's bound, each counted as
 #: INODE_BYTES of it; never fewer than MIN_INODES.
 BYTES_PER_INODE = 8 << 10
@@ -75,7 +72,7 @@ class Space:
         caller closes it."""
         return open_beneath(self.fd, name, os.O_RDONLY | os.O_DIRECTORY)
 
-    def handles(self, names: Tuple[str, ...] = (HOME, TMP, SHM)) -> List[int]:
+    def handles(self, names: Tuple[str, ...] = (SPACE_HOME, SPACE_TMP, SPACE_SHM)) -> List[int]:
         """``O_PATH`` descriptors of its directories ``names``: what the
         job's Landlock rules name (rules name inodes, wherever the view
         mounts them); the caller closes them."""
@@ -139,7 +136,7 @@ class Workspaces:
 
 
 def make(disk: Optional[int], user_fd: int = -1, mnt_fd: int = -1,
-         directories: Tuple[Tuple[str, int], ...] = DIRECTORIES) -> Space:
+         directories: Tuple[Tuple[str, int], ...] = SPACE_DIRECTORIES) -> Space:
     """A new space of ``disk`` bytes, with ``directories`` made in it.
     ``user_fd`` and ``mnt_fd``: the view's template's namespaces, where a
     worker without CAP_SYS_ADMIN has its space made (-1: made here).

@@ -22,11 +22,11 @@ import signal
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Tuple
 
-from ..shared.kernel import sandbox
+from ..sandbox.enter import child_arguments
 from ..tool.become import DEVNULL, Setup, _spawn, become_tool
 
 #: How a worker builds a sandboxed job's Landlock rulesets: one C call each
-#: where the extension was built (execpool/worker/rulesets.py).
+#: where the extension was built (execpool/sandbox/rulesets.py).
 RULESET_BUILDER = None if _spawn is None else _spawn.ruleset
 
 #: How tools are started: "vfork" (execpool.tool._spawn) or "fork" (pure Python).
@@ -97,7 +97,7 @@ def start_tool(tool: Tool, method: str) -> Tuple[int, List[int]]:
     with output_pipes(tool.separate_stderr) as (readers, out_w, err_w):
         if method == "vfork":
             envp = [f"{key}={value}" for key, value in tool.env.items()]
-            confinement = sandbox.child_arguments(setup.rulesets, setup.view) if setup.rulesets else None
+            confinement = child_arguments(setup.rulesets, setup.view) if setup.rulesets else None
             pid = _spawn.spawn(tool.argv, envp, setup.cwd, setup.rlimits, tool.stdin_fd, out_w, err_w,
                                setup.no_network, list(setup.join_fds), confinement)
         else:

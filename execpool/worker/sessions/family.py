@@ -39,7 +39,7 @@ it -- over the ids mapped there, the parent's own: for a root session,
 root's files in the trees its Landlock domain grants, nothing beyond
 them. A file capability set there would be one on the host, so the
 sandbox's seccomp filter refuses every extended attribute
-(execpool/shared/kernel/seccomp.py). The README's threat model says so.
+(execpool/sandbox/seccomp.py). The README's threat model says so.
 """
 
 from __future__ import annotations
@@ -52,22 +52,14 @@ import stat
 import time
 from typing import Callable, List, Optional, Tuple
 
+from ...sandbox.enter import STEP_ATTACH, STEP_SAVE, STEP_SPACE, STEP_WRITE, VIEW_INTO, child_arguments, make_view
+from ...sandbox.rulesets import DEVICES, FS_TRUNCATE, FS_WRITE_FILE, READ, add_rules, build_ruleset
+from ...sandbox.view import HOME, SHM, SPACE_DIRECTORIES, TMP
 from ...shared.kernel.linux import mounts, open_unlinked
-from ...shared.kernel.sandbox import (
-    STEP_ATTACH,
-    STEP_SAVE,
-    STEP_SPACE,
-    STEP_WRITE,
-    VIEW_INTO,
-    child_arguments,
-    make_view,
-)
 from ...tool.become import _spawn
 from ..files import make_path
 from ..helper import fork_helper
-from ..rulesets import DEVICES, FS_TRUNCATE, FS_WRITE_FILE, READ, add_rules, build_ruleset
-from ..space import DIRECTORIES, Space
-from ..view import HOME, SHM, TMP
+from ..space import Space
 
 #: How many copies a sandboxed session's family (it, its copies and
 #: theirs) can make: each is a spare made when the session starts.
@@ -173,7 +165,7 @@ class Spares:
 
 
 #: What a spare holds: a copy's home, /tmp, /dev/shm and working directory.
-_SPARE_DIRECTORIES = (*DIRECTORIES, ("work", 0o700))
+_SPARE_DIRECTORIES = (*SPACE_DIRECTORIES, ("work", 0o700))
 
 
 def copy_layer(handled: int, scoped: int, spare: Space, family: Family) -> int:

@@ -41,7 +41,9 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
-from ..shared.kernel.sandbox import (
+from ..shared.kernel.sandbox import VIEW_USER_NS, errno_error, view_kind
+from ..shared.package import PACKAGE_DIR
+from .enter import (
     STEP_ATTACH,
     STEP_CLONE_RO,
     STEP_CLONE_RW,
@@ -53,20 +55,20 @@ from ..shared.kernel.sandbox import (
     STEP_UNCOVER,
     VIEW_COPIED,
     VIEW_OWN,
-    VIEW_USER_NS,
-    errno_error,
-    view_kind,
 )
-from ..shared.package import PACKAGE_DIR
-from . import space
 from .rulesets import DEVICES, FOLLOWED, SYSTEM_DIRS, python_dirs
 
 #: Where a job finds its own directories in its view.
 HOME = "/home/user"
 TMP = "/tmp"
 SHM = "/dev/shm"
+#: A space's directories (execpool/worker/space.py makes them), attached
+#: on HOME, TMP and SHM, and their modes: the home is the job's alone,
+#: ``/tmp`` and ``/dev/shm`` are as a system's are.
+SPACE_HOME, SPACE_TMP, SPACE_SHM = "home", "tmp", "shm"
+SPACE_DIRECTORIES = ((SPACE_HOME, 0o700), (SPACE_TMP, 0o1777), (SPACE_SHM, 0o1777))
 #: Besides the system's directories and the devices the Landlock rules
-#: name (execpool/worker/rulesets.py), bound from the host's: the rest of
+#: name (execpool/sandbox/rulesets.py), bound from the host's: the rest of
 #: /dev is links into /proc/self/fd and the job's own shm.
 _DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
               "stderr": "/proc/self/fd/2"}
@@ -445,9 +447,9 @@ class _Steps:
         cloned in its namespace and attached in their places; what the
         template binds beneath /tmp (an interpreter in a checkout there)
         goes into the job's /tmp again."""
-        self._attach_space(self.own, space.HOME, HOME)
-        self._reattached(TMP, self.own, lambda: self._attach_space(self.own, space.TMP, TMP))
-        self._attach_space(self.own, space.SHM, SHM)
+        self._attach_space(self.own, SPACE_HOME, HOME)
+        self._reattached(TMP, self.own, lambda: self._attach_space(self.own, SPACE_TMP, TMP))
+        self._attach_space(self.own, SPACE_SHM, SHM)
 
     def _clone_later(self, into: list, op: int, path: bytes) -> bytes:
         """A clone taken in the job's namespace, put on ``into``: the number

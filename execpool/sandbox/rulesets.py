@@ -27,7 +27,7 @@ A path the caller names that the first layer does not cover -- one made
 since it was built, or one it hides, which naming it gives the job -- gets
 a first layer of the job's own.
 
-A job with a view (execpool/worker/view.py) enters the second layer alone:
+A job with a view (execpool/sandbox/view.py) enters the second layer alone:
 its view hides what the first would (Landlock checks no rule on a
 mountpoint, so the first could not grant the view's own directories), and
 the second lets it read what its view shows.
@@ -41,16 +41,21 @@ import os
 import pwd
 import stat
 import sys
-from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Protocol, Sequence, Set, Tuple, Union
 
 from ..shared.kernel.linux import open_unlinked
 from ..shared.kernel.sandbox import SYS_LANDLOCK_CREATE_RULESET, Sandbox, errno_error, prepare, sandbox_support, syscall
 from ..shared.package import PACKAGE_DIR
 
-if TYPE_CHECKING:
-    from .view import Template
-
 logger = logging.getLogger("execpool")
+
+
+class Shown(Protocol):
+    """What the rules need of a view's template (execpool/sandbox/view.py's
+    ``Template``): its root and what it lets a job read, as descriptors."""
+
+    root_fd: int
+    readable: List[Tuple[int, bool]]
 
 # -- Landlock's ABI (include/uapi/linux/landlock.h) ------------------------------------------------
 
@@ -306,7 +311,7 @@ class _WorldReadable:
     def current(self) -> Tuple[FrozenSet[str], int]:
         """What the world may not read beneath /etc now, and a number that
         changes whenever that is read again: a job's view covers each
-        (execpool/worker/view.py) instead of entering this layer."""
+        (execpool/sandbox/view.py) instead of entering this layer."""
         if self.changes is None or self.changes.seen():
             self._scan()
         return self.hidden, self.generation
@@ -455,7 +460,7 @@ class Confiner:
         return rights
 
     def rulesets(self, python: str, sandbox: Sandbox, own: Sequence[Union[str, int]],
-                 template: Optional[Template] = None) -> Tuple[int, ...]:
+                 template: Optional[Shown] = None) -> Tuple[int, ...]:
         """One job's layers, in the order the tool enters them, as
         descriptors the caller closes once the tool did: the world-readable
         layer, and the job's own -- the system paths, ``python``'s prefix,
@@ -497,7 +502,7 @@ class Confiner:
             for path, rights in wanted.items():
                 try:
                     # What the tool's process clones is reached the same way
-                    # (execpool/worker/view.py): without following a link.
+                    # (execpool/sandbox/view.py): without following a link.
                     fd = open_unlinked(os.path.abspath(path))
                 except OSError as exc:
                     raise OSError(exc.errno, f"the sandbox cannot open {path!r}: {exc.strerror}") from None
@@ -509,7 +514,7 @@ class Confiner:
             for fd in opened:
                 os.close(fd)
 
-    def _view_rules(self, template: Template) -> Tuple[Tuple[int, int], ...]:
+    def _view_rules(self, template: Shown) -> Tuple[Tuple[int, int], ...]:
         """Listing every directory of the view, reading what the template
         lets a job read (``Template.readable``): the view shows nothing
         else, and these grants hide what the template's covers hide, by
