@@ -420,3 +420,76 @@ def test_a_job_that_moves_its_workers_jobs_directory_away_fails_no_later_job(tmp
             assert result.output == "again\n", result
         assert os.stat(jobs_dir).st_mode & 0o777 == 0o700
     assert not os.path.exists(jobs_dir)
+
+
+#: A pool as ``nobody``, whose processes RLIMIT_NPROC makes unable to fork
+#: or start a thread, each at a known moment: first its worker while a
+#: job ends (the helpers it forks on a job's way out: the remover of its
+#: directories, the preparer of sandboxed jobs' namespaces), then the
+#: pool's owner while its worker dies (the thread that cleans up after
+#: it). Each must survive, and serve again once the limit is lifted.
+REFUSED_FORKS = textwrap.dedent("""
+    import json, logging, os, resource, signal, socket, sys, threading, time
+    import psutil
+    from execpool import ExecPool, PythonJob, Sandbox, ShellJob
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    report = {}
+    gate = socket.create_server(("127.0.0.1", 0))
+    refused = threading.Event()
+
+    class Refused(logging.Handler):
+        def emit(self, record):
+            if "cannot start a thread" in record.getMessage():
+                refused.set()
+
+    logging.getLogger("execpool").addHandler(Refused())
+    hook = threading.excepthook
+    threading.excepthook = lambda args: (refused.set(), hook(args))
+
+    def outcome(future):
+        try:
+            result = future.result(timeout=30)
+        except Exception as exc:
+            return repr(exc)
+        return result.text if result.ok else f"{result.status.value}: {result.error}"
+
+    with ExecPool(workers=1) as pool:  # its worker has forked nothing yet
+        worker, = [p.pid for p in psutil.Process().children(recursive=True)
+                   if "execpool.worker" in " ".join(p.cmdline())]
+        held = pool.submit(PythonJob(
+            "import socket\\n"
+            f"socket.create_connection(('127.0.0.1', {gate.getsockname()[1]})).recv(1)\\n"
+            "print('held')", sandbox=Sandbox(), timeout=30))
+        conn, _ = gate.accept()
+        resource.prlimit(worker, resource.RLIMIT_NPROC, (1, hard))
+        conn.send(b"!")
+        report["held"] = outcome(held)
+        resource.prlimit(worker, resource.RLIMIT_NPROC, (soft, hard))
+        report["next"] = outcome(pool.submit(PythonJob("print('next')", sandbox=Sandbox(), timeout=10)))
+        report["restarts"] = pool.stats().worker_restarts
+
+        resource.setrlimit(resource.RLIMIT_NPROC, (1, hard))
+        os.kill(worker, signal.SIGKILL)
+        report["refused"] = refused.wait(30)
+        resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
+        deadline = time.monotonic() + 30  # its successor, once the next period starts the cleanup
+        while not pool.worker_pids and time.monotonic() < deadline:
+            time.sleep(0.01)
+        report["after"] = outcome(pool.submit(ShellJob("echo after", timeout=10)))
+        report["replaced"] = pool.stats().worker_restarts - report["restarts"]
+    print(json.dumps(report))
+""")
+
+
+@pytest.mark.nobody
+@pytest.mark.slow
+def test_a_worker_and_a_pool_refused_forks_and_threads_survive_and_serve_again():
+    """Red team: a worker whose helper's fork was refused on a job's way
+    out died of it, and the dispatcher died of the cleanup thread it could
+    not start: every later job of the pool waited for ever."""
+    done = run_as_nobody(REFUSED_FORKS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report == {"held": "held\n", "next": "next\n", "restarts": 0, "refused": True, "after": "after\n",
+                      "replaced": 1}, (report, done.stderr[-3000:])

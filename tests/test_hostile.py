@@ -168,9 +168,10 @@ def test_storm_still_forking_when_the_timeout_hits(pool):
 CGROUP_PIDS_ROOT = "/sys/fs/cgroup/pids"
 PIDS_CAP = 200
 
-#: Runs in a process that the test moved into the capped cgroup; its pool's
-#: workers and tools inherit the group. It checks the cap from inside first.
-BOMB_OWNER = textwrap.dedent("""
+#: The start of a pool's owner that the test moves into the capped cgroup
+#: (its pool's workers and tools inherit the group): it checks the cap from
+#: inside before anything else.
+CAPPED_OWNER = textwrap.dedent("""
     import json, os, sys, time
     cgroup, cap = sys.argv[1], sys.argv[2]
     sys.stdin.readline()  # the test moved us into the group and checked it
@@ -181,7 +182,11 @@ BOMB_OWNER = textwrap.dedent("""
     if ours != ["/" + os.path.basename(cgroup)] or limit != cap:
         print(json.dumps({"refused": f"not capped: cgroup {ours}, pids.max {limit}"}), flush=True)
         sys.exit(3)
-    from execpool import ExecPool, PythonJob, ShellJob
+    from execpool import ExecPool, PythonJob, Sandbox, ShellJob
+""")
+
+#: Runs two unbounded bombs, each followed by a job that must start.
+BOMB_OWNER = CAPPED_OWNER + textwrap.dedent("""
     report = {}
     with ExecPool(workers=1) as pool:
         for name, job in (("bash", ShellJob(sys.argv[3], timeout=2)),
@@ -192,6 +197,67 @@ BOMB_OWNER = textwrap.dedent("""
                             "seconds": time.monotonic() - started}
             # The kill must free the group again, or the next job cannot start.
             report[name + "_next"] = pool.run(ShellJob("echo next", timeout=10)).text
+    print(json.dumps(report), flush=True)
+""")
+
+#: Fills the group to its cap from the owner itself while the pool is idle,
+#: so that every fork the pool's own processes try is refused: a job is
+#: asked for meanwhile, then the fill is let go and the pool must serve
+#: again. Before, the worker died of a helper's refused fork on the way
+#: out of the job that could not start, and the dispatcher of a refused
+#: thread for the cleanup: every later job waited for ever.
+FULL_OWNER = CAPPED_OWNER + textwrap.dedent("""
+    import signal, tempfile, threading
+    report = {}
+    gates = tempfile.mkdtemp()
+    started, gate = os.path.join(gates, "started"), os.path.join(gates, "gate")
+    fill, full, stop = [], threading.Event(), threading.Event()
+
+    def hog():  # takes every process slot that comes free, until stopped
+        while not stop.is_set():
+            try:
+                pid = os.fork()
+            except BlockingIOError:
+                full.set()
+                continue
+            if pid == 0:
+                signal.pause()
+                os._exit(0)
+            fill.append(pid)
+
+    def outcome(future):
+        try:
+            result = future.result(timeout=30)
+        except Exception as exc:
+            return repr(exc)
+        return result.text if result.ok else f"{result.status.value}: {result.error}"
+
+    with ExecPool(workers=1) as pool:  # its worker is ready: it has forked nothing yet
+        held = pool.submit(PythonJob(
+            f"import os, time\\nopen({started!r}, 'w').close()\\n"
+            f"while not os.path.exists({gate!r}):\\n    time.sleep(0.005)\\nprint('held')", timeout=30))
+        deadline = time.monotonic() + 30
+        while not os.path.exists(started) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        hogging = threading.Thread(target=hog)
+        hogging.start()
+        full.wait(30)
+        open(gate, "w").close()  # the job ends while nothing else can fork
+        report["held"] = outcome(held)
+        report["during"] = outcome(pool.submit(PythonJob("print('during')", sandbox=Sandbox(), timeout=10)))
+        stop.set()
+        hogging.join()
+        report["filled"] = len(fill)
+        for pid in fill:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        deadline = time.monotonic() + 30
+        while True:
+            report["after"] = outcome(pool.submit(ShellJob("echo after", timeout=10)))
+            if report["after"] == "after\\n" or time.monotonic() > deadline:
+                break
+        report["sandboxed"] = outcome(pool.submit(PythonJob("print('sandboxed')", sandbox=Sandbox(), timeout=10)))
+        report["restarts"] = pool.stats().worker_restarts
     print(json.dumps(report), flush=True)
 """)
 
@@ -240,25 +306,30 @@ def pids_cgroup():
                 time.sleep(0.05)
 
 
-@pytest.mark.slow
-def test_unbounded_fork_bombs_inside_a_verified_pids_cap(pids_cgroup):
-    owner = subprocess.Popen(
-        [sys.executable, "-c", BOMB_OWNER, pids_cgroup, str(PIDS_CAP), hostile.FORK_BOMB_BASH,
-         hostile.FORK_BOMB_PYTHON],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+def _run_capped(cgroup: str, script: str, *args: str) -> dict:
+    """Run ``script`` (which starts with CAPPED_OWNER) moved into ``cgroup``
+    before it goes on; its last line, a JSON report."""
+    owner = subprocess.Popen([sys.executable, "-c", script, cgroup, str(PIDS_CAP), *args],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
-        with open(os.path.join(pids_cgroup, "cgroup.procs"), "w") as f:
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
             f.write(str(owner.pid))
-        assert _cgroup_tasks(pids_cgroup) == [owner.pid]
+        assert _cgroup_tasks(cgroup) == [owner.pid]
         owner.stdin.write("go\n")
         owner.stdin.flush()
-        out, _ = owner.communicate(timeout=60)
+        out, _ = owner.communicate(timeout=90)
     finally:
         owner.kill()
         owner.wait()
     report = json.loads(out.strip().splitlines()[-1])
     assert "refused" not in report, report
-    assert owner.returncode == 0
+    assert owner.returncode == 0, report
+    return report
+
+
+@pytest.mark.slow
+def test_unbounded_fork_bombs_inside_a_verified_pids_cap(pids_cgroup):
+    report = _run_capped(pids_cgroup, BOMB_OWNER, hostile.FORK_BOMB_BASH, hostile.FORK_BOMB_PYTHON)
     for name in ("bash", "python"):
         assert report[name]["timed_out"], report
         assert report[name]["seconds"] < 5, report
@@ -268,6 +339,17 @@ def test_unbounded_fork_bombs_inside_a_verified_pids_cap(pids_cgroup):
     assert refused_forks > 0, "the bombs never reached the cap: they were not bombs"
     # The pool closed and its owner exited: nothing of either bomb is left.
     assert wait_for(lambda: not _cgroup_tasks(pids_cgroup), timeout=2.0), _cgroup_tasks(pids_cgroup)
+
+
+@pytest.mark.slow
+def test_a_pool_whose_processes_are_refused_every_fork_serves_again_once_they_are_not(pids_cgroup):
+    report = _run_capped(pids_cgroup, FULL_OWNER)
+    assert report["held"] == "held\n", report
+    assert report["filled"] > 0, report
+    # Nothing could start: the job fails, as the pool's (it may be retried).
+    assert report["during"] == "during\n" or report["during"].startswith("infra"), report
+    assert report["after"] == "after\n", report
+    assert report["sandboxed"] == "sandboxed\n", report
 
 
 def _cap_or_skip(pool: ExecPool, caps: Limits) -> None:

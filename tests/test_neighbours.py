@@ -92,6 +92,36 @@ def test_threads_do_not_hide_processes_from_the_process_cap(doomed):
         assert all_dead(pids)
 
 
+#: Twenty daemons that leave the job's session and its tree and clear
+#: their environment (the marker with it), then a leader that waits.
+UNMARKED_DAEMONS = """
+import os, time
+for _ in range(20):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            print("PIDS", os.getpid(), flush=True)
+            os.execv("/usr/bin/env", ["env", "-i", "sleep", "60"])
+        os._exit(0)
+    os.wait()
+time.sleep(30)
+print("all twenty lived")
+"""
+
+
+def test_a_sandboxed_job_s_daemons_count_for_its_process_cap_without_a_marker(doomed):
+    """Red team: with the worker counting (no cgroup), a sandboxed job's
+    daemons that left its session and tree and cleared their environment
+    were not counted: only what its user namespace held would have told."""
+    with ExecPool(workers=1, sandbox="strict", cgroups=False) as pool:
+        result = pool.run(PythonJob(UNMARKED_DAEMONS, limits=Limits(processes=8), timeout=60))
+        pids = pids_in(result.output)
+        remember(doomed, pids)
+        assert "all twenty lived" not in result.output
+        assert result.text.startswith("Execution error: the job went over its process limit (8)"), result.text
+        assert all_dead(pids)
+
+
 def test_a_job_that_races_its_own_removal_neither_crashes_the_worker_nor_reaches_outside(tmp_path, doomed):
     """Red team: a daemon left swapping a directory and a symlink
     (``renameat2(RENAME_EXCHANGE)``) in its job's directory made the

@@ -181,7 +181,7 @@ class Dispatcher:
             listening = set(workers.all)
             if workers.closed and not listening:
                 return None
-            watching = workers.running_jobs > 0
+            watching = workers.running_jobs > 0 or workers.cleanups_waiting
             now = time.monotonic()
             if watching:
                 self._watch_until = now + IDLE_WATCH_S
@@ -196,6 +196,7 @@ class Dispatcher:
         if watching and time.monotonic() >= self._next_watchdog:
             self._next_watchdog = time.monotonic() + WATCHDOG_PERIOD_S
             self._watchdog(workers)
+            workers.start_cleanups()
 
     def _run(self) -> None:
         workers = self.workers

@@ -28,6 +28,7 @@ replacement starts.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import secrets
@@ -144,7 +145,11 @@ class Workers:
         self.broken: Optional[str] = None
         self.preload_errors: tuple = ()
         self._startup_failures = 0
-        self._cleanups: set[threading.Thread] = set()
+        #: Workers being cleaned up after, and those whose cleanup the
+        #: machine has refused a thread so far (started by start_cleanups).
+        self._cleanups: set[WorkerProcess] = set()
+        self._unstarted: collections.deque[tuple[WorkerProcess, dict[int, JobHandle], bool]] = collections.deque()
+        self._thread_refused = False  # said once until a thread starts again
         self._cleaned = threading.Condition(self.lock)
         self._closing = threading.Event()  # wakes a replacement waiting to try again
         self._scratch: dict[str, str] = {}  # token -> directory (scratch_dir)
@@ -254,10 +259,33 @@ class Workers:
             lost, worker.jobs = worker.jobs, {}
             self.running_jobs -= len(lost)
             replace = not self.closed and not worker.retiring
+            self._cleanups.add(worker)
+            self._unstarted.append((worker, lost, replace))
+        self.start_cleanups()
+
+    @property
+    def cleanups_waiting(self) -> bool:
+        return bool(self._unstarted)
+
+    def start_cleanups(self) -> None:
+        """Start the cleanups not started yet, on the dispatcher's thread.
+        A machine that refuses a thread now (a tenant holds every process
+        slot) leaves them for the dispatcher's next period: its own thread
+        must never end of it, or no job would be served again."""
+        while self._unstarted:
+            worker, lost, replace = self._unstarted[0]
             thread = threading.Thread(target=self._clean_up, args=(worker, lost, replace),
                                       name=f"execpool-cleanup-{worker.pid}", daemon=True)
-            self._cleanups.add(thread)
-        thread.start()
+            try:
+                thread.start()
+            except RuntimeError as exc:
+                if not self._thread_refused:
+                    self._thread_refused = True
+                    logger.warning("execpool: cannot start a thread to clean up after worker %d now (%s); "
+                                   "trying again", worker.pid, exc)
+                return
+            self._thread_refused = False
+            self._unstarted.popleft()
 
     def close(self, timeout: float) -> None:
         """Shut every worker down: bounded by ``timeout`` for them to finish
@@ -279,6 +307,8 @@ class Workers:
         wait for the running ones, then end the lifeline, which cleans up
         whatever is still left."""
         deadline = time.monotonic() + timeout
+        while self._unstarted:  # no thread for them yet: done here
+            self._clean_up(*self._unstarted.popleft())
         with self._cleaned:
             self._cleaned.wait_for(lambda: not self._cleanups, max(0.0, deadline - time.monotonic()))
             scratch, self._scratch = self._scratch, {}
@@ -404,7 +434,7 @@ class Workers:
             if successor_due:
                 self._keep_trying_successor()
             with self._cleaned:
-                self._cleanups.discard(threading.current_thread())
+                self._cleanups.discard(worker)
                 self._cleaned.notify_all()
 
     def _hand_over(self, jobs_dir: str) -> bool:

@@ -126,7 +126,11 @@ class Ahead:
             return
         if self._sock is None or views.template is not self._template:
             self._stop()
-            self._start(confiner, views, views.template)
+            try:
+                self._start(confiner, views, views.template)
+            except OSError as exc:  # no process to spare now: the next Result asks again
+                logger.debug("execpool: the preparer cannot start now (%s)", exc.strerror)
+                return
         self._receive()
         while self._sock is not None and len(self.stock) + self._asked < STOCK:
             try:
@@ -139,8 +143,12 @@ class Ahead:
     def _start(self, confiner: Confiner, views: Views, template: Template) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         keep = {theirs.fileno(), *template.descriptors(), *confiner.descriptors()}
-        pid = fork_helper(PREPARER_NAME, keep, lambda: _prepare(theirs, confiner, views, template))
-        theirs.close()
+        with theirs:
+            try:
+                pid = fork_helper(PREPARER_NAME, keep, lambda: _prepare(theirs, confiner, views, template))
+            except OSError:
+                ours.close()
+                raise
         ours.setblocking(False)
         self._sock, self._pid, self._template = ours, pid, template
         self.sel.register(ours, selectors.EVENT_READ, lambda _fd: self._receive())

@@ -157,6 +157,8 @@ class JobDirs:
         then on); whether it took them."""
         for _ in range(2):  # once more with a new remover if the last one died
             wake = self._wake if self._wake is not None else self._start_remover()
+            if wake is None:
+                return False
             try:
                 socket.send_fds(wake, [b"."], fds) if fds else wake.send(b".")
             except BlockingIOError:
@@ -170,11 +172,22 @@ class JobDirs:
             return True
         return False
 
-    def _start_remover(self) -> socket.socket:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    def _start_remover(self) -> Optional[socket.socket]:
+        """The new remover's wake; None where the machine refuses it a
+        process now (the next wake tries again): what was to be its to let
+        go of is let go of here, and the trash waits."""
+        try:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError:
+            return None
+        with theirs:
+            try:
+                self.remover = fork_helper(REMOVER_NAME, (theirs.fileno(),), lambda: _remove_trash(theirs, self.trash))
+            except OSError as exc:
+                ours.close()
+                logger.warning("execpool: cannot start the remover of jobs' directories now (%s)", exc.strerror)
+                return None
         ours.setblocking(False)
-        self.remover = fork_helper(REMOVER_NAME, (theirs.fileno(),), lambda: _remove_trash(theirs, self.trash))
-        theirs.close()
         self._wake = ours
         return ours
 

@@ -11,6 +11,7 @@ here the same way and then handed to a spare
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import selectors
 import shutil
@@ -22,6 +23,7 @@ from ..sandbox.view import HOME, SPACE_DIRECTORIES, SPACE_HOME, TMP, Views
 from ..shared.jobs import MAX_PROCESSES
 from ..shared.kernel.cgroups import Cgroups
 from ..shared.kernel.markers import JOB_MARKER_ENV
+from ..shared.kernel.sandbox import SHORT_NOW
 from ..tool.become import Setup, rlimit_values
 from . import files, space, userns
 from .ahead import Ahead, Made
@@ -30,6 +32,8 @@ from .jobdirs import JobDirs
 from .sessions import runtime_source
 from .sessions.family import Spares
 from .spawn import RULESET_BUILDER, Tool, start_tool
+
+logger = logging.getLogger("execpool")
 
 #: A tool that cannot be forked for want of process slots (EAGAIN) is tried
 #: this many times, reaping between tries: bounded, since the worker's other
@@ -74,11 +78,14 @@ class Launcher:
 
     def confiner(self) -> Confiner:
         """The sandbox's ruleset maker, made at the first sandboxed job;
-        OSError (the same every time) where the kernel lacks what it needs."""
+        OSError (the same every time) where the kernel lacks what it needs,
+        and (this time only) where the machine is short of something now."""
         if self._confiner is None and self._confiner_missing is None:
             try:
                 self._confiner = Confiner(RULESET_BUILDER)
             except OSError as exc:
+                if exc.errno in SHORT_NOW:
+                    raise
                 self._confiner_missing = exc.strerror or str(exc)
         if self._confiner is None:
             raise OSError(self._confiner_missing)
@@ -248,13 +255,19 @@ class Launcher:
     def make_ahead(self) -> None:
         """Ask for the next jobs' own namespaces, if jobs that fit have come,
         make the next sandboxed jobs' user namespaces and the next sandboxed
-        session's spares: once a Result is out."""
+        session's spares: once a Result is out. What the machine refuses
+        now (a process, memory: a tenant may hold them all) is asked for
+        again after the next Result; a job that finds none made makes its
+        own."""
         if self.ahead.wanted is not None and self._confiner is not None and self._views is not None:
             self.ahead.ask(self._confiner, self._views)
         if self._views is not None and self._views.template is not None:
             self.namespaces.refill(self._views.template.user_fd)
         if self.spares is not None:
-            self.spares.refill()
+            try:
+                self.spares.refill()
+            except OSError as exc:
+                logger.debug("execpool: sessions' spares cannot be made now (%s)", exc)
 
     def start(self, job: RunningJob, argv: List[str]) -> Tuple[int, List[int]]:
         """Start the job's cold tool; its pid and output pipes."""

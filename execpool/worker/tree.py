@@ -176,7 +176,7 @@ class Tree:
         """Whether the job has more processes than its cap (where the worker
         counts them itself)."""
         count = count_tree(job.pid if job.leader_alive else None, job.marker, self.worker_pid, self.not_strays(),
-                           self._spare_made)
+                           self._spare_made, self._naming(job))
         cap = job.start.limits.processes
         return cap is not None and count > cap
 

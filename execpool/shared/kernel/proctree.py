@@ -406,11 +406,12 @@ def _an_elders_child(parent: int, since: int, starters: tuple) -> bool:
 
 
 def count_tree(leader: Optional[int], marker: str, scope: int, exclude: Iterable[int] = (),
-               spared: Optional[Callable[[int], bool]] = None) -> int:
+               spared: Optional[Callable[[int], bool]] = None, named: Optional[Callable[[int], bool]] = None) -> int:
     """How many live processes a job has: the leader's subtree plus its
-    marked processes re-parented to ``scope``, and their subtrees."""
+    processes re-parented to ``scope`` -- marked, or ``named`` as its as
+    :func:`kill_tree` says -- and their subtrees."""
     pids = set(_subtree_pids(leader)) if leader is not None else set()
-    for proc in _marked(marker, scope, set(exclude), frozenset(), spared):
+    for proc in _marked(marker, scope, set(exclude), frozenset(), spared, named):
         pids.add(proc.pid)
         pids.update(_descendant_pids(proc.pid))
     return sum(1 for pid in pids if not is_zombie(pid))

@@ -68,13 +68,13 @@ What the sandbox does not cover is in the README's threat model.
 from __future__ import annotations
 
 import ctypes
-import functools
+import errno
 import os
 import platform
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 from .. import checks
 
@@ -228,17 +228,28 @@ _VIEW_PROBE = """
 import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 kind, uid, gid = int(sys.argv[1]), os.geteuid(), os.getegid()
+def refused(step, number):
+    print(number, file=sys.stderr)
+    sys.exit(step + ": " + os.strerror(number))
 if libc.unshare(0x10020000 if kind == 2 else 0x20000) != 0:
-    sys.exit("unshare: " + os.strerror(ctypes.get_errno()))
+    refused("unshare", ctypes.get_errno())
 if kind == 2:
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-        with open("/proc/self/" + name, "w") as f:
-            f.write(text)
+        try:
+            with open("/proc/self/" + name, "w") as f:
+                f.write(text)
+        except OSError as exc:
+            refused(name, exc.errno)
 attr = (ctypes.c_uint64 * 4)(1, 0, 1 << 19, 0)
 libc.syscall.restype = ctypes.c_long
 if libc.syscall(442, -100, b"/", 0x8000, attr, 32) != 0:
-    sys.exit("mount_setattr: " + os.strerror(ctypes.get_errno()))
+    refused("mount_setattr", ctypes.get_errno())
 """
+
+#: Errors that say the machine is short of something now (a process slot,
+#: memory, a descriptor), not what it refuses: an answer made of them is
+#: not kept, and the question is asked again next time.
+SHORT_NOW = frozenset({errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
 
 
 @dataclass(frozen=True)
@@ -267,27 +278,45 @@ class SandboxSupport:
         return self.view_missing if sandbox.read_only_view else None
 
 
-@functools.lru_cache(maxsize=None)
+#: The view probe's answer, once the kernel gave one: None, or why not.
+_view_answer: List[Optional[str]] = []
+
+
 def _view_missing() -> Optional[str]:
+    """Why tools cannot get their read-only view here (None: they can),
+    asked of a new process once per process; OSError, and asked again
+    next time, where that process could not be started or ran short."""
+    if _view_answer:
+        return _view_answer[0]
     kind = view_kind()
     try:
         done = subprocess.run([sys.executable, "-I", "-S", "-c", _VIEW_PROBE, str(kind)], capture_output=True,
                               text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"the sandbox's read-only view could not be tried here: {exc}"
+    except subprocess.TimeoutExpired as exc:
+        raise OSError(errno.EAGAIN, f"the sandbox's read-only view could not be tried now: {exc}") from None
+    except OSError as exc:
+        raise OSError(exc.errno, f"the sandbox's read-only view could not be tried now: {exc.strerror}") from None
+    said = done.stderr.strip().splitlines()
+    refused = int(said[-2]) if done.returncode == 1 and len(said) >= 2 and said[-2].isdigit() else None
+    if done.returncode != 0 and (refused is None or refused in SHORT_NOW):
+        raise OSError(errno.EAGAIN, "the sandbox's read-only view could not be tried now: "
+                                    f"{said[-1] if said else f'its probe exited with {done.returncode}'}")
     if done.returncode == 0:
+        _view_answer[:] = [None]
         return None
     need = "a mount namespace" if kind == VIEW_MOUNT_NS else "an unprivileged user namespace with a mount namespace"
-    return (f"the sandbox's read-only view needs {need}, which this machine refuses "
-            f"({done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}); "
-            "Sandbox(read_only_view=False) runs without it, and then a tool can change the mode, owner and times "
-            "of any file its user owns")
+    _view_answer[:] = [f"the sandbox's read-only view needs {need}, which this machine refuses ({said[-1]}); "
+                       "Sandbox(read_only_view=False) runs without it, and then a tool can change the mode, owner "
+                       "and times of any file its user owns"]
+    return _view_answer[0]
 
 
 def sandbox_support() -> SandboxSupport:
     """What a sandboxed job needs, and whether this machine has it. A job
     asking for the sandbox where it is missing ends with an ``Execution
-    error`` saying the same -- it never runs unsandboxed."""
+    error`` saying the same -- it never runs unsandboxed. OSError where
+    the machine cannot tell now (no process or memory to spare for the
+    probe): nothing is concluded from that, and the next call asks again."""
     abi = landlock_abi()
     filters = platform.machine() in SECCOMP_MACHINES and _seccomp_works()
     view_missing = _view_missing()
