@@ -204,6 +204,18 @@ def unprivileged_pythonpath(base: str) -> str:
     return path
 
 
+#: For a script a test runs in a process of its own: a job's outcome in
+#: one string, its text when it ended well.
+OUTCOME = """
+def outcome(future):
+    try:
+        result = future.result(timeout=30)
+    except Exception as exc:
+        return repr(exc)
+    return result.text if result.ok else f"{result.status.value}: {result.error}"
+"""
+
+
 def run_as_nobody(script: str) -> subprocess.CompletedProcess:
     """Run the Python ``script`` as ``nobody`` with execpool importable and
     ``sys.argv[1]`` a fresh directory it may write in (removed after);

@@ -18,6 +18,7 @@ from helpers import (
     all_dead,
     marked_processes,
     open_fds,
+    OUTCOME,
     pids_in,
     run_as_nobody,
     wait_for,
@@ -428,7 +429,7 @@ def test_a_job_that_moves_its_workers_jobs_directory_away_fails_no_later_job(tmp
 #: directories, the preparer of sandboxed jobs' namespaces), then the
 #: pool's owner while its worker dies (the thread that cleans up after
 #: it). Each must survive, and serve again once the limit is lifted.
-REFUSED_FORKS = textwrap.dedent("""
+REFUSED_FORKS = OUTCOME + textwrap.dedent("""
     import json, logging, os, resource, signal, socket, sys, threading, time
     import psutil
     from execpool import ExecPool, PythonJob, Sandbox, ShellJob
@@ -446,13 +447,6 @@ REFUSED_FORKS = textwrap.dedent("""
     logging.getLogger("execpool").addHandler(Refused())
     hook = threading.excepthook
     threading.excepthook = lambda args: (refused.set(), hook(args))
-
-    def outcome(future):
-        try:
-            result = future.result(timeout=30)
-        except Exception as exc:
-            return repr(exc)
-        return result.text if result.ok else f"{result.status.value}: {result.error}"
 
     with ExecPool(workers=1) as pool:  # its worker has forked nothing yet
         worker, = [p.pid for p in psutil.Process().children(recursive=True)

@@ -34,7 +34,7 @@ import hostile
 from execpool import ExecPool, Limits, PythonJob, ShellJob
 from execpool.shared.output import STREAM_CAP_NOTICE
 from execpool.worker.spawn import SPAWN_METHODS
-from helpers import all_dead, alive, collect, joined_output, pids_in, processes_with_env, wait_for
+from helpers import OUTCOME, all_dead, alive, collect, joined_output, pids_in, processes_with_env, wait_for
 
 pytestmark = pytest.mark.hostile
 
@@ -206,7 +206,7 @@ BOMB_OWNER = CAPPED_OWNER + textwrap.dedent("""
 #: again. Before, the worker died of a helper's refused fork on the way
 #: out of the job that could not start, and the dispatcher of a refused
 #: thread for the cleanup: every later job waited for ever.
-FULL_OWNER = CAPPED_OWNER + textwrap.dedent("""
+FULL_OWNER = CAPPED_OWNER + OUTCOME + textwrap.dedent("""
     import signal, tempfile, threading
     report = {}
     gates = tempfile.mkdtemp()
@@ -224,13 +224,6 @@ FULL_OWNER = CAPPED_OWNER + textwrap.dedent("""
                 signal.pause()
                 os._exit(0)
             fill.append(pid)
-
-    def outcome(future):
-        try:
-            result = future.result(timeout=30)
-        except Exception as exc:
-            return repr(exc)
-        return result.text if result.ok else f"{result.status.value}: {result.error}"
 
     with ExecPool(workers=1) as pool:  # its worker is ready: it has forked nothing yet
         held = pool.submit(PythonJob(
