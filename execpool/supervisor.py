@@ -36,6 +36,7 @@ import dataclasses
 import os
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 from .pool.base import JobRunner
@@ -124,6 +125,7 @@ class ExecPool(JobRunner):
         self._dispatcher = Dispatcher()
         self._code: Optional[CodeJobs] = None
         self._code_lock = threading.Lock()
+        self._engine = _Engine(self)
         assert config.disk_budget is not None
         self.disk_budget = DiskBudget(config.disk_budget)
         try:
@@ -223,7 +225,7 @@ class ExecPool(JobRunner):
                 limits: Optional[Limits] = None, idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT_S,
                 cwd: Optional[Union[str, os.PathLike]] = None, env: Optional[Mapping[str, str]] = None,
                 network: bool = True, files: Optional[Mapping[str, Union[bytes, File]]] = None,
-                fetch: Sequence[str] = (), _workspace: Optional[Workspace] = None) -> Session:
+                fetch: Sequence[str] = ()) -> Session:
         """A live ``"python"`` interpreter or ``"bash"`` shell that keeps its
         state between cells (execpool/pool/sessions.py): ``session.run(code)``
         gives a ``CellResult``. It starts at once (Python's from the warm
@@ -237,8 +239,8 @@ class ExecPool(JobRunner):
         ``disk_budget`` for its life: ``DiskBudgetError`` when it does not
         fit now."""
         self._check_open()
-        return open_session(self, language, sandbox=sandbox, limits=limits, idle_timeout=idle_timeout, cwd=cwd,
-                            env=env, network=network, files=files, fetch=fetch, workspace=_workspace)
+        return open_session(self._engine, language, sandbox=sandbox, limits=limits, idle_timeout=idle_timeout,
+                            cwd=cwd, env=env, network=network, files=files, fetch=fetch)
 
     def workspace(self, disk: Optional[int] = None, *, sandbox: Union[None, str, Sandbox] = None) -> Workspace:
         """A space that outlives jobs (execpool/pool/workspaces.py): the jobs
@@ -249,8 +251,8 @@ class ExecPool(JobRunner):
         does not fit now). Its jobs run in ``sandbox`` (the pool's, else
         the strict one)."""
         self._check_open()
-        disk, box = workspace_options(self, disk, sandbox)
-        return Workspace(self, disk, box)
+        disk, box = workspace_options(self.config, disk, sandbox)
+        return Workspace(self._engine, disk, box)
 
     def _next_id(self) -> int:
         with self._ids_lock:
@@ -369,6 +371,49 @@ class ExecPool(JobRunner):
             raise PoolClosedError("this ExecPool is closed")
         if self._workers.broken is not None:
             raise PoolBrokenError(self._workers.broken)
+
+
+class _Engine:
+    """The pool's workers as sessions and workspaces reach them
+    (execpool/pool/engine.py): the few of the pool's insides they need."""
+
+    def __init__(self, pool: ExecPool) -> None:
+        self._pool = pool
+
+    @property
+    def config(self) -> PoolConfig:
+        return self._pool.config
+
+    @property
+    def disk_budget(self) -> DiskBudget:
+        return self._pool.disk_budget
+
+    @property
+    def stats(self) -> StatsRecorder:
+        return self._pool._stats
+
+    def next_id(self) -> int:
+        return self._pool._next_id()
+
+    def assign(self, handle: JobHandle, deadline: Optional[float], worker: Optional[WorkerProcess]) -> WorkerProcess:
+        return self._pool._workers.assign(handle, deadline, worker)
+
+    def hold_workspace(self, ident: int) -> WorkerProcess:
+        return self._pool._workers.hold_workspace(ident)
+
+    def let_go_workspace(self, worker: WorkerProcess, ident: int) -> None:
+        self._pool._workers.let_go_workspace(worker, ident)
+
+    def watch(self, future: Future, cancel_event: threading.Event) -> None:
+        self._pool._watcher.watch(future, cancel_event)
+
+    def submit_in(self, workspace: Workspace, job: Job, on_event: Optional[OnEvent],
+                  cancel_event: Optional[threading.Event]) -> JobFuture:
+        return self._pool._submit(job, on_event, cancel_event, workspace)
+
+    def session_in(self, workspace: Workspace, language: str, **options: Any) -> Session:
+        self._pool._check_open()
+        return open_session(self, language, workspace=workspace, **options)
 
 
 class _Admission:

@@ -218,6 +218,19 @@ def test_the_callers_side_loads_nothing_of_the_workers_or_the_lifelines():
     assert not {m for m in loaded if m.split(".")[1:2] in (["worker"], ["lifeline"], ["tool"], ["sandbox"])}
 
 
+def test_what_is_built_beside_submit_reaches_the_pool_only_through_its_engine():
+    """Sessions and workspaces take execpool/pool/engine.py's protocol; no
+    module but the supervisor touches a pool's private attributes, and
+    the dispatcher knows no layer built on the pool."""
+    private = re.compile(r"\b_?pool\._[a-z]\w*")
+    reaching = [f"{module}: {hit}" for module, path in sorted(_modules().items())
+                if module != "execpool.supervisor"
+                for hit in private.findall(open(path, encoding="utf-8").read())]
+    assert not reaching, reaching
+    dispatch = _imports("execpool.pool.dispatch", os.path.join(PACKAGE, "pool", "dispatch.py"))
+    assert not {t for t in dispatch if t.split(".")[-1] in ("sessions", "workspaces", "code", "many")}, dispatch
+
+
 def test_the_package_cites_only_files_of_the_repository():
     """Module docstrings cited a DESIGN.md the repository did not have and
     paths that a move had left behind: every file the package names is here."""

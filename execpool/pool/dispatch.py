@@ -38,7 +38,6 @@ from typing import Optional
 
 from ..shared import channel
 from ..shared.kernel.proctree import is_stopped, stat_fields
-from .sessions import SessionHandle
 from .workers import WorkerProcess, Workers
 
 #: While jobs run, how often the dispatcher looks for a stopped worker (and
@@ -294,9 +293,8 @@ class Dispatcher:
             handle.finish(msg.result)
         elif isinstance(msg, channel.CellDone):
             handle = worker.jobs.get(msg.job_id)
-            if not isinstance(handle, SessionHandle):
+            if handle is None or not handle.cell_done(msg.reply, msg.interrupted, msg.printed):
                 raise channel.ChannelError(f"a cell's end for job {msg.job_id}, which is no session it runs")
-            handle.cell_done(msg.reply, msg.interrupted, msg.printed)
         elif isinstance(msg, channel.Spawned):
             if msg.job_id not in worker.jobs:
                 raise channel.ChannelError(f"a tool for job {msg.job_id}, which it does not run")

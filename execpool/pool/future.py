@@ -107,6 +107,11 @@ class JobHandle:
     def job_id(self) -> int:
         return self.future.job_id
 
+    def cell_done(self, reply: bytes, interrupted: bool, printed: int) -> bool:
+        """A session's cell ended (execpool/pool/sessions.py); False: this
+        job is no session, and its worker had no business saying so."""
+        return False
+
     def output(self, text: str, stream: str = "stdout") -> None:
         if self.on_event is None or self.live.capped:
             return

@@ -45,7 +45,7 @@ from .future import JobFuture, JobHandle, JobOutput, OnEvent, OutputCapped
 from .stats import StatsRecorder
 
 if TYPE_CHECKING:
-    from ..supervisor import ExecPool
+    from .engine import Engine
     from .workers import WorkerProcess
     from .workspaces import Workspace
 
@@ -105,8 +105,9 @@ class SessionHandle(JobHandle):
     def output(self, text: str, stream: str = "stdout") -> None:
         self.session._output(text, stream)
 
-    def cell_done(self, reply: bytes, interrupted: bool, printed: int) -> None:
+    def cell_done(self, reply: bytes, interrupted: bool, printed: int) -> bool:
         self.session._cell_done(reply, interrupted, printed)
+        return True
 
     def finish(self, result: Result) -> None:
         self.session._ended(result)  # first: the session's own callbacks find it ended
@@ -124,7 +125,7 @@ class Session:
     closed or gone.
     """
 
-    def __init__(self, pool: "ExecPool", language: str, start: channel.Start, cwd: Optional[str]) -> None:
+    def __init__(self, engine: "Engine", language: str, start: channel.Start, cwd: Optional[str]) -> None:
         """Not started: ``open_session`` starts it on a worker, or a fork
         makes it on its parent's."""
         #: Unguessable: a service hands it to its client as the session's name.
@@ -141,7 +142,7 @@ class Session:
         self._ready = False  # its runtime runs (for a copy: once the fork made it)
         self._ended_event = threading.Event()
         self._live = LiveBudget()
-        self._pool = pool
+        self._engine = engine
         self._start = start
         #: Its directory when the caller gave one (None: a private one the
         #: worker made, removed with the session). A sandboxed copy of a
@@ -152,7 +153,7 @@ class Session:
         #: (empty until then): relative path to File.
         self.files: Dict[str, File] = {}
         self._future = JobFuture(start.job_id)
-        self._handle = SessionHandle(self._future, self, pool._stats)
+        self._handle = SessionHandle(self._future, self, engine.stats)
         self._future._cancel = self._kill
         self._worker: Optional["WorkerProcess"] = None
         #: What it holds of its pool's disk budget (execpool/pool/budget.py).
@@ -162,7 +163,7 @@ class Session:
         """Its disk bound taken from the pool's budget for its life, or
         DiskBudgetError: a session does not wait for room."""
         size = reserved(self._start.sandbox, self._start.limits)
-        budget = self._pool.disk_budget
+        budget = self._engine.disk_budget
         if size and not budget.try_acquire(size):
             raise DiskBudgetError(f"a session's disk bound of {size} bytes does not fit the pool's disk budget now: "
                                   f"{budget.describe()}")
@@ -172,7 +173,7 @@ class Session:
     def _give_back(self) -> None:
         with self._lock:
             size, self._reserved = self._reserved, 0
-        self._pool.disk_budget.release(size)
+        self._engine.disk_budget.release(size)
 
     # -- the caller's calls ------------------------------------------------------
 
@@ -198,7 +199,7 @@ class Session:
         future = CellFuture(self)
         self._enqueue(_Cell(code, None if timeout is None else float(timeout), future, on_event, Printed()))
         if cancel_event is not None:
-            self._pool._watcher.watch(future, cancel_event)
+            self._engine.watch(future, cancel_event)
         return future
 
     def run(self, code: str, *, timeout: Optional[Number] = DEFAULT_CELL_TIMEOUT_S,
@@ -245,8 +246,8 @@ class Session:
                                    "its parent has them; it cannot be given a cwd")
         directory = self.cwd if cwd is None else _directory(cwd)
         # Its files are its parent's, copied: none is given again.
-        child = Session(self._pool, self.language,
-                        replace(self._start, job_id=self._pool._next_id(), cwd=directory, warm=False, files=()),
+        child = Session(self._engine, self.language,
+                        replace(self._start, job_id=self._engine.next_id(), cwd=directory, warm=False, files=()),
                         directory)
         child._reserve()
         made: "Future[Session]" = Future()
@@ -323,7 +324,7 @@ class Session:
         fork's failure."""
         assert cell.fork is not None
         try:
-            cell.fork._worker = self._pool._workers.assign(cell.fork._handle, None, self._worker)
+            cell.fork._worker = self._engine.assign(cell.fork._handle, None, self._worker)
         except ExecPoolError as exc:
             cell.future.set_exception(SessionForkError(f"the session could not be forked: {exc}"))
             return False
@@ -483,10 +484,11 @@ def _why_gone(result: Result, in_cell: bool) -> str:
     return f"the session's process exited ({result.exit_code})"
 
 
-def open_session(pool: "ExecPool", language: str, *, sandbox: Union[None, bool, str, Sandbox],
-                 limits: Optional[Limits], idle_timeout: Optional[Number], cwd: Optional[Union[str, os.PathLike]],
-                 env: Optional[Mapping[str, str]], network: bool, files: Optional[Mapping[str, Union[bytes, File]]],
-                 fetch: Sequence[str], workspace: Optional["Workspace"] = None) -> Session:
+def open_session(engine: "Engine", language: str, *, sandbox: Union[None, bool, str, Sandbox] = None,
+                 limits: Optional[Limits] = None, idle_timeout: Optional[Number] = DEFAULT_IDLE_TIMEOUT_S,
+                 cwd: Optional[Union[str, os.PathLike]] = None, env: Optional[Mapping[str, str]] = None,
+                 network: bool = True, files: Optional[Mapping[str, Union[bytes, File]]] = None,
+                 fetch: Sequence[str] = (), workspace: Optional["Workspace"] = None) -> Session:
     """``ExecPool.session``'s arguments checked, then the session started."""
     if language not in SESSION_LANGUAGES:
         raise ValueError(f"language must be one of {', '.join(SESSION_LANGUAGES)}, not {language!r}")
@@ -496,12 +498,12 @@ def open_session(pool: "ExecPool", language: str, *, sandbox: Union[None, bool, 
         checks.seconds("idle_timeout", idle_timeout)
     checks.flag("network", network)
     directory = None if cwd is None else _directory(cwd)
-    config = pool.config
+    config = engine.config
     env_all = dict(config.tool_env)
     env_all.update({} if env is None else checks.environment("env", env))
     chosen = job_sandbox(sandbox)
     start = channel.Start(
-        job_id=pool._next_id(), argv_kind="python" if language == "python" else "shell", source="", cwd=directory,
+        job_id=engine.next_id(), argv_kind="python" if language == "python" else "shell", source="", cwd=directory,
         env=env_all, timeout=None, limits=limits or config.limits, live_cap=RESULT_HEAD_CHARS,
         max_output_chars=config.max_output_chars, keep_background=False, python=config.python,  # type: ignore[arg-type]
         stdin=None, warm=language == "python", network=network, separate_stderr=True,
@@ -509,11 +511,11 @@ def open_session(pool: "ExecPool", language: str, *, sandbox: Union[None, bool, 
         session=True, idle_timeout=None if idle_timeout is None else float(idle_timeout),
         files=tuple(job_files("files", files or {}).items()), fetch=fetch_patterns("fetch", fetch),
         workspace=None if workspace is None else workspace.id)
-    session = Session(pool, language, start, directory)
+    session = Session(engine, language, start, directory)
     if workspace is None:
         session._reserve()  # a workspace's session writes the workspace, which holds its own bound
     try:
-        session._worker = pool._workers.assign(session._handle, None, None if workspace is None else workspace.worker)
+        session._worker = engine.assign(session._handle, None, None if workspace is None else workspace.worker)
     except BaseException:
         session._give_back()
         raise

@@ -25,10 +25,11 @@ from ..shared.errors import DiskBudgetError, PoolClosedError
 from ..shared.jobs import MIN_DISK, Job
 from ..shared.kernel.sandbox import STRICT, Sandbox, job_sandbox
 from ..shared.result import Result
+from .config import PoolConfig
 from .future import JobFuture, OnEvent
 
 if TYPE_CHECKING:
-    from ..supervisor import ExecPool
+    from .engine import Engine
     from .sessions import Session
     from .workers import WorkerProcess
 
@@ -43,19 +44,19 @@ class Workspace:
     #: Where its jobs see it (their working directory and home).
     path = WORKSPACE_PATH
 
-    def __init__(self, pool: "ExecPool", disk: Optional[int], sandbox: Sandbox) -> None:
-        self._pool = pool
+    def __init__(self, engine: "Engine", disk: Optional[int], sandbox: Sandbox) -> None:
+        self._engine = engine
         self.disk = disk
         self.sandbox = sandbox
-        self.id = pool._next_id()
+        self.id = engine.next_id()
         self._lock = threading.Lock()
         self._closed = False
-        budget = pool.disk_budget
+        budget = engine.disk_budget
         if disk and not budget.try_acquire(disk):
             raise DiskBudgetError(f"a workspace's disk bound of {disk} bytes does not fit the pool's disk budget "
                                   f"now: {budget.describe()}")
         try:
-            self.worker: "WorkerProcess" = pool._workers.hold_workspace(self.id)
+            self.worker: "WorkerProcess" = engine.hold_workspace(self.id)
         except BaseException:
             budget.release(disk or 0)
             raise
@@ -72,7 +73,7 @@ class Workspace:
         gives one with the view). Its ``files`` are the workspace's for its
         run and gone after, a file of the same name set aside meanwhile."""
         self._check_open()
-        return self._pool._submit(job, on_event, cancel_event, self)
+        return self._engine.submit_in(self, job, on_event, cancel_event)
 
     def run(self, job: Job, *, cancel_event: Optional[threading.Event] = None) -> Result:
         return self.submit(job, cancel_event=cancel_event).result()
@@ -84,8 +85,8 @@ class Workspace:
         self._check_open()
         if options.get("cwd") is not None:
             raise ValueError("a session in a workspace runs in its home: cwd must be None")
-        return self._pool.session(language, **{**options, "sandbox": self.sandbox_for(options.get("sandbox"))},
-                                  _workspace=self)
+        return self._engine.session_in(self, language,
+                                       **{**options, "sandbox": self.sandbox_for(options.get("sandbox"))})
 
     def sandbox_for(self, sandbox: Union[None, bool, str, Sandbox]) -> Sandbox:
         """A job's sandbox in this workspace: its own if it gives one with
@@ -104,8 +105,8 @@ class Workspace:
             if self._closed:
                 return
             self._closed = True
-        self._pool._workers.let_go_workspace(self.worker, self.id)
-        self._pool.disk_budget.release(self.disk or 0)
+        self._engine.let_go_workspace(self.worker, self.id)
+        self._engine.disk_budget.release(self.disk or 0)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -129,16 +130,16 @@ def workspace_job(workspace: Workspace, job: Job) -> Job:
     return dataclasses.replace(job, sandbox=workspace.sandbox_for(job.sandbox))
 
 
-def workspace_options(pool: "ExecPool", disk: Optional[int], sandbox: Union[None, str, Sandbox]) -> tuple:
+def workspace_options(config: PoolConfig, disk: Optional[int], sandbox: Union[None, str, Sandbox]) -> tuple:
     """``ExecPool.workspace``'s arguments checked: (disk, sandbox)."""
     if disk is not None:
         checks.integer("disk", disk, minimum=MIN_DISK)
     else:
-        disk = pool.config.limits.disk
+        disk = config.limits.disk
     chosen = job_sandbox(sandbox)
     if chosen is False:
         raise ValueError("a workspace needs the sandbox (None takes the pool's, or the strict one)")
-    box = chosen if isinstance(chosen, Sandbox) else pool.config.sandbox or STRICT
+    box = chosen if isinstance(chosen, Sandbox) else config.sandbox or STRICT
     if not box.read_only_view:
         raise ValueError("a workspace needs the sandbox's view: Sandbox(read_only_view=False) has none")
     return disk, box
