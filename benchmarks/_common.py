@@ -33,7 +33,7 @@ import psutil
 
 from execpool import Limits
 from execpool.shared.kernel import proctree
-from execpool.worker.helper import PREPARER_NAME, REMOVER_NAME, USERNS_NAME
+from execpool.worker.helper_forks import PREPARER_NAME, REMOVER_NAME, USERNS_NAME
 from execpool.tool.spare_wire import SPARE_NAME, TEMPLATE_NAME
 
 MiB = 1 << 20
@@ -496,7 +496,7 @@ FILLER_LIMITS = Limits(disk=64 << 20)
 
 def is_pool_helper(proc: psutil.Process) -> bool:
     """A worker's warm template or parked spare (execpool/tool/template.py), its
-    helpers (execpool/worker/helper.py), or the pool's lifeline
+    helpers (execpool/worker/helper_forks.py), or the pool's lifeline
     (execpool/lifeline/process.py): the pool's own, not a tool."""
     try:
         return (proc.name() in (TEMPLATE_NAME, SPARE_NAME, PREPARER_NAME, REMOVER_NAME, USERNS_NAME)

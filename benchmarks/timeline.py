@@ -53,9 +53,9 @@ WORKER_BOOT = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom benchmarks.tim
 def _worker_main(out_path: str, worker_argv: list[str]) -> None:
     import execpool.shared.kernel.proctree as proctree
     import execpool.worker.launch as launch
-    import execpool.worker.loop as worker
+    import execpool.worker.event_loop as worker
     import execpool.worker.warm.handover as handover
-    from execpool.shared import channel
+    from execpool.shared import worker_wire
 
     marks: dict[str, dict[str, float]] = {}
     unwrapped: list[str] = []
@@ -97,14 +97,14 @@ def _worker_main(out_path: str, worker_argv: list[str]) -> None:
     wrap(W, "end", before=end_before, after=lambda self, job, ending: stamp(job.start.job_id, "w_end_out"))
 
     def send_before(self, msg):
-        if isinstance(msg, channel.Finished):
+        if isinstance(msg, worker_wire.Finished):
             stamp(msg.job_id, "w_finished_pre_send")
 
     def send_after(self, msg):
-        if isinstance(msg, channel.Finished):
+        if isinstance(msg, worker_wire.Finished):
             stamp(msg.job_id, "w_finished_sent")
             current["job"] = None
-        elif isinstance(msg, channel.Spawned):
+        elif isinstance(msg, worker_wire.Spawned):
             stamp(msg.job_id, "w_spawned_sent")
 
     wrap(W, "send", before=send_before, after=send_after)

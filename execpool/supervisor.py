@@ -16,7 +16,7 @@
 
 Who runs this: the caller's process -- typically a large, multithreaded
 server. What it owns: a ``PoolConfig`` (execpool/pool/config.py), the worker
-processes (execpool/pool/workers.py; each one an execpool/worker/loop.py process
+processes (execpool/pool/workers.py; each one an execpool/worker/event_loop.py process
 running many tools at once), the one dispatcher thread that routes their
 messages, and the pool's lifeline (execpool/lifeline/process.py). The caller's thread
 count does not grow with the number of concurrent jobs.
@@ -24,7 +24,7 @@ count does not grow with the number of concurrent jobs.
 ``submit`` is the one entry point: it validates the job, sends it to the
 least-loaded worker and returns a ``JobFuture`` (execpool/pool/future.py).
 Everything above it -- ``run``, ``stream`` and ``astream`` (execpool/drain.py),
-``map`` and ``imap_unordered`` (execpool/pool/many.py), the tool layer, the CLI,
+``map`` and ``imap_unordered`` (execpool/pool/mapping.py), the tool layer, the CLI,
 the service -- is a client of it.
 """
 
@@ -39,18 +39,18 @@ import time
 from concurrent.futures import Future
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
-from .pool.base import JobRunner
 from .pool.budget import DiskBudget, reserved
 from .pool.code import CodeJobs
 from .pool.compile_cache import CompileCacheStats
 from .pool.config import PoolConfig
 from .pool.dispatch import Dispatcher
 from .pool.future import CancelWatcher, JobFuture, JobHandle, OnEvent
+from .pool.runner import JobRunner
 from .pool.sessions import DEFAULT_IDLE_TIMEOUT_S, Session, open_session
 from .pool.stats import PoolStats, StatsRecorder
 from .pool.workers import WorkerProcess, Workers
 from .pool.workspaces import Workspace, workspace_job, workspace_options
-from .shared import channel, checks
+from .shared import checks, worker_wire
 from .shared.errors import PoolBrokenError, PoolClosedError
 from .shared.files import File
 from .shared.jobs import CodeJob, Job, Limits, PythonJob, ShellJob
@@ -199,7 +199,7 @@ class ExecPool(JobRunner):
         config = self.config
         env = dict(config.tool_env)
         env.update(job.env or {})
-        start = channel.Start(
+        start = worker_wire.Start(
             job_id=job_id, argv_kind=job.kind, source=job.source,
             cwd=None if job.cwd is None else os.fspath(job.cwd), env=env,
             timeout=job.timeout, limits=job.limits or config.limits,
@@ -421,7 +421,7 @@ class _Admission:
     (execpool/pool/budget.py) until it fits, then sent; cancellable all
     along. What it took of the budget is given back when its future is done."""
 
-    def __init__(self, pool: ExecPool, handle: JobHandle, start: channel.Start, size: int,
+    def __init__(self, pool: ExecPool, handle: JobHandle, start: worker_wire.Start, size: int,
                  worker: Optional[WorkerProcess]) -> None:
         self.pool = pool
         self.handle = handle
@@ -466,6 +466,6 @@ class _Admission:
             self._cancelled = True
         if worker is not None:
             if self.start.job_id in worker.jobs:
-                worker.send(channel.Cancel(self.start.job_id))
+                worker.send(worker_wire.Cancel(self.start.job_id))
         elif self.token is not None and self.pool.disk_budget.leave(self.token):
             self.handle.finish(Result(status=Status.CANCELLED, cancelled=True, timeout=self.start.timeout))

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from execpool import ExecPool, PythonJob, ShellJob
-from execpool.pool.many import MAP_REORDER_WINDOW, imap_unordered_jobs, map_jobs, run_tagged
+from execpool.pool.mapping import MAP_REORDER_WINDOW, imap_unordered_jobs, map_jobs, run_tagged
 from execpool.cli.batch import default_output_path
 from helpers import alive, all_dead, wait_for
 
@@ -414,7 +414,7 @@ def test_an_overlong_line_is_an_invalid_record_read_past_in_bounded_memory(tmp_p
 
 
 def test_a_line_of_exactly_the_longest_length_is_read(tmp_path, monkeypatch):
-    from execpool.cli import lines as batchlines
+    from execpool.cli import jobs_file as batchlines
     monkeypatch.setattr(batchlines, "MAX_LINE_BYTES", 10)
     lines = io.BytesIO(b"0123456789\n01234567890\n\n0123456789")
     assert list(batchlines.input_lines(lines)) == [(1, b"0123456789\n"), (2, None), (4, b"0123456789")]

@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 from execpool import ExecPool, Limits, Result, ShellJob, Status
-from execpool.shared import channel
+from execpool.shared import worker_wire
 from helpers import alive, pids_in, remember, state, wait_for, worker_records
 
 pytestmark = pytest.mark.hostile
@@ -115,14 +115,14 @@ def forge(worker, data: bytes) -> None:
         os.close(out)
 
 
-def _start() -> channel.Start:
-    return channel.Start(job_id=1, argv_kind="shell", source="true", cwd=None, env={}, timeout=None,
+def _start() -> worker_wire.Start:
+    return worker_wire.Start(job_id=1, argv_kind="shell", source="true", cwd=None, env={}, timeout=None,
                          limits=Limits(), live_cap=None, max_output_chars=100, keep_background=False,
                          python="/bin/false", stdin=None, warm=False, network=True)
 
 
 def _missing_field(job_id: int) -> object:
-    msg = channel.Output.__new__(channel.Output)
+    msg = worker_wire.Output.__new__(worker_wire.Output)
     object.__setattr__(msg, "job_id", job_id)
     return msg
 
@@ -130,22 +130,22 @@ def _missing_field(job_id: int) -> object:
 #: What a worker might send instead of an honest message; each takes the id
 #: of the job running on it and the pid of another worker's tool.
 FORGERIES: dict[str, Callable[[int, int], bytes]] = {
-    "Finished naming an unhashable job id": lambda job, other: pickle.dumps(channel.Finished([job], Result(Status.OK))),
-    "Spawned naming an unhashable job id": lambda job, other: pickle.dumps(channel.Spawned({}, 1, 1)),
+    "Finished naming an unhashable job id": lambda job, other: pickle.dumps(worker_wire.Finished([job], Result(Status.OK))),
+    "Spawned naming an unhashable job id": lambda job, other: pickle.dumps(worker_wire.Spawned({}, 1, 1)),
     "Finished whose Result has ill-typed fields": lambda job, other: pickle.dumps(
-        channel.Finished(job, Result(Status.OK, output=5, exit_code="0", error_lines=[b"x"]))),
+        worker_wire.Finished(job, Result(Status.OK, output=5, exit_code="0", error_lines=[b"x"]))),
     "Finished whose status is a plain string": lambda job, other: pickle.dumps(
-        channel.Finished(job, Result("ok"))),
-    "Output carrying bytes": lambda job, other: pickle.dumps(channel.Output(job, b"bytes")),
-    "Output naming a bool for a job id": lambda job, other: pickle.dumps(channel.Output(True, "x")),
-    "Output for a job this worker does not run": lambda job, other: pickle.dumps(channel.Output(job + 1000, "x")),
+        worker_wire.Finished(job, Result("ok"))),
+    "Output carrying bytes": lambda job, other: pickle.dumps(worker_wire.Output(job, b"bytes")),
+    "Output naming a bool for a job id": lambda job, other: pickle.dumps(worker_wire.Output(True, "x")),
+    "Output for a job this worker does not run": lambda job, other: pickle.dumps(worker_wire.Output(job + 1000, "x")),
     "Finished for a job this worker does not run": lambda job, other: pickle.dumps(
-        channel.Finished(job + 1000, Result(Status.OK))),
+        worker_wire.Finished(job + 1000, Result(Status.OK))),
     "Spawned naming another worker's process group": lambda job, other: pickle.dumps(
-        channel.Spawned(job, other, other)),
-    "Spawned whose group is not its leader's": lambda job, other: pickle.dumps(channel.Spawned(job, 12345, other)),
+        worker_wire.Spawned(job, other, other)),
+    "Spawned whose group is not its leader's": lambda job, other: pickle.dumps(worker_wire.Spawned(job, 12345, other)),
     "a Start, which only the supervisor sends": lambda job, other: pickle.dumps(_start()),
-    "Ready naming another process": lambda job, other: pickle.dumps(channel.Ready(1)),
+    "Ready naming another process": lambda job, other: pickle.dumps(worker_wire.Ready(1)),
     "a Result that is no message": lambda job, other: pickle.dumps(Result(Status.OK)),
     "a message missing a field": lambda job, other: pickle.dumps(_missing_field(job)),
     "a pickle naming a class outside the channel": lambda job, other: pickle.dumps(os.getpid),
@@ -216,12 +216,12 @@ def test_an_exception_while_routing_kills_that_worker_not_the_dispatcher(doomed,
         route = pool._dispatcher._route
 
         def faulty(workers, source, msg):
-            if source is worker and isinstance(msg, channel.Output):
+            if source is worker and isinstance(msg, worker_wire.Output):
                 raise RuntimeError("a bug in routing")
             return route(workers, source, msg)
 
         monkeypatch.setattr(pool._dispatcher, "_route", faulty)
-        forge(worker, frame(pickle.dumps(channel.Output(victim.future.job_id, "forged"))))
+        forge(worker, frame(pickle.dumps(worker_wire.Output(victim.future.job_id, "forged"))))
         _assert_rogue_worker_was_replaced(pool, worker, victim, bystander)
 
 

@@ -239,10 +239,10 @@ def _bare_worker(first: object, tmp_path) -> tuple:
     is ``first``: (its exit code, or None while it runs; what it sent)."""
     from multiprocessing.connection import Connection
 
-    from execpool.shared import channel
+    from execpool.shared import worker_wire
 
-    to_r, to_w = channel.pipe()
-    from_r, from_w = channel.pipe()
+    to_r, to_w = worker_wire.pipe()
+    from_r, from_w = worker_wire.pipe()
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     proc = subprocess.Popen([sys.executable, "-m", "execpool.worker", str(to_r), str(from_w)],
                             pass_fds=(to_r, from_w), env=env, cwd="/", start_new_session=True)
@@ -250,9 +250,9 @@ def _bare_worker(first: object, tmp_path) -> tuple:
     os.close(from_w)
     send, recv = Connection(to_w, readable=False), Connection(from_r, writable=False)
     try:
-        channel.send(send, first)
+        worker_wire.send(send, first)
         try:
-            got = channel.recv(recv) if recv.poll(10) else None
+            got = worker_wire.recv(recv) if recv.poll(10) else None
         except EOFError:
             got = None  # it exited without a word
         code = proc.wait(10) if got is None else None
@@ -264,15 +264,15 @@ def _bare_worker(first: object, tmp_path) -> tuple:
 
 
 def test_a_worker_takes_its_configuration_as_its_first_message_and_nothing_else(tmp_path):
-    from execpool.shared import channel
+    from execpool.shared import worker_wire
 
     jobs_dir = tmp_path / "jobs"
     jobs_dir.mkdir()
-    config = channel.WorkerConfig(token="abcdef012345", spawn_method="fork", preload=("json",), cgroups=False,
+    config = worker_wire.WorkerConfig(token="abcdef012345", spawn_method="fork", preload=("json",), cgroups=False,
                                   jobs_dir=str(jobs_dir), warm_spares=0, python=sys.executable)
     code, got = _bare_worker(config, tmp_path)
-    assert isinstance(got, channel.Ready) and got.preload_errors == ()
-    start = channel.Start(job_id=1, argv_kind="shell", source="true", cwd=None, env={}, timeout=None,
+    assert isinstance(got, worker_wire.Ready) and got.preload_errors == ()
+    start = worker_wire.Start(job_id=1, argv_kind="shell", source="true", cwd=None, env={}, timeout=None,
                           limits=Limits(), live_cap=None, max_output_chars=10, keep_background=False,
                           python=sys.executable, stdin=None, warm=False, network=True)
     code, got = _bare_worker(start, tmp_path)

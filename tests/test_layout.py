@@ -162,8 +162,8 @@ def test_every_benchmark_imports_what_it_uses():
 
 def test_a_worker_loads_only_its_folder_the_tools_and_the_shared_one():
     """What a worker process imports: it starts tools, so it has their code."""
-    loaded = _loaded_by("execpool.worker.loop")
-    assert {"execpool.worker.loop", "execpool.worker.warm.handover", "execpool.shared.channel",
+    loaded = _loaded_by("execpool.worker.event_loop")
+    assert {"execpool.worker.event_loop", "execpool.worker.warm.handover", "execpool.shared.worker_wire",
             "execpool.tool.become"} <= loaded
     assert not _in({"worker", "tool", "sandbox", "shared"}, loaded)
 
@@ -176,7 +176,7 @@ def test_the_tools_process_loads_nothing_of_the_workers_or_the_callers():
     loaded = _loaded_by(*tool)
     assert set(tool) <= loaded
     assert not _in({"tool", "sandbox", "shared"}, loaded)
-    assert "execpool.shared.channel" not in loaded
+    assert "execpool.shared.worker_wire" not in loaded
     shim = os.path.join(PACKAGE, "tool", "shim", "sitecustomize.py")
     assert not _imports("sitecustomize", shim), "the shim imports nothing of execpool"
 

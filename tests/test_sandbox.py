@@ -758,11 +758,11 @@ def test_a_sandboxed_job_whose_rulesets_are_gone_is_never_started():
     ends; were they gone, the job would fail rather than start unconfined."""
     import dataclasses
 
-    from execpool.shared import channel
+    from execpool.shared import worker_wire
     from execpool.shared.jobs import Limits
-    from execpool.worker.job import RunningJob
+    from execpool.worker.running_job import RunningJob
 
-    start = channel.Start(job_id=1, argv_kind="python", source="pass", cwd=None, env={}, timeout=None,
+    start = worker_wire.Start(job_id=1, argv_kind="python", source="pass", cwd=None, env={}, timeout=None,
                           limits=Limits(), live_cap=None, max_output_chars=10, keep_background=False,
                           python=sys.executable, stdin=None, warm=True, network=True, sandbox=Sandbox())
     with pytest.raises(OSError, match="not started unconfined"):
@@ -774,15 +774,15 @@ def test_a_forged_sandbox_in_a_start_message_is_refused():
     """The channel checks a Sandbox's fields like any other's."""
     import pickle
 
-    from execpool.shared import channel
+    from execpool.shared import worker_wire
     from execpool.shared.jobs import Limits
 
-    start = channel.Start(job_id=1, argv_kind="shell", source="true", cwd=None, env={}, timeout=None,
+    start = worker_wire.Start(job_id=1, argv_kind="shell", source="true", cwd=None, env={}, timeout=None,
                           limits=Limits(), live_cap=None, max_output_chars=10, keep_background=False,
                           python=sys.executable, stdin=None, warm=False, network=True, sandbox=Sandbox())
     object.__setattr__(start.sandbox, "read", ["/not/a/tuple"])
-    with pytest.raises(channel.ChannelError, match="sandbox"):
-        channel.decode(pickle.dumps(start))
+    with pytest.raises(worker_wire.ChannelError, match="sandbox"):
+        worker_wire.decode(pickle.dumps(start))
 
 
 def test_execpool_serve_will_not_start_without_the_sandbox_unless_told(tmp_path):

@@ -1,4 +1,4 @@
-"""Sandboxed jobs' own namespaces made ahead (execpool/worker/ahead.py).
+"""Sandboxed jobs' own namespaces made ahead (execpool/worker/preparer.py).
 
 A worker's preparer makes the next strict jobs' spaces, rulesets and
 mount namespaces before they come; a job that finds one
@@ -22,7 +22,7 @@ import pytest
 
 import execpool
 from execpool import ExecPool, PythonJob, Sandbox, ShellJob, Status
-from execpool.worker.ahead import STOCK
+from execpool.worker.preparer import STOCK
 from helpers import wait_for
 
 pytestmark = pytest.mark.skipif(not execpool.sandbox_support().available,

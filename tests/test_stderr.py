@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from execpool.shared import channel
+from execpool.shared import worker_wire
 from execpool import TOOL_OUTPUT_STREAM_MAX_CHARS, JobOutput, Limits, OutputCapped, PythonJob, ShellJob, Status
 from helpers import all_dead, collect, pids_in, wait_for, worker_records
 
@@ -320,6 +320,6 @@ def test_separate_stderr_must_be_a_bool(kind):
 
 def test_the_channel_refuses_output_of_a_stream_no_job_has():
     """A worker's Output names one of the two streams or it is forged."""
-    assert channel.decode(pickle.dumps(channel.Output(1, "x", "stderr"))).stream == "stderr"
-    with pytest.raises(channel.ChannelError, match="stream has the wrong type"):
-        channel.decode(pickle.dumps(channel.Output(1, "x", "stdin")))
+    assert worker_wire.decode(pickle.dumps(worker_wire.Output(1, "x", "stderr"))).stream == "stderr"
+    with pytest.raises(worker_wire.ChannelError, match="stream has the wrong type"):
+        worker_wire.decode(pickle.dumps(worker_wire.Output(1, "x", "stdin")))

@@ -3,11 +3,11 @@ record per job in OUT, resumable.
 
 Runs in the user's shell process and owns one pool (an ExecPool, or a
 RayPool with ``--ray``) for the command's life. Jobs run through
-``run_tagged`` (execpool/pool/many.py) and each record is appended to OUT
+``run_tagged`` (execpool/pool/mapping.py) and each record is appended to OUT
 as its job ends. Re-running the same command resumes: ids already in OUT
 are skipped. The rules that make that exact -- every input line ends up in
-OUT once, whatever killed an earlier run -- are in execpool/cli/out.py
-and ``_Batch``; IN is read by execpool/cli/lines.py.
+OUT once, whatever killed an earlier run -- are in execpool/cli/results_file.py
+and ``_Batch``; IN is read by execpool/cli/jobs_file.py.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from tqdm import tqdm
 from ..formats.records import STATUSES, invalid_record, result_record
 from ..formats.request import Defaults
 from ..pool.config import disk_options
-from ..pool.many import run_tagged
+from ..pool.mapping import run_tagged
 from ..supervisor import ExecPool
-from .lines import input_lines, make_job, parse_line
-from .out import RecordsError, ResultsFile, StdoutResults, Stop
+from .jobs_file import input_lines, make_job, parse_line
+from .results_file import RecordsError, ResultsFile, StdoutResults, Stop
 from .run import EXIT_INTERRUPTED, EXIT_USAGE, NON_DUMPABLE
 
 #: How many duplicate ids the error message names, and how much of each.

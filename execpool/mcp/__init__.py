@@ -1,7 +1,7 @@
 """The MCP server: execpool's code tools for Model Context Protocol clients,
 run in the process of ``execpool mcp`` (stdio: command.py) or of
 ``execpool serve`` (Streamable HTTP at ``/mcp``: http.py, which the
-service mounts). tools.py says what the tools are and checks a call,
+service mounts). catalog.py says what the tools are and checks a call,
 calls.py runs it on the pool for the connection that made it, server.py
 puts both behind the official SDK's server; settings.py holds the defaults
 and imports nothing of the SDK, so the command line can name them.

@@ -53,7 +53,7 @@ from ..shared.kernel.dirs import remove_tree
 from ..shared.output import STREAM_CAP_NOTICE
 from ..shared.result import CANCELLED_TEXT, ERROR_PREFIX, Status
 from ..supervisor import ExecPool
-from .tools import PYTHON, RESET, RUN_CODE, Call
+from .catalog import PYTHON, RESET, RUN_CODE, Call
 
 #: How the tool layer's strings begin when the call did not succeed:
 #: they make the call an MCP tool error.

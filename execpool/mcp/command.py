@@ -27,9 +27,9 @@ from ..shared.jobs import Limits
 from ..shared.kernel.sandbox import sandbox_support
 from ..supervisor import ExecPool
 from .calls import Runner, Workspace
+from .catalog import Catalog
 from .server import Context, create_server
 from .stdio import loop_streams
-from .tools import Catalog
 
 MiB = 1 << 20
 

@@ -43,9 +43,9 @@ from ..agent.tools import SANDBOX_ROOT_ENV
 from ..shared.result import CANCELLED_TEXT
 from ..supervisor import ExecPool
 from .calls import Claim, Outcome, Runner, Workspace
+from .catalog import Catalog
 from .server import Busy, Context, create_server
 from .settings import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_TIMEOUT_S, DEFAULT_TIMEOUT_S
-from .tools import Catalog
 
 #: The ASGI scope key of an exchange's end (an ``anyio.Event``), for the call it carries.
 ENDED = "execpool.mcp.ended"

@@ -4,7 +4,7 @@ low-level ``Server``, for any transport.
 ::
 
     MCP client --tools/call--> SDK dispatcher (a task per call)
-                                 -> Catalog.parse   (execpool/mcp/tools.py)
+                                 -> Catalog.parse   (execpool/mcp/catalog.py)
                                  -> Guard           (stdio: none; HTTP: admission, client gone)
                                  -> Runner.run      (execpool/mcp/calls.py) -> the pool
                <--notifications/progress--  live output, in order, while it runs
@@ -42,8 +42,8 @@ from mcp.server.lowlevel.server import Server
 
 from ..shared.result import ERROR_PREFIX
 from .calls import Outcome, Runner, Workspace
+from .catalog import BadCall, Call, Catalog
 from .settings import SERVER_NAME
-from .tools import BadCall, Call, Catalog
 
 logger = logging.getLogger("execpool")
 

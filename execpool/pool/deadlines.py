@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Callable, List, Optional
 
-from .ondemand import OnDemandThread
+from .lazy_thread import OnDemandThread
 
 logger = logging.getLogger("execpool")
 

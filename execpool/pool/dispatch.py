@@ -18,7 +18,7 @@ Runs in the caller, on a thread of its own: the caller's thread count does
 not grow with the number of concurrent jobs. Everything every job depends on
 passes through here, so nothing a worker sends can stop it: it reads without
 blocking, whole frames only, a bounded amount per worker per turn, and a
-worker whose message is not what the channel allows (execpool/shared/channel.py
+worker whose message is not what the channel allows (execpool/shared/worker_wire.py
 checks every field) or cannot be handled is killed and treated as dead.
 Nothing slow runs here either: a dead worker's cleanup is handed to
 execpool/pool/workers.py at once.
@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Optional
 
-from ..shared import channel
+from ..shared import worker_wire
 from ..shared.kernel.proctree import is_stopped, stat_fields
 from .workers import WorkerProcess, Workers
 
@@ -63,7 +63,7 @@ class Dispatcher:
     """Routes worker messages to job handles; doubles as the watchdog."""
 
     def __init__(self) -> None:
-        self._wake_r, self._wake_w = channel.pipe()
+        self._wake_r, self._wake_w = worker_wire.pipe()
         os.set_blocking(self._wake_w, False)  # a full wake pipe is awake enough
         os.set_blocking(self._wake_r, False)  # the loop's turn also comes on a timer
         self._next_watchdog = 0.0
@@ -262,12 +262,12 @@ class Dispatcher:
         dispatcher's, which every other job depends on."""
         try:
             for frame in worker.frames.frames(_DISPATCH_BUDGET):
-                self._route(workers, worker, channel.decode_from_worker(frame))
+                self._route(workers, worker, worker_wire.decode_from_worker(frame))
         except EOFError:
             self._forget(worker)
             workers.lost(worker)
         except Exception as exc:
-            if isinstance(exc, channel.ChannelError):
+            if isinstance(exc, worker_wire.ChannelError):
                 worker.fault = str(exc)
                 logger.warning("execpool: killing worker %d, which broke the channel protocol: %s",
                                worker.pid, worker.fault)
@@ -278,35 +278,35 @@ class Dispatcher:
             self._forget(worker)
             workers.lost(worker)
 
-    def _route(self, workers: Workers, worker: WorkerProcess, msg: channel.FromWorker) -> None:
+    def _route(self, workers: Workers, worker: WorkerProcess, msg: worker_wire.FromWorker) -> None:
         """Hand one message to its job; ChannelError for one that this worker
         had no business sending, which the fields' types alone do not show."""
-        if isinstance(msg, channel.Output):
+        if isinstance(msg, worker_wire.Output):
             handle = worker.jobs.get(msg.job_id)
             if handle is None:
-                raise channel.ChannelError(f"output for job {msg.job_id}, which it does not run")
+                raise worker_wire.ChannelError(f"output for job {msg.job_id}, which it does not run")
             handle.output(msg.text, msg.stream)
-        elif isinstance(msg, channel.Finished):
+        elif isinstance(msg, worker_wire.Finished):
             handle = workers.finished(worker, msg.job_id)
             if handle is None:
-                raise channel.ChannelError(f"a result for job {msg.job_id}, which it does not run")
+                raise worker_wire.ChannelError(f"a result for job {msg.job_id}, which it does not run")
             handle.finish(msg.result)
-        elif isinstance(msg, channel.CellDone):
+        elif isinstance(msg, worker_wire.CellDone):
             handle = worker.jobs.get(msg.job_id)
             if handle is None or not handle.cell_done(msg.reply, msg.interrupted, msg.printed):
-                raise channel.ChannelError(f"a cell's end for job {msg.job_id}, which is no session it runs")
-        elif isinstance(msg, channel.Spawned):
+                raise worker_wire.ChannelError(f"a cell's end for job {msg.job_id}, which is no session it runs")
+        elif isinstance(msg, worker_wire.Spawned):
             if msg.job_id not in worker.jobs:
-                raise channel.ChannelError(f"a tool for job {msg.job_id}, which it does not run")
+                raise worker_wire.ChannelError(f"a tool for job {msg.job_id}, which it does not run")
             # The group is killed when the worker dies: it must be a tool's
             # own (a tool leads a session of its own), never someone else's.
             if msg.pid <= 1 or msg.pgid != msg.pid or _parent(msg.pid) not in (worker.pid, None):
-                raise channel.ChannelError(f"process group {msg.pgid} for job {msg.job_id}, "
+                raise worker_wire.ChannelError(f"process group {msg.pgid} for job {msg.job_id}, "
                                            f"which is not its tool's")
             worker.pgids[msg.job_id] = msg.pgid
-        elif isinstance(msg, channel.Ready):
+        elif isinstance(msg, worker_wire.Ready):
             if msg.pid != worker.pid:
-                raise channel.ChannelError(f"a Ready naming process {msg.pid}")
+                raise worker_wire.ChannelError(f"a Ready naming process {msg.pid}")
             workers.ready(worker, msg.preload_errors)
 
     def _watchdog(self, workers: Workers) -> None:

@@ -8,7 +8,7 @@ as the job runs. Both are fed by the pool's one dispatcher thread
 and all of them before its future is done.
 
 The events are the caller's own types, not the messages on the wire
-(execpool/shared/channel.py): the wire may change with the worker, these are the
+(execpool/shared/worker_wire.py): the wire may change with the worker, these are the
 public API.
 
 Where this differs from the standard library: ``JobFuture.cancel()`` works on
@@ -29,7 +29,7 @@ from typing import Callable, Optional, Union
 
 from ..shared.output import LiveBudget
 from ..shared.result import Result
-from .ondemand import OnDemandThread
+from .lazy_thread import OnDemandThread
 from .stats import StatsRecorder
 
 #: How often the pool looks at the cancel_events of running jobs.

@@ -32,7 +32,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Mapping, Optional, Sequence, Union
 
-from ..shared import channel, checks
+from ..shared import checks, worker_wire
 from ..shared.cells import FORK_TIMEOUT_S, SESSION_LANGUAGES, CellResult, Printed, read_reply
 from ..shared.errors import DiskBudgetError, ExecPoolError, SessionClosedError, SessionForkError
 from ..shared.files import File, fetch_patterns, job_files
@@ -125,7 +125,7 @@ class Session:
     closed or gone.
     """
 
-    def __init__(self, engine: "Engine", language: str, start: channel.Start, cwd: Optional[str]) -> None:
+    def __init__(self, engine: "Engine", language: str, start: worker_wire.Start, cwd: Optional[str]) -> None:
         """Not started: ``open_session`` starts it on a worker, or a fork
         makes it on its parent's."""
         #: Unguessable: a service hands it to its client as the session's name.
@@ -312,12 +312,12 @@ class Session:
         cell.started = time.monotonic()
         if cell.fork is not None:
             self._handle.deadline = time.monotonic() + FORK_TIMEOUT_S + 2 * _CELL_SLACK_S
-            self._worker.send(channel.Fork(self._future.job_id, cell.fork._start))
+            self._worker.send(worker_wire.Fork(self._future.job_id, cell.fork._start))
             return
         self._live = LiveBudget()
         slack = None if cell.timeout is None else cell.timeout + _CELL_SLACK_S
         self._handle.deadline = None if slack is None else time.monotonic() + slack
-        self._worker.send(channel.Cell(self._future.job_id, cell.code, cell.timeout))
+        self._worker.send(worker_wire.Cell(self._future.job_id, cell.code, cell.timeout))
 
     def _fork_starts(self, cell: _Cell) -> bool:
         """(Under the lock.) The copy's job on this session's worker, or the
@@ -338,7 +338,7 @@ class Session:
                     return True
                 running.cancelled = True
                 assert self._worker is not None
-                self._worker.send(channel.Interrupt(self._future.job_id))
+                self._worker.send(worker_wire.Interrupt(self._future.job_id))
                 return True
             for cell in self._queue:
                 if cell.future is future:
@@ -353,7 +353,7 @@ class Session:
             # A worker that does not end the session in time is wedged: the
             # watchdog replaces it, ending the session with it.
             self._handle.deadline = time.monotonic() + _CELL_SLACK_S
-            self._worker.send(channel.Cancel(self._future.job_id))
+            self._worker.send(worker_wire.Cancel(self._future.job_id))
 
     def _output(self, text: str, stream: str) -> None:
         with self._lock:
@@ -502,7 +502,7 @@ def open_session(engine: "Engine", language: str, *, sandbox: Union[None, bool, 
     env_all = dict(config.tool_env)
     env_all.update({} if env is None else checks.environment("env", env))
     chosen = job_sandbox(sandbox)
-    start = channel.Start(
+    start = worker_wire.Start(
         job_id=engine.next_id(), argv_kind="python" if language == "python" else "shell", source="", cwd=directory,
         env=env_all, timeout=None, limits=limits or config.limits, live_cap=RESULT_HEAD_CHARS,
         max_output_chars=config.max_output_chars, keep_background=False, python=config.python,  # type: ignore[arg-type]

@@ -40,7 +40,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Optional
 
-from ..shared import channel
+from ..shared import worker_wire
 from ..shared.errors import PoolBrokenError, PoolClosedError
 from ..shared.kernel import cgroups
 from ..shared.kernel.dirs import TRASH, remove_tree
@@ -91,7 +91,7 @@ class WorkerProcess:
         self.proc = proc
         self.send_conn = send
         self.recv = recv
-        self.frames = channel.FrameReader(recv.fileno(), MAX_MESSAGE_BYTES)
+        self.frames = worker_wire.FrameReader(recv.fileno(), MAX_MESSAGE_BYTES)
         self.token = token
         self.jobs_dir = jobs_dir
         self.group = group
@@ -112,10 +112,10 @@ class WorkerProcess:
     def pid(self) -> int:
         return self.proc.pid
 
-    def send(self, msg: channel.ToWorker) -> bool:
+    def send(self, msg: worker_wire.ToWorker) -> bool:
         try:
             with self.send_lock:
-                channel.send(self.send_conn, msg)
+                worker_wire.send(self.send_conn, msg)
             return True
         except OSError:
             return False  # it died; the dispatcher sees the EOF and fails its jobs
@@ -226,9 +226,9 @@ class Workers:
         with self.lock:
             worker.workspaces.discard(ident)
             retire = worker.retiring and not worker.jobs and not worker.workspaces and worker in self.all
-        worker.send(channel.CloseWorkspace(ident))
+        worker.send(worker_wire.CloseWorkspace(ident))
         if retire:
-            worker.send(channel.Shutdown())
+            worker.send(worker_wire.Shutdown())
 
     def finished(self, worker: WorkerProcess, job_id: int) -> Optional[JobHandle]:
         """The job's handle, no longer running; None if the worker runs no
@@ -240,7 +240,7 @@ class Workers:
                 self.running_jobs -= 1
             retire = worker.retiring and not worker.jobs and not worker.workspaces
         if retire:
-            worker.send(channel.Shutdown())
+            worker.send(worker_wire.Shutdown())
         return handle
 
     def ready(self, worker: WorkerProcess, preload_errors: tuple) -> None:
@@ -295,7 +295,7 @@ class Workers:
             workers = list(self.all)
         self._closing.set()
         for worker in workers:
-            worker.send(channel.Shutdown())
+            worker.send(worker_wire.Shutdown())
         for worker in workers:
             try:
                 worker.proc.wait(timeout)
@@ -350,8 +350,8 @@ class Workers:
         jobs_dir = tempfile.mkdtemp(prefix=f"execpool-{token}-")
         group = cgroups.WorkerGroup.create(token) if config.cgroups else None
         self.lifeline.worker(token, None if group is None else group.path, jobs_dir)
-        to_worker_r, to_worker_w = channel.pipe()
-        from_worker_r, from_worker_w = channel.pipe()
+        to_worker_r, to_worker_w = worker_wire.pipe()
+        from_worker_r, from_worker_w = worker_wire.pipe()
         try:
             # The lifeline starts it, so that it is the worker's parent and
             # gets what escapes from the worker's jobs should the worker die.
@@ -383,7 +383,7 @@ class Workers:
             group = None
         worker = WorkerProcess(proc, Connection(to_worker_w, readable=False),
                                Connection(from_worker_r, writable=False), token, jobs_dir, group)
-        worker.send(channel.WorkerConfig(
+        worker.send(worker_wire.WorkerConfig(
             token=token, spawn_method=config.spawn_method, preload=config.preload, cgroups=config.cgroups,
             jobs_dir=jobs_dir, warm_spares=config.warm_spares, python=config.python or sys.executable,
         ))

@@ -20,7 +20,7 @@ import dataclasses
 import threading
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from ..shared import channel, checks
+from ..shared import checks, worker_wire
 from ..shared.errors import DiskBudgetError, PoolClosedError
 from ..shared.jobs import MIN_DISK, Job
 from ..shared.kernel.sandbox import STRICT, Sandbox, job_sandbox
@@ -60,7 +60,7 @@ class Workspace:
         except BaseException:
             budget.release(disk or 0)
             raise
-        self.worker.send(channel.OpenWorkspace(self.id, disk))
+        self.worker.send(worker_wire.OpenWorkspace(self.id, disk))
 
     @property
     def closed(self) -> bool:

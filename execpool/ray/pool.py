@@ -63,9 +63,9 @@ import threading
 from concurrent.futures import Future, wait
 from typing import Any, Iterable, Optional
 
-from ..pool.base import JobRunner
 from ..pool.config import PoolConfig
 from ..pool.future import CancelWatcher, JobFuture, OnEvent
+from ..pool.runner import JobRunner
 from ..pool.stats import PoolStats, combined
 from ..shared import checks
 from ..shared.errors import PoolClosedError

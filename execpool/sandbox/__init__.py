@@ -6,6 +6,6 @@ Only the worker and the tool's process load this folder: the view
 rules (rulesets.py), the seccomp filter (seccomp.py), and entering them in
 the tool's new process (enter.py). It imports only execpool/shared
 (tests/test_layout.py); the parts made ahead of a job, which need the
-worker's helpers, are the worker's (execpool/worker/ahead.py, space.py,
+worker's helpers, are the worker's (execpool/worker/preparer.py, space.py,
 userns.py).
 """

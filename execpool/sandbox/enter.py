@@ -105,7 +105,7 @@ def _clone_tree(fd: int, path: bytes, read_only: bool) -> int:
 def make_view(view: tuple) -> None:
     """execpool/tool/_spawn.c's make_view, through ctypes."""
     user_fd, mnt_fd, space_fd, job_user_fd, steps, cwd, own_namespace = view
-    if own_namespace == VIEW_OWN:  # made ahead for the job (execpool/worker/ahead.py): entered as it is
+    if own_namespace == VIEW_OWN:  # made ahead for the job (execpool/worker/preparer.py): entered as it is
         if user_fd >= 0 and _libc.setns(user_fd, _CLONE_NEWUSER) != 0 or _libc.setns(mnt_fd, _CLONE_NEWNS) != 0:
             raise errno_error("entering the sandbox's view (setns)")
         os.chdir(cwd)

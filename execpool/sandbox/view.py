@@ -220,7 +220,7 @@ class View:
     space_fd: int = -1
     job_user_fd: int = -1
     #: ``mnt_fd`` is the job's own namespace, made ahead with the steps
-    #: taken (execpool/worker/ahead.py): the tool enters it as it is.
+    #: taken (execpool/worker/preparer.py): the tool enters it as it is.
     own_namespace: bool = False
 
     def arguments(self) -> tuple:
@@ -284,7 +284,7 @@ class Views:
     def plan_own(self, template: Template, space_fd: int, python: str) -> Optional[View]:
         """The view of a job with nothing but its own paths (its space, and
         ``python``'s directories), in ``template`` as it is -- what
-        execpool/worker/ahead.py makes ahead, without the job's user
+        execpool/worker/preparer.py makes ahead, without the job's user
         namespace (its tool enters that after the made namespace); None
         where it needs the template built again."""
         wanted = self._wanted(template, None, (), (), python)

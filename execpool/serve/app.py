@@ -13,7 +13,7 @@ Runs in the service's process, on uvicorn's event loop: one process, one
 pool, one loop (execpool/serve/command.py is the command that starts it,
 listens and shuts it down). This module puts the app together: the routes
 (execpool/serve/routes.py), which run their jobs through ``ServiceJobs``
-(execpool/serve/jobs.py), behind a guard that refuses foreign origins,
+(execpool/serve/request_job.py), behind a guard that refuses foreign origins,
 foreign hosts and missing tokens before any body is read.
 
 Why Starlette (and not a framework that validates through its own models):
@@ -55,8 +55,8 @@ from ..formats.request import BadField, Defaults
 from ..mcp import settings as mcp_settings
 from ..supervisor import ExecPool
 from .admission import Admission, ClientGone, Reason, Rejected
-from .jobs import ServiceJobs, Settings
 from .metrics import ServiceMetrics
+from .request_job import ServiceJobs, Settings
 from .routes import Routes, TooLarge, TooSlow
 from .sessions import CannotFork, NoSuchSession, ServiceSessions, SessionRoutes
 from .settings import (

@@ -53,7 +53,7 @@ from ..shared.kernel.sandbox import sandbox_support
 from ..supervisor import ExecPool
 from .admission import Reason
 from .app import LOOPBACK_NAMES, create_app
-from .jobs import ServiceJobs
+from .request_job import ServiceJobs
 from .settings import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ metrics, the OpenAPI document and the page.
 Runs in the service's process, on its event loop. A route reads its body
 (bounded in size and in time), turns it into jobs through the one parser
 (execpool/formats/request.py), takes a slot, runs the jobs through
-``ServiceJobs`` (execpool/serve/jobs.py) and answers in its dialect
+``ServiceJobs`` (execpool/serve/request_job.py) and answers in its dialect
 (execpool/formats/records.py, sandbox_fusion.py), holding the slot until
 the answer is sent (execpool/serve/slots.py).
 """
@@ -37,8 +37,8 @@ from ..formats.request import (
 )
 from ..shared.result import Result, Status
 from .admission import ClientGone, Rejected
-from .jobs import Route, ServiceJobs
 from .openapi import document
+from .request_job import Route, ServiceJobs
 from .slots import Held, SlotStream, json_answer, off_loop, server_sent
 
 #: The page may run only its own inline script and talk only to this

@@ -36,7 +36,7 @@ from ..shared.cells import CellResult
 from ..shared.errors import DiskBudgetError, ExecPoolError, SessionClosedError, SessionForkError
 from ..shared.result import Status
 from .admission import ClientGone, Reason, Rejected
-from .jobs import ServiceJobs, disconnected, until_done_or_gone
+from .request_job import ServiceJobs, disconnected, until_done_or_gone
 from .slots import Held, SlotStream, off_loop, server_sent
 
 logger = logging.getLogger("execpool")

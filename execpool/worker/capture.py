@@ -1,6 +1,6 @@
 """What a worker keeps of a tool's output for its Result.
 
-Runs in the worker (execpool/worker/loop.py), once per output pipe of a running
+Runs in the worker (execpool/worker/event_loop.py), once per output pipe of a running
 tool: one for its merged stdout/stderr, or one for each when the job keeps
 them apart. A tool may print a gigabyte; the Result needs only a head of at
 most ``max_output_chars``, the total length (so a flood is measurable
@@ -76,7 +76,7 @@ class Capture:
 
     def release(self) -> None:
         """Drop the kept head once the Result is out, before the worker
-        hands freed memory back (execpool/worker/loop.py)."""
+        hands freed memory back (execpool/worker/event_loop.py)."""
         self.head = []
 
     def _keep(self, text: str) -> None:

@@ -4,7 +4,7 @@ directory given back as it was -- every step relative to a descriptor of
 that directory, never through a link.
 
 Runs in the worker process, on its loop (execpool/worker/launch.py writes,
-execpool/worker/loop.py reads and puts back). The directory is the job's to
+execpool/worker/event_loop.py reads and puts back). The directory is the job's to
 change: a sandboxed session sharing a caller's directory with a job, or the
 job itself, can swap any name there for a link to a host file at any
 moment. Done by path, a ``chmod`` after a copy set a host file to 0755 for a

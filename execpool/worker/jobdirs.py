@@ -4,7 +4,7 @@ helper when there is more to delete than an empty directory; and jobs'
 spaces (execpool/worker/space.py) let go of by the same helper.
 
 Runs in the worker process, on its loop, and in its **remover**
-(``_remove_trash``), a fork of the worker (execpool/worker/helper.py). A
+(``_remove_trash``), a fork of the worker (execpool/worker/helper_forks.py). A
 job without a ``cwd`` (and a sandboxed job's private ``TMPDIR``) gets a
 fresh directory in the worker's ``jobs_dir``, which the pool made and
 removes when the worker is gone. What a job leaves in it is the job's
@@ -32,7 +32,7 @@ import tempfile
 from typing import Iterable, Optional, Sequence
 
 from ..shared.kernel.dirs import TRASH, make_own, remove_tree
-from .helper import REMOVER_NAME, fork_helper
+from .helper_forks import REMOVER_NAME, fork_helper
 
 logger = logging.getLogger("execpool")
 

@@ -2,7 +2,7 @@
 cgroup and its sandbox made ready, then the tool started -- or the reason
 it cannot be, which is the job's Result.
 
-Runs in the worker process, on its loop (execpool/worker/loop.py). A cold
+Runs in the worker process, on its loop (execpool/worker/event_loop.py). A cold
 tool is started here (execpool/worker/spawn.py); a warm job is made ready
 here the same way and then handed to a spare
 (execpool/worker/warm/handover.py), which starts it with what is on the job.
@@ -26,9 +26,9 @@ from ..shared.kernel.markers import JOB_MARKER_ENV
 from ..shared.kernel.sandbox import SHORT_NOW
 from ..tool.become import Setup, rlimit_values
 from . import files, space, userns
-from .ahead import Ahead, Made
-from .job import RunningJob
 from .jobdirs import JobDirs
+from .preparer import Ahead, Made
+from .running_job import RunningJob
 from .sessions import runtime_source
 from .sessions.family import Spares
 from .spawn import RULESET_BUILDER, Tool, start_tool
@@ -184,7 +184,7 @@ class Launcher:
             elif start.limits.memory is not None:
                 raise OSError("Limits(memory=...) needs a cgroup memory controller, and execpool cannot "
                               "use one here")
-            # else: the worker counts the job's processes itself (execpool/worker/loop.py)
+            # else: the worker counts the job's processes itself (execpool/worker/event_loop.py)
 
     def _confine(self, job: RunningJob, made: Optional[Made]) -> None:
         """Its view and rulesets; for a Python session that may fork, its
@@ -243,7 +243,7 @@ class Launcher:
         return [self.shell, "-c", source]
 
     def _made_for(self, job: RunningJob) -> Optional[Made]:
-        """What was made ahead for a job like this one (execpool/worker/ahead.py), if anything."""
+        """What was made ahead for a job like this one (execpool/worker/preparer.py), if anything."""
         start = job.start
         if start.sandbox is None or start.workspace is not None or not Ahead.fits(start.cwd, start.sandbox):
             return None

@@ -1,7 +1,7 @@
 """A sandboxed tenant's *space*: one tmpfs of its own, of the size its
 ``Limits(disk=...)`` says, that holds everything it may write.
 
-Runs in the worker process and in its preparer (execpool/worker/ahead.py).
+Runs in the worker process and in its preparer (execpool/worker/preparer.py).
 A sandboxed job's (or session's) home -- its working directory unless the
 caller gave one --, ``/tmp`` and ``/dev/shm`` are directories of its space,
 each attached at its place in the job's view (execpool/sandbox/view.py): one
@@ -40,7 +40,7 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 from ..sandbox.view import SPACE_DIRECTORIES, SPACE_HOME, SPACE_SHM, SPACE_TMP
 from ..shared.kernel.linux import open_beneath
 from ..tool.become import _spawn
-from .helper import descriptor_from
+from .helper_forks import descriptor_from
 
 #: One file allowed per this many bytes of a space's bound, each counted as
 #: INODE_BYTES of it; never fewer than MIN_INODES.

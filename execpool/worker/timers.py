@@ -1,7 +1,7 @@
 """The worker's deadlines: one heap of typed entries, its earliest due time
 the selector's timeout.
 
-Runs in the worker process, on its loop (execpool/worker/loop.py). An entry
+Runs in the worker process, on its loop (execpool/worker/event_loop.py). An entry
 whose job has ended meanwhile is stale; the loop skips it when it comes due,
 which costs less than finding and removing it when the job ends.
 """

@@ -37,7 +37,7 @@ from typing import Iterator, List, Optional
 from ..shared.kernel import linux
 from ..shared.kernel.sandbox import VIEW_MOUNT_NS, view_kind
 from ..tool.become import _spawn
-from .helper import USERNS_NAME, descriptor_from, fork_helper
+from .helper_forks import USERNS_NAME, descriptor_from, fork_helper
 
 #: ioctl(2) on a user namespace's descriptor: its parent's (linux/nsfs.h).
 NS_GET_PARENT = 0xB702

@@ -15,7 +15,7 @@ its session, group or environment.
   killing, removing) and in the supervisor (removing what a crashed worker
   left). Detected at first use, never required: where no usable ``pids``
   controller exists the worker keeps a job's process cap by counting
-  (execpool/worker/loop.py), and a job that asks for ``Limits(memory=...)``
+  (execpool/worker/event_loop.py), and a job that asks for ``Limits(memory=...)``
   without a ``memory`` controller gets a clear ``Execution error``. One
   ``execpool-<worker token>`` directory per controller (on v2, for a worker
   in its WorkerGroup, that group) and one ``job-<id>`` directory per job

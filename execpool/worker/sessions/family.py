@@ -58,7 +58,7 @@ from ...sandbox.view import HOME, SHM, SPACE_DIRECTORIES, TMP
 from ...shared.kernel.linux import mounts, open_unlinked
 from ...tool.become import _spawn
 from ..files import make_path
-from ..helper import fork_helper
+from ..helper_forks import fork_helper
 from ..space import Space
 
 #: How many copies a sandboxed session's family (it, its copies and

@@ -1,7 +1,7 @@
 """The worker's sessions: their cells, interrupts and deadlines, and
 their forks.
 
-Runs in the worker process, on its loop (execpool/worker/loop.py), which
+Runs in the worker process, on its loop (execpool/worker/event_loop.py), which
 owns every job's life -- a session's too: its tool, output pipes, tree and
 Result. This is what a session has besides: the socket its runtime takes
 cells on (link.py), the cell running now and its deadline, and a Python
@@ -18,12 +18,12 @@ import signal
 import time
 from typing import TYPE_CHECKING, Dict, List, Protocol
 
-from ...shared import channel
+from ...shared import worker_wire
 from ...shared.cells import FORK_TIMEOUT_S
 from ...shared.output import LiveBudget
 from ...tool.session_fork import MOUNTED
 from ..capture import READ_SIZE, waiting_bytes
-from ..job import Ending, RunningJob
+from ..running_job import Ending, RunningJob
 from ..spawn import output_pipes
 from ..timers import Kind
 from .family import copy_layer, mount_copy
@@ -31,8 +31,8 @@ from .link import INTERRUPT_GRACE_S, MOUNT, STARTED, WORKER_REPLY_BYTES, Protoco
 
 if TYPE_CHECKING:
     from ..launch import Launcher
+    from ..owners import Tree
     from ..timers import Timers
-    from ..tree import Tree
 
 
 class Host(Protocol):
@@ -45,13 +45,13 @@ class Host(Protocol):
     tree: "Tree"
     launcher: "Launcher"
 
-    def send(self, msg: channel.FromWorker) -> None: ...
+    def send(self, msg: worker_wire.FromWorker) -> None: ...
 
     def end(self, job: RunningJob, ending: Ending) -> None: ...
 
     def fail_start(self, job: RunningJob, exc: BaseException) -> None: ...
 
-    def new_job(self, start: channel.Start) -> RunningJob: ...
+    def new_job(self, start: worker_wire.Start) -> RunningJob: ...
 
     def running(self, job: RunningJob, pid: int, readers: List[int]) -> None: ...
 
@@ -73,7 +73,7 @@ class Sessions:
         self.launcher = host.launcher
         self.by_fd: Dict[int, RunningJob] = {}
 
-    def cell(self, msg: channel.Cell) -> None:
+    def cell(self, msg: worker_wire.Cell) -> None:
         """Send a cell down to its session's runtime. The pool sends one at
         a time, and none to a session that ended: anything else is dropped."""
         job = self.jobs.get(msg.job_id)
@@ -88,7 +88,7 @@ class Sessions:
             link.deadline = time.monotonic() + msg.timeout
             self.timers.add(link.deadline, Kind.CELL, msg.job_id)
 
-    def fork(self, msg: channel.Fork) -> None:
+    def fork(self, msg: worker_wire.Fork) -> None:
         """Copy a Python session, between its cells, into a new one
         (execpool/tool/session_fork.py). The copy's directory, cgroup,
         pipes and socket are made here, as for any tool, and its pipes and
@@ -130,7 +130,7 @@ class Sessions:
             return
         except Exception as exc:  # noqa: BLE001 - the copy's start failed: its Result says why
             self.host.fail_start(child, exc)
-            self.host.send(channel.CellDone(msg.job_id, json.dumps({"error": str(exc)}).encode("utf-8"), False, 0))
+            self.host.send(worker_wire.CellDone(msg.job_id, json.dumps({"error": str(exc)}).encode("utf-8"), False, 0))
             return
         finally:
             if layer >= 0:
@@ -304,7 +304,7 @@ class Sessions:
                 self.tree.kill_cell(job, link.began)  # what it started in its last moments
             self._drain_output(job)
             printed = sum(capture.total for capture in job.captures) - link.printed_before
-            self.host.send(channel.CellDone(job.start.job_id, answer, link.interrupted, printed))
+            self.host.send(worker_wire.CellDone(job.start.job_id, answer, link.interrupted, printed))
             link.done()
             if job.start.idle_timeout is not None:
                 self.timers.add(link.idle_since + job.start.idle_timeout, Kind.IDLE, job.start.job_id)

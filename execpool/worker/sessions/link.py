@@ -1,7 +1,7 @@
 """The worker's side of a session: the socket its runtime takes cells on,
 the cell running now, its deadlines.
 
-Runs in the worker process, on its loop (execpool/worker/loop.py), which
+Runs in the worker process, on its loop (execpool/worker/event_loop.py), which
 owns the session's job like any other (its tree, its output pipes, its
 Result when the session ends); this is what a session has besides. The
 runtime (execpool/tool/python_session.py, bash.sh) is given one end of a

@@ -2,7 +2,7 @@
 what the spare said about taking them.
 
 Runs in the worker process, on its one thread, as part of its loop
-(execpool/worker/loop.py). The spares come from the worker's ``SpareSupply``
+(execpool/worker/event_loop.py). The spares come from the worker's ``SpareSupply``
 (execpool/worker/warm/supply.py); this module owns the queue of warm jobs waiting for
 one and the hand-over itself: the job's description as marshal data in a
 memfd, its stdin, its output pipes, its cgroup files and a *ready* pipe, in
@@ -27,7 +27,7 @@ from typing import Callable, List, Optional
 
 from ...tool.become import Setup, rlimit_values
 from ...tool.spare_wire import MAX_CGROUP_FDS, REHEARSE_WHEN_IDLE_S, encode_job, read_report, view_fds
-from ..job import RunningJob
+from ..running_job import RunningJob
 from ..spawn import memfd_holding, output_pipes
 from .supply import SpareSupply, WarmSpare
 

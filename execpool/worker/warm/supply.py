@@ -1,7 +1,7 @@
 """The worker's side of warm Python: its template and the spares parked in
 it, as handles the worker's loop watches.
 
-Runs in the worker process, on its loop (execpool/worker/loop.py). The
+Runs in the worker process, on its loop (execpool/worker/event_loop.py). The
 template (execpool/tool/template.py) is a process the worker starts
 once (again only if it dies); each spare it asks for arrives over the
 template's socket as a pid and a socket of the spare's own, and waits

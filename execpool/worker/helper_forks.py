@@ -3,11 +3,11 @@ loop, for as long as the worker lives.
 
 Who runs this module: the worker (``fork_helper``) and, in the child, each
 helper until it calls its body -- the preparer of sandboxed jobs'
-namespaces (execpool/worker/ahead.py) and the remover of jobs' directories
+namespaces (execpool/worker/preparer.py) and the remover of jobs' directories
 (execpool/worker/jobdirs.py). The worker is single-threaded, so a fork of it
 is safe; a helper keeps nothing of the worker's but the descriptors it
 names (a job's pipe or namespace held here would outlive the job), dies with
-the worker, and is spared by the worker's sweeps (execpool/worker/tree.py).
+the worker, and is spared by the worker's sweeps (execpool/worker/owners.py).
 """
 
 from __future__ import annotations

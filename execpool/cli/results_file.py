@@ -20,7 +20,7 @@ from typing import Optional
 
 from ..formats.records import STATUSES
 from ..shared.result import Status
-from .lines import line_key
+from .jobs_file import line_key
 
 #: A written record reaches the disk (fdatasync) before the batch next waits
 #: for a job, and at the latest this long after it was written while results

@@ -51,24 +51,24 @@ import time
 from multiprocessing.connection import Connection
 from typing import Dict, List, Optional, Set
 
-from ..shared import channel
+from ..shared import worker_wire
 from ..shared.kernel import linux
 from ..tool.spare_wire import REHEARSE_WHEN_IDLE_S
 from . import files
 from .capture import READ_SIZE, Stream
-from .job import Ending, Phase, RunningJob
 from .jobdirs import JobDirs
 from .launch import Launcher
+from .owners import Tree
+from .running_job import Ending, Phase, RunningJob
 from .sessions.host import Sessions
 from .spawn import give_back_memory, keep_own_peak_resettable
 from .timers import Kind, Timers
-from .tree import Tree
 from .warm.handover import Hooks, WarmJobs
 from .warm.supply import preload_errors
 
 #: What the supervisor may send once the worker is configured.
-_JOB_MESSAGES = (channel.Start, channel.Cancel, channel.Shutdown, channel.Cell, channel.Interrupt, channel.Fork,
-                 channel.OpenWorkspace, channel.CloseWorkspace)
+_JOB_MESSAGES = (worker_wire.Start, worker_wire.Cancel, worker_wire.Shutdown, worker_wire.Cell,
+                 worker_wire.Interrupt, worker_wire.Fork, worker_wire.OpenWorkspace, worker_wire.CloseWorkspace)
 
 
 #: Where no cgroup keeps a job's process cap, the worker counts the job's
@@ -96,7 +96,7 @@ class Worker:
     (``new_job``, ``running``, ``end``, ``fail_start``...) are public to
     those parts, a session's copy being a job like any other."""
 
-    def __init__(self, conn_in: Connection, conn_out: Connection, config: channel.WorkerConfig) -> None:
+    def __init__(self, conn_in: Connection, conn_out: Connection, config: worker_wire.WorkerConfig) -> None:
         self.conn_in = conn_in
         self.conn_out = conn_out
         self.token = config.token
@@ -128,7 +128,7 @@ class Worker:
             signal.signal(sig, lambda *_: None)
         self.sel.register(sig_r, selectors.EVENT_READ, self._on_signal)
         self.sel.register(self.conn_in.fileno(), selectors.EVENT_READ, self._on_control)
-        self.send(channel.Ready(self.pid, preload_errors(self.python, self.preload)))
+        self.send(worker_wire.Ready(self.pid, preload_errors(self.python, self.preload)))
         while not self.stopping:
             for key, _ in self.sel.select(self.timers.timeout()):
                 key.data(key.fd)
@@ -170,9 +170,9 @@ class Worker:
             else:
                 self.timers.add(time.monotonic() + PROCESS_COUNT_INTERVAL_S, Kind.COUNT, timer.job_id)
 
-    def send(self, msg: channel.FromWorker) -> None:
+    def send(self, msg: worker_wire.FromWorker) -> None:
         try:
-            channel.send(self.conn_out, msg)
+            worker_wire.send(self.conn_out, msg)
         except OSError:
             self.stopping = True  # the owner is gone; nobody reads results
 
@@ -183,27 +183,27 @@ class Worker:
             try:
                 if not self.conn_in.poll():
                     return
-                msg = channel.recv(self.conn_in, accept=_JOB_MESSAGES)
+                msg = worker_wire.recv(self.conn_in, accept=_JOB_MESSAGES)
             except (EOFError, OSError):
                 self.stopping = True
                 return
-            if isinstance(msg, channel.Start):
+            if isinstance(msg, worker_wire.Start):
                 self._start(msg)
-            elif isinstance(msg, channel.Cancel):
+            elif isinstance(msg, worker_wire.Cancel):
                 job = self.jobs.get(msg.job_id)
                 if job is not None and job.ending is None:
                     self.end(job, Ending.CANCEL)
-            elif isinstance(msg, channel.Shutdown):
+            elif isinstance(msg, worker_wire.Shutdown):
                 self.stopping = True
-            elif isinstance(msg, channel.Cell):
+            elif isinstance(msg, worker_wire.Cell):
                 self.sessions.cell(msg)
-            elif isinstance(msg, channel.Fork):
+            elif isinstance(msg, worker_wire.Fork):
                 self.sessions.fork(msg)
-            elif isinstance(msg, channel.Interrupt):
+            elif isinstance(msg, worker_wire.Interrupt):
                 self.sessions.cancel(msg.job_id)
-            elif isinstance(msg, channel.OpenWorkspace):
+            elif isinstance(msg, worker_wire.OpenWorkspace):
                 self.launcher.workspaces.open(msg.workspace_id, msg.disk)
-            elif isinstance(msg, channel.CloseWorkspace):
+            elif isinstance(msg, worker_wire.CloseWorkspace):
                 self.launcher.workspaces.close(msg.workspace_id)
 
     def _on_signal(self, fd: int) -> None:
@@ -294,11 +294,11 @@ class Worker:
         if text and job.live is not None and not job.live.capped:
             piece = job.live.take(text)
             if piece:
-                self.send(channel.Output(job.start.job_id, piece, stream))
+                self.send(worker_wire.Output(job.start.job_id, piece, stream))
 
     # -- a job's life ----------------------------------------------------
 
-    def _start(self, start: channel.Start) -> None:
+    def _start(self, start: worker_wire.Start) -> None:
         job = self.new_job(start)
         try:
             self.launcher.prepare(job)
@@ -323,7 +323,7 @@ class Worker:
         if job.start.limits.processes is not None and job.group is None:
             self.timers.add(time.monotonic(), Kind.COUNT, job.start.job_id)
 
-    def new_job(self, start: channel.Start) -> RunningJob:
+    def new_job(self, start: worker_wire.Start) -> RunningJob:
         # The job sees its marker, and ids count up: without a part no job
         # can guess, one could mark its processes as a neighbour's -- to
         # get the neighbour killed over its process cap, or its own
@@ -348,7 +348,7 @@ class Worker:
             job.pipes[fd] = capture
             self.jobs_by_fd[fd] = job
             self.sel.register(fd, selectors.EVENT_READ, self._on_output)
-        self.send(channel.Spawned(job.start.job_id, pid, pid))
+        self.send(worker_wire.Spawned(job.start.job_id, pid, pid))
 
     def _close_output(self, job: RunningJob) -> None:
         for fd in list(job.pipes):
@@ -431,7 +431,7 @@ class Worker:
         # Let go before the Result: a caller may unmount its directory as soon as it has it.
         job.close_workdir()
         self.sessions.ended(job)
-        self.send(channel.Finished(job.start.job_id, job.result()))
+        self.send(worker_wire.Finished(job.start.job_id, job.result()))
         # A warm job keeps its rulesets and view until now (a requeue needs
         # them), a job's own namespace made ahead is torn down here, not on
         # its way out; or the tool never started. Its space goes last, to
@@ -487,9 +487,9 @@ def main(argv: List[str]) -> None:
     linux.prctl(linux.PR_SET_DUMPABLE, 0)
     conn_in = Connection(read_fd, writable=False)
     try:
-        config = channel.recv(conn_in, accept=(channel.WorkerConfig,))
+        config = worker_wire.recv(conn_in, accept=(worker_wire.WorkerConfig,))
     except (EOFError, OSError):
         return  # the pool is gone (or garbled its channel) before it said what to do
-    assert isinstance(config, channel.WorkerConfig)
+    assert isinstance(config, worker_wire.WorkerConfig)
     Worker(conn_in, Connection(write_fd, readable=False), config).serve()
 

@@ -50,7 +50,7 @@ from ..sandbox.view import HOME, Template, View, Views
 from ..shared.kernel.sandbox import Sandbox
 from ..tool.become import _spawn
 from . import space
-from .helper import PREPARER_NAME, fork_helper
+from .helper_forks import PREPARER_NAME, fork_helper
 
 logger = logging.getLogger("execpool")
 
@@ -214,7 +214,7 @@ class Ahead:
 
 
 def _prepare(sock: socket.socket, confiner: Confiner, views: Views, template: Template) -> None:
-    """The preparer's life (execpool/worker/helper.py: what it keeps of the
+    """The preparer's life (execpool/worker/helper_forks.py: what it keeps of the
     worker's, the template and the ruleset maker's descriptors besides its
     socket): a job's own part made for each request, until the socket closes."""
     while True:

@@ -18,7 +18,7 @@ from .. import drain
 from ..shared.jobs import Job
 from ..shared.result import Result
 from .future import JobFuture, OnEvent
-from .many import check_max_in_flight, imap_unordered_jobs, map_jobs
+from .mapping import check_max_in_flight, imap_unordered_jobs, map_jobs
 
 Runner = TypeVar("Runner", bound="JobRunner")
 

@@ -1,8 +1,8 @@
 """A job as the worker sees it while it runs: its tool, its output, its
 life, how it ended.
 
-Runs in the worker process: the loop (execpool/worker/loop.py), the process
-book (execpool/worker/tree.py) and the warm hand-over
+Runs in the worker process: the loop (execpool/worker/event_loop.py), the process
+book (execpool/worker/owners.py) and the warm hand-over
 (execpool/worker/warm/handover.py) share it. A job's life is a ``Phase``
 with its moves in one place (``_MOVES``); why the worker ended it, if it
 did, is an ``Ending``.
@@ -19,7 +19,7 @@ from collections import deque
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from ..sandbox.view import View
-from ..shared import channel
+from ..shared import worker_wire
 from ..shared.files import File
 from ..shared.kernel.cgroups import JobGroup
 from ..shared.output import LiveBudget
@@ -93,7 +93,7 @@ class Cost:
 class RunningJob:
     """One job, from its Start to its Result."""
 
-    def __init__(self, start: channel.Start, marker: str) -> None:
+    def __init__(self, start: worker_wire.Start, marker: str) -> None:
         self.start = start
         self.marker = marker
         self.phase = Phase.WAITING

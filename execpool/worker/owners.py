@@ -1,7 +1,7 @@
 """Whose is each process below the worker, and the worker's side of the one
 kill path.
 
-Runs in the worker process, on its loop (execpool/worker/loop.py). The
+Runs in the worker process, on its loop (execpool/worker/event_loop.py). The
 worker is a child subreaper: everything its jobs start stays below it, and
 every process it reaps is added to the cost of the job it belonged to. A
 job's processes are found by its leader (until the leader is reaped), by
@@ -29,7 +29,7 @@ from ..shared.kernel.proctree import (
     marker_of,
     stat_fields,
 )
-from .job import RunningJob
+from .running_job import RunningJob
 from .userns import ancestry, identity
 
 #: The kernel's ceiling on pid numbers (PID_MAX_LIMIT on 64-bit).
@@ -42,7 +42,7 @@ class Tree:
     def __init__(self, worker_pid: int, helpers: Callable[[], Set[int]], spare_made: Callable[[int], bool]) -> None:
         self.worker_pid = worker_pid
         # The warm template, its parked spares and the worker's helpers
-        # (execpool/worker/helper.py): children of the worker that belong
+        # (execpool/worker/helper_forks.py): children of the worker that belong
         # to no job; and whether a pid is a spare on its way.
         self._helpers = helpers
         self._spare_made = spare_made
