@@ -64,11 +64,11 @@ class _NoBar:
         pass
 
 
-def _progress_bar(total: int, enabled: Optional[bool]) -> Any:
+def progress_bar(total: int, enabled: Optional[bool], unit: str = "job") -> Any:
     if enabled is False:
         return _NoBar()
     # disable=None is tqdm's own "only on a terminal"; --progress forces it.
-    return tqdm(total=total, file=sys.stderr, unit="job", dynamic_ncols=True, smoothing=0.05,
+    return tqdm(total=total, file=sys.stderr, unit=unit, dynamic_ncols=True, smoothing=0.05,
                 disable=None if enabled is None else False)
 
 
@@ -190,7 +190,7 @@ class _Batch:
     def _run(self, pool: Any, max_in_flight: int, defaults: Defaults, todo: int, skipped: int, out_path: str) -> int:
         started = time.monotonic()
         args = self.args
-        self.bar = _progress_bar(todo, args.progress)
+        self.bar = progress_bar(todo, args.progress)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         interrupted: Optional[int] = None
         try:

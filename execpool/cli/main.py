@@ -11,6 +11,9 @@ stdout gets one JSON line instead, the job's record as ``execpool batch``
 writes it (without ``id`` and ``line``), with what the job cost; the exit
 status is the same.
 
+``execpool eval SAMPLES --problems PROBLEMS`` judges samples against
+problems' tests and prints pass@k (execpool/cli/eval.py).
+
 ``execpool batch IN.jsonl [-o OUT.jsonl]`` runs one job per input line through
 ``batch.run_tagged`` and appends one record per job to OUT as each job ends.
 Re-running the same command resumes: ids already in OUT are skipped. The
@@ -157,6 +160,17 @@ def _parser() -> argparse.ArgumentParser:
                           help="show the progress bar even when stderr is not a terminal")
     progress.add_argument("--no-progress", dest="progress", action="store_false",
                           help="never show the progress bar")
+    evaluation = commands.add_parser(
+        "eval", help="judge a model's samples against problems' tests: a verdict per sample, then pass@k (resumable)",
+        description="Judge each sample of SAMPLES against its problem's tests (HumanEval-, MBPP- or CommonOJ-style) "
+                    "and append one record per sample to OUT; then print the summary (pass@k and the counts of "
+                    "all of OUT) as the last line of stdout, one JSON object. Re-running the same command judges "
+                    "only the samples without a record. Exit status: 0 when every sample has its record, 130 when "
+                    "interrupted, 2 for bad usage, 1 when execpool itself failed.")
+    from .eval import add_arguments
+
+    add_arguments(evaluation, _count, _seconds)
+    _disk_arguments(evaluation)
     serve = commands.add_parser("serve", help="serve the pool over HTTP (execpool's API and SandboxFusion's "
                                               "/run_code)")
     _serve_arguments(serve)
@@ -290,6 +304,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .batch import batch
 
         return batch(args)
+    if args.command == "eval":
+        from .eval import evaluate_command
+
+        return evaluate_command(args)
     extra = _EXTRAS.get(args.command)
     if extra is not None:
         try:

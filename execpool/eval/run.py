@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import queue
 from concurrent import futures
-from typing import Any, Callable, Dict, Hashable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, Generator, Hashable, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from ..shared.jobs import Job
 from ..shared.result import Result, Status
@@ -44,7 +44,8 @@ class _Judged:
 
 
 def judge_samples(submit: Submit, samples: Iterable[Tuple[Tag, Sample]], problems: Mapping[str, Problem],
-                  options: EvalOptions = EvalOptions(), max_in_flight: int = 8) -> Iterator[Tuple[Tag, Dict[str, Any]]]:
+                  options: EvalOptions = EvalOptions(), max_in_flight: int = 8
+                  ) -> Generator[Tuple[Tag, Dict[str, Any]], None, None]:
     """Yield ``(tag, verdict part of the record)`` for each ``(tag,
     sample)`` as its judging ends. ProblemsError for a sample whose
     problem is not in ``problems``."""

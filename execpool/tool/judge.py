@@ -257,7 +257,10 @@ class _SampleSide:
 
 
 def _trace(exc):
-    return _cut("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    """The traceback from the sample's first frame on (the judge's own is
+    the first, which calls it)."""
+    first = exc.__traceback__
+    return _cut("".join(traceback.format_exception(type(exc), exc, first.tb_next if first else None)))
 
 
 def _cut(text):
