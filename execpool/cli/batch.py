@@ -13,7 +13,6 @@ and ``_Batch``; IN is read by execpool/cli/lines.py.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -28,7 +27,7 @@ from ..pool.config import disk_options
 from ..pool.many import run_tagged
 from ..supervisor import ExecPool
 from .lines import input_lines, make_job, parse_line
-from .out import RecordsError, ResultsFile, StdoutResults, Stop
+from .out import RecordsError, ResultsFile, StdoutResults, Stop, encoded
 from .run import EXIT_INTERRUPTED, EXIT_USAGE, NON_DUMPABLE
 
 #: How many duplicate ids the error message names, and how much of each.
@@ -245,11 +244,7 @@ class _Batch:
                 yield (number, line.id), job
 
     def _emit(self, record: dict) -> None:
-        text = json.dumps(record, ensure_ascii=False)
-        try:
-            data = (text + "\n").encode("utf-8")
-        except UnicodeEncodeError:
-            data = (json.dumps(record) + "\n").encode("ascii")
+        data = encoded(record)
         self._writing = True
         try:
             self.out.write(data)

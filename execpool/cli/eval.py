@@ -33,7 +33,7 @@ from ..shared.result import Status
 from ..supervisor import ExecPool
 from .batch import progress_bar
 from .lines import line_key
-from .out import RecordsError, ResultsFile
+from .out import RecordsError, ResultsFile, encoded
 from .run import EXIT_INTERRUPTED, EXIT_USAGE, NON_DUMPABLE
 
 WHAT = "execpool eval"
@@ -99,15 +99,6 @@ def _records(path: str) -> Iterator[Dict[str, Any]]:
                 yield json.loads(line)
 
 
-def _emit(out: ResultsFile, record: Dict[str, Any]) -> None:
-    text = json.dumps(record, ensure_ascii=False)
-    try:
-        data = (text + "\n").encode("utf-8")
-    except UnicodeEncodeError:
-        data = (json.dumps(record) + "\n").encode("ascii")
-    out.write(data)
-
-
 def _evaluate(args: argparse.Namespace) -> int:
     problems = load_problems(args.problems)
     if not os.path.isfile(args.samples):
@@ -160,7 +151,7 @@ def _judge(args: argparse.Namespace, pool: Any, max_in_flight: int, problems: Di
     judged = judge_samples(pool.submit, wanted(), problems, _options(args), max_in_flight)
     try:
         for number, verdict in judged:
-            _emit(out, sample_record(samples.pop(number), number, verdict))
+            out.write(encoded(sample_record(samples.pop(number), number, verdict)))
             counts[verdict["verdict"]] = counts.get(verdict["verdict"], 0) + 1
             bar.set_postfix({"passed": counts.get(Verdict.ACCEPTED.value, 0),
                              "failed": sum(counts.values()) - counts.get(Verdict.ACCEPTED.value, 0)}, refresh=False)
@@ -206,15 +197,6 @@ def add_arguments(parser: argparse.ArgumentParser, count: Any, seconds: Any) -> 
                         help="run samples without the strict sandbox (default: in it; without it a sample running "
                              "as root can reach its judge)")
     parser.add_argument("--per-problem", action="store_true", help="put pass@k per problem in the summary line")
-    parser.add_argument("--no-fsync", dest="fsync", action="store_false",
-                        help="do not fdatasync OUT (a killed process still loses nothing; power loss may)")
-    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                        help="spread the jobs over a Ray cluster: ADDRESS, 'auto', 'local', or nothing for Ray's "
-                             "default; --workers is then per node")
-    progress = parser.add_mutually_exclusive_group()
-    progress.add_argument("--progress", dest="progress", action="store_true", default=None,
-                          help="show the progress bar even when stderr is not a terminal")
-    progress.add_argument("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
 
 
 def _ks(text: str) -> List[int]:

@@ -147,19 +147,9 @@ def _parser() -> argparse.ArgumentParser:
     batch.add_argument("--no-retry-infra", dest="retry_infra", action="store_false",
                        help="keep the records of jobs that execpool failed to run (status infra) instead of "
                             "running them again")
-    batch.add_argument("--no-fsync", dest="fsync", action="store_false",
-                       help="do not fdatasync OUT (a killed process still loses nothing; power loss may)")
     batch.add_argument("--sandbox", action="store_true",
                        help="run every job in the strict sandbox: each writes only its directory (see the README)")
-    _disk_arguments(batch)
-    batch.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                       help="spread the jobs over a Ray cluster: ADDRESS, 'auto' (one running here), 'local' (a new "
-                            "one), or nothing for Ray's default; --workers is then per node")
-    progress = batch.add_mutually_exclusive_group()
-    progress.add_argument("--progress", dest="progress", action="store_true", default=None,
-                          help="show the progress bar even when stderr is not a terminal")
-    progress.add_argument("--no-progress", dest="progress", action="store_false",
-                          help="never show the progress bar")
+    _out_arguments(batch)
     evaluation = commands.add_parser(
         "eval", help="judge a model's samples against problems' tests: a verdict per sample, then pass@k (resumable)",
         description="Judge each sample of SAMPLES against its problem's tests (HumanEval-, MBPP- or CommonOJ-style) "
@@ -170,7 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     from .eval import add_arguments
 
     add_arguments(evaluation, _count, _seconds)
-    _disk_arguments(evaluation)
+    _out_arguments(evaluation)
     serve = commands.add_parser("serve", help="serve the pool over HTTP (execpool's API and SandboxFusion's "
                                               "/run_code)")
     _serve_arguments(serve)
@@ -243,6 +233,22 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "own directory and reads the system's software; see the README); the service does not "
                              "start where the kernel lacks it, unless given off")
     _disk_arguments(parser)
+
+
+def _out_arguments(parser: argparse.ArgumentParser) -> None:
+    """What ``execpool batch`` and ``execpool eval`` share: OUT's syncing,
+    the disk bounds, Ray and the progress bar."""
+    parser.add_argument("--no-fsync", dest="fsync", action="store_false",
+                        help="do not fdatasync OUT (a killed process still loses nothing; power loss may)")
+    _disk_arguments(parser)
+    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help="spread the jobs over a Ray cluster: ADDRESS, 'auto' (one running here), 'local' (a new "
+                             "one), or nothing for Ray's default; --workers is then per node")
+    progress = parser.add_mutually_exclusive_group()
+    progress.add_argument("--progress", dest="progress", action="store_true", default=None,
+                          help="show the progress bar even when stderr is not a terminal")
+    progress.add_argument("--no-progress", dest="progress", action="store_false",
+                          help="never show the progress bar")
 
 
 def _disk_arguments(parser: argparse.ArgumentParser) -> None:

@@ -51,6 +51,15 @@ def record_key(raw: bytes) -> tuple[Optional[str], Optional[str]]:
     return json.dumps(ident), record["status"]
 
 
+def encoded(record: dict) -> bytes:
+    """A record as one line of OUT: UTF-8, or ASCII escapes where the record
+    holds what UTF-8 cannot encode (a lone surrogate)."""
+    try:
+        return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        return (json.dumps(record) + "\n").encode("ascii")
+
+
 class ResultsFile:
     """OUT, appended to one whole record per write.
 
