@@ -24,7 +24,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..eval.harness import EvalOptions
 from ..eval.passk import DEFAULT_KS
-from ..eval.problems import Problem, Sample, load_problems, read_samples
+from ..eval.problems import Problem, Sample, load_problems, problem_of, read_samples
 from ..eval.run import judge_samples, sample_record, summarize
 from ..eval.verdicts import ProblemsError, Verdict
 from ..pool.config import disk_options
@@ -64,12 +64,7 @@ def _check_samples(path: str, problems: Dict[str, Problem], done: Dict[str, str]
     """(samples, still to judge); ProblemsError naming the first bad line."""
     total = todo = 0
     for number, sample in read_samples(path):
-        problem = problems.get(sample.task_id)
-        if problem is None:
-            raise ProblemsError(f"{path} line {number}: no problem {sample.task_id!r} among the problems")
-        if problem.kind != "stdio" and sample.language != "python":
-            raise ProblemsError(f"{path} line {number}: the problem {sample.task_id!r} takes Python samples, not "
-                                f"{sample.language!r}")
+        problem_of(problems, sample, f"{path} line {number}")
         total += 1
         todo += line_key(number) not in done
     return total, todo

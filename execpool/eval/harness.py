@@ -69,14 +69,12 @@ Judging = Generator[List[Job], List[Result], Dict[str, Any]]
 
 
 def judge(sample: Sample, problem: Problem, options: EvalOptions) -> Judging:
-    """Judge ``sample``: yields lists of jobs, receives their Results,
-    returns the record's verdict part (``passed``, ``verdict``, ``tests``
-    and what the sample cost)."""
+    """Judge ``sample`` (in a language ``problem`` takes: ``problem_of``
+    says): yields lists of jobs, receives their Results, returns the
+    record's verdict part (``passed``, ``verdict``, ``tests`` and what the
+    sample cost)."""
     if problem.kind == "stdio":
         return (yield from _stdio(sample, problem, options))
-    if sample.language != "python":
-        return _record(Verdict.COMPILATION_ERROR, [], message=f"a {problem.kind}-style problem takes Python, not "
-                                                                 f"{sample.language}")
     return (yield from _function(sample, problem, options))
 
 

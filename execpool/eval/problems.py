@@ -193,6 +193,18 @@ def parse_sample(obj: object, where: str = "a sample") -> Sample:
     return Sample(_ident(where, obj), _text(where, obj, given[0]), _text(where, obj, "language", "python"), obj)
 
 
+def problem_of(problems: Mapping[str, Problem], sample: Sample, where: str) -> Problem:
+    """The problem ``sample`` answers; ProblemsError where there is none or
+    where it cannot answer it (only stdin/stdout problems take other
+    languages than Python)."""
+    problem = problems.get(sample.task_id)
+    if problem is None:
+        raise ProblemsError(f"{where}: no problem {sample.task_id!r} among the problems")
+    if problem.kind != "stdio" and sample.language != "python":
+        raise ProblemsError(f"{where}: the problem {sample.task_id!r} takes Python samples, not {sample.language!r}")
+    return problem
+
+
 def read_samples(path: str) -> Iterator[Tuple[int, Sample]]:
     """(line number, sample) for each sample of a JSONL file, lazily."""
     for number, obj in _objects(path):

@@ -24,8 +24,8 @@ from ..shared.jobs import Job
 from ..shared.result import Result, Status
 from .harness import EvalOptions, Judging, judge
 from .passk import DEFAULT_KS, overall, per_problem, reported_ks
-from .problems import Problem, Sample, parse_sample
-from .verdicts import ProblemsError, Verdict
+from .problems import Problem, Sample, parse_sample, problem_of
+from .verdicts import Verdict
 
 Tag = TypeVar("Tag", bound=Hashable)
 Submit = Callable[[Job], "futures.Future[Result]"]
@@ -85,9 +85,7 @@ def judge_samples(submit: Submit, samples: Iterable[Tuple[Tag, Sample]], problem
                 except StopIteration:
                     exhausted = True
                     break
-                problem = problems.get(sample.task_id)
-                if problem is None:
-                    raise ProblemsError(f"sample {tag}: no problem {sample.task_id!r} among the problems")
+                problem = problem_of(problems, sample, f"sample {tag}")
                 counter += 1
                 judging[counter] = _Judged(tag, sample, judge(sample, problem, options))
                 record = advance(counter, None)
@@ -172,8 +170,7 @@ def evaluate(pool: Any, samples: Iterable[Mapping[str, Any] | Sample], problems:
     parsed = [(n, s if isinstance(s, Sample) else parse_sample(s, f"samples[{n - 1}]"))
               for n, s in enumerate(samples, 1)]
     for n, sample in parsed:
-        if sample.task_id not in problems:
-            raise ProblemsError(f"samples[{n - 1}]: no problem {sample.task_id!r} among the problems")
+        problem_of(problems, sample, f"samples[{n - 1}]")
     in_flight = max_in_flight or 2 * max(1, len(getattr(pool, "worker_pids", ())) or 2)
     by_line: Dict[int, Dict[str, Any]] = {}
     given = dict(parsed)
