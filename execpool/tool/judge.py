@@ -72,13 +72,18 @@ _PR_SET_DUMPABLE = 4
 
 class Handle:
     """A value of the sample's that is not plain data, on the judge's side:
-    it can be passed back to the sample, and equals only itself."""
+    it can be passed back to the sample, called (in the sample's process),
+    and equals only itself."""
 
-    __slots__ = ("ident", "kind")
+    __slots__ = ("ident", "kind", "judge")
 
-    def __init__(self, ident, kind):
+    def __init__(self, ident, kind, judge):
         self.ident = ident
         self.kind = kind
+        self.judge = judge
+
+    def __call__(self, *args, **kwargs):
+        return self.judge.call(self, args, kwargs)
 
     def __repr__(self):
         return f"<{self.kind} of the sample>"
@@ -137,6 +142,10 @@ class _FromSample(pickle.Unpickler):
     """Plain data only: no class, no function, no reduce but ``complex``;
     a handle comes as a persistent id."""
 
+    def __init__(self, buffer, judge):
+        super().__init__(buffer)
+        self.judge = judge
+
     def find_class(self, module, name):
         if (module, name) == ("builtins", "complex"):
             return complex
@@ -146,7 +155,7 @@ class _FromSample(pickle.Unpickler):
         if (not isinstance(pid, tuple) or len(pid) != 2 or type(pid[0]) is not int
                 or type(pid[1]) is not str):
             raise pickle.UnpicklingError("a malformed handle")
-        return Handle(pid[0], pid[1][:100])
+        return Handle(pid[0], pid[1][:100], self.judge)
 
 
 class _ToSample(pickle.Pickler):
@@ -273,13 +282,12 @@ def _cut(text):
 class _Remote:
     """One of the sample's functions, called from the tests."""
 
-    def __init__(self, judge, target):
+    def __init__(self, judge, name):
         self.judge = judge
-        self.target = target
-        self.__name__ = target if isinstance(target, str) else "handle"
+        self.__name__ = name
 
     def __call__(self, *args, **kwargs):
-        return self.judge.call(self.target, args, kwargs)
+        return self.judge.call(self.__name__, args, kwargs)
 
     def __repr__(self):
         return f"<the sample's {self.__name__}>"
@@ -292,24 +300,26 @@ class _Judge:
         self.replies = replies
         self.last_call = None
 
+    def unpickler(self, buffer):
+        return _FromSample(buffer, self)
+
     def call(self, target, args, kwargs):
         shown = ", ".join([*map(_shown, args), *(f"{k}={_shown(v)}" for k, v in kwargs.items())])
-        self.last_call = {"input": f"{getattr(target, '__name__', target)}({shown})", "actual": None}
+        self.last_call = {"input": f"{target}({shown})", "actual": None}
         try:
-            _send(self.calls, (target.target if isinstance(target, _Remote) else target, args, kwargs),
-                  _ToSample)
+            _send(self.calls, (target, args, kwargs), _ToSample)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise TypeError(f"a test passed the sample what cannot be sent to it: {exc}") from None
         except OSError:
             raise SampleGone("its process ended") from None
         try:
-            reply = _receive(self.replies, _FromSample)
+            reply = _receive(self.replies, self.unpickler)
         except (pickle.UnpicklingError, EOFError, ValueError, struct.error) as exc:
             raise SampleGone(f"it sent what is not a reply ({exc})") from None
         if type(reply) is tuple and reply and reply[0] == "value" and len(reply) == 2:
             value = reply[1]
             self.last_call["actual"] = _shown(value)
-            return _Remote(self, value) if type(value) is Handle else value
+            return value
         if type(reply) is tuple and len(reply) == 4 and reply[0] == "raised":
             raise SampleError(*(str(part) for part in reply[1:]))
         raise SampleGone("it sent what is not a reply")
@@ -420,7 +430,7 @@ def _judge(pid, calls, replies):
 def _verdicts(pid, calls, replies, spec):
     judge = _Judge(pid, calls, replies)
     try:
-        hello = _receive(replies, _FromSample)
+        hello = _receive(replies, judge.unpickler)
     except (SampleGone, pickle.UnpicklingError, EOFError, ValueError, struct.error) as exc:
         return {"verdict": "Runtime Error", "message": f"the sample ended before its tests ran ({exc})",
                 **_status_fields(judge.ended())}, []
