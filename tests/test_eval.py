@@ -160,15 +160,17 @@ def test_objects_of_the_samples_own_classes_go_back_to_it_as_handles(sandboxed):
 
 def test_each_verdict_of_a_stdio_sample_in_python(sandboxed):
     samples = [SUM_PY, "print(3)\n", "import time\ntime.sleep(30)\n", "print(3)\nraise SystemExit(4)\n",
-               "x = ' ' * (1 << 31)\n", "print(3\n"]
+               "x = ' ' * (1 << 31)\n", "print(3\n", "eval('(')\n"]
     records = judged(sandboxed, [SUM], [{"id": "sum", "code": code} for code in samples], timeout=2,
                      limits=Limits(address_space=1 << 30))
     assert verdicts(records) == ["Accepted", "Wrong Answer", "Time Limit Exceeded", "Runtime Error",
-                                 "Memory Limit Exceeded", "Runtime Error"]
+                                 "Memory Limit Exceeded", "Compilation Error", "Runtime Error"]
+    assert "SyntaxError" in records[5]["message"]
     assert records[1]["first_failure"] | {"time_s": 0} == records[1]["tests"][1] | {"time_s": 0}
     failure = records[1]["first_failure"]
     assert (failure["input"], failure["expected"], failure["actual"]) == ("40 2\n", "42", "3\n")
     assert records[3]["first_failure"]["exit_code"] == 4
+    assert "Traceback" in records[6]["first_failure"]["message"]  # a syntax error raised as it runs: not a compile
     assert records[0]["tests"][0]["cpu_s"] is not None and records[0]["tests"][0]["memory_bytes"]
 
 

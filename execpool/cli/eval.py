@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from ..eval.harness import EvalOptions
+from ..eval.harness import JUDGE_MODULE, EvalOptions
 from ..eval.passk import DEFAULT_KS
 from ..eval.problems import Problem, Sample, load_problems, problem_of, read_samples
 from ..eval.run import judge_samples, sample_record, summarize
@@ -78,6 +78,7 @@ def _options(args: argparse.Namespace) -> EvalOptions:
 def _pool(args: argparse.Namespace) -> Tuple[Any, int]:
     workers = args.workers or os.cpu_count() or 2
     options = {"workers": workers, "non_dumpable": NON_DUMPABLE, "sandbox": "strict" if args.sandbox else None,
+               "preload": (JUDGE_MODULE,),
                **disk_options(args.disk_mb, args.disk_budget_mb)}
     if args.ray is None:
         return ExecPool(**options), args.max_in_flight or 2 * workers

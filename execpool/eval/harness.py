@@ -22,7 +22,6 @@ import dataclasses
 import json
 import re
 import secrets
-from pathlib import Path
 from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
 
 from ..shared.jobs import CodeJob, Job, Limits, PythonJob
@@ -31,9 +30,12 @@ from .checkers import JUDGE_FILES, Checker
 from .problems import Case, Problem, Sample
 from .verdicts import Verdict, test_entry
 
-#: The judge's source, sent as each function-style job's code (the tool's
-#: code: it imports nothing of execpool).
-JUDGE_SOURCE = (Path(__file__).parents[1] / "tool" / "judge.py").read_text(encoding="utf-8")
+#: Each function-style job's code: the judge (the tool's code), imported
+#: from the pool's interpreter, compiled once -- and, where the pool
+#: preloads it (``ExecPool(preload=[JUDGE_MODULE])``, as ``execpool eval``
+#: does), already in the warm interpreter a job forks from.
+JUDGE_MODULE = "execpool.tool.judge"
+JUDGE_BOOTSTRAP = f"from {JUDGE_MODULE} import main\nmain()\n"
 
 #: The judge's verdict line: its marker, the nonce, the verdicts as JSON.
 _VERDICT_LINE = re.compile(r"\nEXECPOOL-JUDGE ([0-9a-f]+) (\{.*\})\n")
@@ -41,6 +43,11 @@ _VERDICT_LINE = re.compile(r"\nEXECPOOL-JUDGE ([0-9a-f]+) (\{.*\})\n")
 #: What in a failed program's stderr says it ran out of memory, as
 #: Python, C++ and the JVM say it.
 _OUT_OF_MEMORY = ("MemoryError", "std::bad_alloc", "OutOfMemoryError", "Cannot allocate memory")
+
+#: How Python says a program ran (a traceback), and how it says one did
+#: not compile.
+_PYTHON_RAN = "Traceback (most recent call last)"
+_PYTHON_COMPILE_ERRORS = ("SyntaxError", "IndentationError", "TabError")
 
 #: Characters of a test's output kept beyond its expected output's length:
 #: an output longer than that is wrong whatever follows.
@@ -118,7 +125,7 @@ def _function(sample: Sample, problem: Problem, options: EvalOptions) -> Judging
         program = problem.setup + "\n" + sample.code
         spec = {"kind": "asserts", "setup": problem.setup, "asserts": list(problem.asserts)}
     spec.update(nonce=nonce, all=options.all_tests)
-    job = PythonJob(JUDGE_SOURCE, stdin=json.dumps(spec), files={"sample.py": program.encode("utf-8")},
+    job = PythonJob(JUDGE_BOOTSTRAP, stdin=json.dumps(spec), files={"sample.py": program.encode("utf-8")},
                     timeout=options.timeout, limits=options.limits, sandbox=options.sandbox, warm=options.warm)
     result = yield from _run(job, options)
     if result.status is Status.INFRA:
@@ -182,7 +189,7 @@ def _stdio(sample: Sample, problem: Problem, options: EvalOptions) -> Judging:
             if result.status is Status.INFRA:
                 result = yield from _run(_program_job(sample, case, options), options)
             ran.append(result)
-            if result.compile_failed:
+            if _not_compiled(sample, result):
                 return _compile_error(result, ran)
             entries.append((yield from _test(sample, problem, case, result, options, index)))
     else:
@@ -190,7 +197,7 @@ def _stdio(sample: Sample, problem: Problem, options: EvalOptions) -> Judging:
         for index, case in enumerate(cases):
             result = yield from _run(_program_job(sample, case, options), options)
             ran.append(result)
-            if result.compile_failed:
+            if _not_compiled(sample, result):
                 return _compile_error(result, ran)
             entries.append((yield from _test(sample, problem, case, result, options, index)))
             if entries[-1]["verdict"] != Verdict.ACCEPTED.value:
@@ -210,10 +217,23 @@ def _program_job(sample: Sample, case: Case, options: EvalOptions) -> CodeJob:
                    max_output_chars=len(case.stdout) * 2 + OUTPUT_SLACK_CHARS)
 
 
+def _not_compiled(sample: Sample, result: Result) -> bool:
+    """The compile failed -- for Python, which compiles as it starts, a
+    syntax error in the program itself: no traceback, as Python reports
+    one before running anything."""
+    if result.compile_failed:
+        return True
+    if sample.language != "python" or result.status is not Status.ERROR or _PYTHON_RAN in result.stderr:
+        return False
+    last = result.stderr.strip().rsplit("\n", 1)[-1]
+    return last.startswith(_PYTHON_COMPILE_ERRORS)
+
+
 def _compile_error(result: Result, ran: List[Result]) -> Dict[str, Any]:
     if result.compile_status is Status.INFRA:
         return _record(Verdict.INTERNAL_ERROR, [], ran, message=result.text)
-    return _record(Verdict.COMPILATION_ERROR, [], ran, message=result.text)
+    return _record(Verdict.COMPILATION_ERROR, [], ran, message=result.text if result.compile_failed
+                   else result.stderr[-2000:])
 
 
 def _test(sample: Sample, problem: Problem, case: Case, result: Result, options: EvalOptions,

@@ -2,9 +2,9 @@
 HumanEval-style or assert-style sample runs as, in two processes, so that
 the sample's code and the code that checks it never share one.
 
-Runs as a tool: ``execpool/eval/harness.py`` sends this file's text as a
-warm PythonJob's code, the sample's source as its file ``sample.py``, and
-the tests, with a nonce, on its stdin. It imports nothing of execpool.
+Runs as a tool: a warm PythonJob of ``execpool/eval/harness.py`` imports
+it and calls ``main``, with the sample's source as its file ``sample.py``
+and the tests, with a nonce, on its stdin. It imports nothing of execpool.
 
 ::
 
