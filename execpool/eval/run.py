@@ -165,13 +165,15 @@ def evaluate(pool: Any, samples: Iterable[Mapping[str, Any] | Sample], problems:
              max_in_flight: Optional[int] = None) -> Evaluation:
     """Judge ``samples`` (dicts ``{task_id|id, completion|code, language?}``
     or Samples) against ``problems`` (``load_problems``) on ``pool`` (an
-    ExecPool or a RayPool: anything with ``submit``), retrying what
-    execpool failed; the records and the summary with pass@k."""
+    ExecPool or a RayPool), at most ``max_in_flight`` jobs at once (default:
+    the pool's ``default_max_in_flight``), retrying what execpool failed;
+    the records and the summary with pass@k. A pool that preloads
+    ``JUDGE_MODULE`` judges function-style samples about twice as fast."""
     parsed = [(n, s if isinstance(s, Sample) else parse_sample(s, f"samples[{n - 1}]"))
               for n, s in enumerate(samples, 1)]
     for n, sample in parsed:
         problem_of(problems, sample, f"samples[{n - 1}]")
-    in_flight = max_in_flight or 2 * max(1, len(getattr(pool, "worker_pids", ())) or 2)
+    in_flight = max_in_flight or pool.default_max_in_flight
     by_line: Dict[int, Dict[str, Any]] = {}
     given = dict(parsed)
     for line, verdict in judge_samples(pool.submit, parsed, problems, options, in_flight):

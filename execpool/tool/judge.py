@@ -405,7 +405,9 @@ def _namespace(judge, spec, functions, modules):
     except Exception as exc:  # noqa: BLE001 - the problem's, not the sample's: never scored
         raise ProblemError(f"the problem's own code failed: {type(exc).__name__}: {_cut(str(exc))}") from None
     for name, module in modules:
-        if name not in namespace:
+        # The standard library's only: importing what the sample names runs
+        # that module's code here.
+        if name not in namespace and module.partition(".")[0] in sys.stdlib_module_names:
             try:
                 namespace[name] = importlib.import_module(module)
             except Exception:  # noqa: BLE001 - a module the judge cannot import stays undefined
