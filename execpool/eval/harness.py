@@ -132,9 +132,9 @@ def _function(sample: Sample, problem: Problem, options: EvalOptions) -> Judging
         return _record(Verdict.INTERNAL_ERROR, [], [result], message=result.error)
     said = _verdict_line(result.output, nonce)
     if said is None:
-        return _without_verdict(result, problem)
+        return _without_verdict(result)
     failure, tests = said.get("failure"), said.get("tests") or []
-    entries = [_judged_test(test, result) for test in tests]
+    entries = [_judged_test(test) for test in tests]
     if failure:
         verdict = Verdict(failure["verdict"])
         return _record(verdict, entries, [result], message=failure.get("message"), trace=failure.get("trace"),
@@ -159,12 +159,14 @@ def _verdict_line(output: str, nonce: str) -> Optional[Dict[str, Any]]:
     return None
 
 
-def _judged_test(test: Dict[str, Any], result: Result) -> Dict[str, Any]:
-    details = {key: test.get(key) for key in ("input", "expected", "actual", "message", "signal", "exit_code")}
+def _judged_test(test: Dict[str, Any]) -> Dict[str, Any]:
+    """A test's entry from what the judge said of it."""
+    details = {key: test.get(key) for key in ("input", "expected", "actual", "message", "trace", "signal",
+                                              "exit_code")}
     return test_entry(Verdict(test["verdict"]), time_s=test.get("time_s"), **details)
 
 
-def _without_verdict(result: Result, problem: Problem) -> Dict[str, Any]:
+def _without_verdict(result: Result) -> Dict[str, Any]:
     """A judge that printed no verdict: the job's own end says why."""
     if result.status is Status.TIMEOUT:
         tests = [test_entry(Verdict.TIME_LIMIT_EXCEEDED, time_s=round(result.duration_s, 4))]
