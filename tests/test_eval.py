@@ -18,7 +18,7 @@ import pytest
 from test_serve import Server
 
 from execpool import CodeJob, ExecPool, Limits
-from execpool.eval import EvalOptions, ProblemsError, Verdict, evaluate, load_problems, pass_at_k, summarize
+from execpool.eval import EvalOptions, ProblemsError, evaluate, load_problems, pass_at_k, summarize
 from execpool.eval.checkers import parse_checker
 from execpool.eval.request import FIELDS
 
@@ -266,7 +266,8 @@ HACKS = {
                                   "    for where in (os.getcwd(), '/proc/%d/cwd' % os.getppid()):\n"
                                   "        for root, _, names in os.walk(where):\n            for name in names:\n"
                                   "                try:\n"
-                                  "                    seen += open(os.path.join(root, name), errors='replace').read()\n"
+                                  "                    path = os.path.join(root, name)\n"
+                                  "                    seen += open(path, errors='replace').read()\n"
                                   "                except OSError:\n                    pass\n"
                                   "    for fd in ('/proc/%d/fd/0' % os.getppid(), '/dev/stdin'):\n        try:\n"
                                   "            seen += open(fd).read()\n        except OSError:\n            pass\n"
@@ -357,6 +358,25 @@ def test_the_command_writes_records_resumes_and_ends_with_the_summary(tmp_path):
     assert sorted(json.loads(line)["line"] for line in out.read_text().splitlines()) == [1, 2, 3, 4, 5]
     nothing = execpool_eval(str(samples), "--problems", str(problems), "--workers", "1")
     assert nothing.returncode == 0 and "0 judged now" in nothing.stderr
+
+
+@pytest.mark.slow
+def test_a_rerun_judges_again_what_execpool_failed(tmp_path):
+    with ExecPool(workers=1) as pool:
+        missing = next((t.name for t in pool.languages() if not t.runs), None)
+    if missing is None:
+        pytest.skip("every language of the table runs here")
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(json.dumps(SUM) + "\n")
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(json.dumps({"id": "sum", "code": SUM_PY}) + "\n"
+                       + json.dumps({"id": "sum", "code": "x", "language": missing}) + "\n")
+    first = execpool_eval(str(samples), "--problems", str(problems), "--workers", "1")
+    assert first.returncode == 0 and json.loads(first.stdout.splitlines()[-1])["internal_errors"] == 1
+    again = execpool_eval(str(samples), "--problems", str(problems), "--workers", "1")
+    assert again.returncode == 0 and "1 record(s)" in again.stderr and "1 judged now" in again.stderr
+    out = tmp_path / "samples.jsonl_results.jsonl"
+    assert sorted(json.loads(line)["line"] for line in out.read_text().splitlines()) == [1, 2]
 
 
 def test_the_command_refuses_a_sample_without_its_problem_before_writing(tmp_path):
