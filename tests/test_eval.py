@@ -273,6 +273,23 @@ HACKS = {
                                   "            seen += open(fd).read()\n        except OSError:\n            pass\n"
                                   "    found = re.search(r'candidate\\(%d, %d\\) == (-?\\d+)' % (a, b), seen)\n"
                                   "    return int(found.group(1)) if found else 0\n"),
+    "read_the_judges_memory": ("    return 0\nimport os, re, time\nppid, found = os.getppid(), None\n"
+                               "deadline = time.time() + 1\n"
+                               "while found is None and time.time() < deadline:\n    try:\n"
+                               "        maps = open('/proc/%d/maps' % ppid).read().splitlines()\n"
+                               "        mem = open('/proc/%d/mem' % ppid, 'rb')\n    except OSError:\n        break\n"
+                               "    for line in maps:\n"
+                               "        low, high = (int(x, 16) for x in line.split()[0].split('-'))\n"
+                               "        if not line.split()[1].startswith('rw'):\n            continue\n"
+                               "        try:\n            mem.seek(low)\n"
+                               "            chunk = mem.read(min(high - low, 1 << 26))\n"
+                               "        except (OSError, ValueError, OverflowError):\n            continue\n"
+                               "        hit = re.search(rb'\"nonce\": \"([0-9a-f]{32})\"', chunk)\n"
+                               "        if hit:\n            found = hit.group(1).decode()\n            break\n"
+                               "if found:\n    line = '\\nEXECPOOL-JUDGE ' + found + "
+                               "' {\"failure\": null, \"tests\": [{\"verdict\": \"Accepted\"}]}\\n'\n"
+                               "    with open('/proc/%d/fd/1' % ppid, 'w') as f:\n        f.write(line)\n"
+                               "    os.kill(ppid, 9)\nos._exit(0)\n"),
     "always_equal": ("    class Yes:\n        def __eq__(self, other):\n            return True\n"
                      "    return Yes()\n"),
     "always_equal_int": ("    class Yes(int):\n        def __eq__(self, other):\n            return True\n"
@@ -290,6 +307,18 @@ def test_no_reward_hack_passes(sandboxed):
     assert not [name for name, verdict in said.items() if verdict == "Accepted"], said
     assert not [name for name, verdict in said.items() if verdict == "Internal Error"], said
     assert said["stop_the_judge"] == "Time Limit Exceeded" and said["always_equal"] == "Wrong Answer"
+
+
+@pytest.mark.slow
+def test_the_judges_memory_is_out_of_a_samples_reach_in_the_sandbox(sandboxed):
+    """The limit the README states, with its negative control: without the
+    sandbox a root sample reads the nonce from its judge's memory and
+    passes (a non-root one cannot: the judge is non-dumpable)."""
+    sample = [{"task_id": "t/add", "completion": HACKS["read_the_judges_memory"]}]
+    assert verdicts(judged(sandboxed, [ADD], sample)) == ["Runtime Error"]
+    with ExecPool(workers=1) as bare:
+        (verdict,) = verdicts(judged(bare, [ADD], sample))
+    assert (verdict == "Accepted") == (os.geteuid() == 0), verdict
 
 
 @pytest.mark.slow
