@@ -143,6 +143,8 @@ def test_asserts_are_tests_each_with_its_verdict(sandboxed):
                {"task_id": 11, "code": "def square(x):\n    return abs(x) * 2 if x == 2 else x * 2\n"}]
     all_tests = judged(sandboxed, [MBPP], samples, all_tests=True)
     assert verdicts(all_tests) == ["Accepted", "Wrong Answer"]
+    # Each test's cost is what its calls cost in the sample's process.
+    assert all(t["cpu_s"] >= 0 and t["memory_bytes"] > 0 and t["time_s"] > 0 for t in all_tests[0]["tests"])
     assert [t["verdict"] for t in all_tests[1]["tests"]] == ["Accepted", "Wrong Answer", "Wrong Answer"]
     assert all_tests[1]["first_failure"]["input"] == "square(3)" and all_tests[1]["first_failure"]["actual"] == "6"
     first = judged(sandboxed, [MBPP], samples)

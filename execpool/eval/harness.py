@@ -163,7 +163,8 @@ def _judged_test(test: Dict[str, Any]) -> Dict[str, Any]:
     """A test's entry from what the judge said of it."""
     details = {key: test.get(key) for key in ("input", "expected", "actual", "message", "trace", "signal",
                                               "exit_code")}
-    return test_entry(Verdict(test["verdict"]), time_s=test.get("time_s"), **details)
+    cost = {key: test.get(key) for key in ("time_s", "cpu_s", "memory_bytes")}
+    return test_entry(Verdict(test["verdict"]), **cost, **details)
 
 
 def _without_verdict(result: Result) -> Dict[str, Any]:

@@ -16,8 +16,8 @@ and the tests, with a nonce, on its stdin. It imports nothing of execpool.
     nonce from stdin (the sample never had       answers calls: plain data by value,
     them: it was forked first)                   anything else as an opaque handle
     runs the tests; each call of the sample's
-    functions is a message to the fork  <----->  (a length-prefixed pickle each way)
-    prints one line: the marker, the nonce,
+    functions is a message to the fork  <----->  (a length-prefixed pickle each way;
+    prints one line: the marker, the nonce,       each answer with what the call cost)
     the verdicts as JSON; kills the fork
 
 Why two processes: in one interpreter a sample can end it early with exit
@@ -41,6 +41,7 @@ import io
 import json
 import os
 import pickle
+import resource
 import signal
 import site
 import struct
@@ -228,11 +229,16 @@ class _SampleSide:
     def unpickler(self, buffer):
         return _FromJudge(buffer, self.objects)
 
-    def reply(self, message):
+    def reply(self, message, cost=None):
+        """``message``, and for a call what it cost (CPU seconds, the
+        process's peak resident bytes): as the sample's process says it."""
+        if cost is not None:
+            message = (*message, cost)
         try:
             _send(self.replies, message, _ToJudge)
         except Exception:  # noqa: BLE001 - a value that plain() let through but pickle refuses
-            _send(self.replies, ("raised", "TypeError", "the value could not be sent to the judge", ""), _ToJudge)
+            failed = ("raised", "TypeError", "the value could not be sent to the judge", "")
+            _send(self.replies, failed if cost is None else (*failed, cost), _ToJudge)
 
     def run(self, source):
         namespace: Dict[str, Any] = {"__name__": "__sample__", "__builtins__": builtins}
@@ -256,13 +262,23 @@ class _SampleSide:
                 target, args, kwargs = _receive(self.calls, self.unpickler)
             except SampleGone:
                 return
+            before = _cpu()
             try:
                 function = namespace[target] if isinstance(target, str) else target
                 value = self.plain(function(*args, **kwargs))
             except BaseException as exc:  # noqa: BLE001 - sys.exit() in a call is the call's outcome
-                self.reply(("raised", type(exc).__name__, _cut(str(exc)), _trace(exc)))
+                self.reply(("raised", type(exc).__name__, _cut(str(exc)), _trace(exc)), _cost(before))
                 continue
-            self.reply(("value", value))
+            self.reply(("value", value), _cost(before))
+
+
+def _cpu():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _cost(before):
+    return (_cpu() - before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 def _trace(exc):
@@ -299,6 +315,7 @@ class _Judge:
         self.calls = calls
         self.replies = replies
         self.last_call = None
+        self.spent = [0.0, 0]  # the current test's calls: CPU seconds, peak resident bytes
 
     def unpickler(self, buffer):
         return _FromSample(buffer, self)
@@ -316,13 +333,27 @@ class _Judge:
             reply = _receive(self.replies, self.unpickler)
         except (pickle.UnpicklingError, EOFError, ValueError, struct.error) as exc:
             raise SampleGone(f"it sent what is not a reply ({exc})") from None
-        if type(reply) is tuple and reply and reply[0] == "value" and len(reply) == 2:
+        if type(reply) is tuple and len(reply) == 3 and reply[0] == "value":
+            self.count(reply[2])
             value = reply[1]
             self.last_call["actual"] = _shown(value)
             return value
-        if type(reply) is tuple and len(reply) == 4 and reply[0] == "raised":
-            raise SampleError(*(str(part) for part in reply[1:]))
+        if type(reply) is tuple and len(reply) == 5 and reply[0] == "raised":
+            self.count(reply[4])
+            raise SampleError(*(str(part) for part in reply[1:4]))
         raise SampleGone("it sent what is not a reply")
+
+    def count(self, cost):
+        """Add a call's cost to the test's, where it is two numbers."""
+        if (type(cost) is tuple and len(cost) == 2 and type(cost[0]) in (int, float) and type(cost[1]) is int
+                and cost[0] >= 0 and cost[1] >= 0):
+            self.spent[0] += cost[0]
+            self.spent[1] = max(self.spent[1], cost[1])
+
+    def costs(self, started):
+        """The test's time, and its calls' CPU and peak memory."""
+        return {"time_s": round(time.monotonic() - started, 6), "cpu_s": round(self.spent[0], 6),
+                "memory_bytes": self.spent[1] or None}
 
     def ended(self):
         """How the sample's process ended, once it has (it is killed first)."""
@@ -344,7 +375,7 @@ def _shown(value):
 
 def _outcome(exc, judge, started, where):
     """A test's verdict from what it raised."""
-    test = {"time_s": round(time.monotonic() - started, 6), **(judge.last_call or {})}
+    test = {**judge.costs(started), **(judge.last_call or {})}
     if where is not None:
         test["expected"] = where
     if isinstance(exc, SampleError):
@@ -383,6 +414,7 @@ def _run_tests(judge, spec, namespace):
         units = [(f"test_{number}.py", line) for number, line in enumerate(spec["asserts"])]
     for filename, source in units:
         judge.last_call = None
+        judge.spent = [0.0, 0]
         started = time.monotonic()
         try:
             exec(compile(source, filename, "exec"), namespace)
@@ -391,7 +423,7 @@ def _run_tests(judge, spec, namespace):
             if isinstance(exc, SampleGone) or not spec["all"]:
                 break
             continue
-        tests.append({"verdict": "Accepted", "time_s": round(time.monotonic() - started, 6)})
+        tests.append({"verdict": "Accepted", **judge.costs(started)})
     return tests
 
 
