@@ -15,7 +15,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import psutil
 import pytest
+from helpers import wait_for
 from test_serve import Server
 
 from execpool import CodeJob, ExecPool, Limits
@@ -471,5 +473,29 @@ def test_a_route_client_reads_records_with_httpx_streaming():
         with httpx.stream("POST", f"{server.url}/v1/eval", json=body, timeout=30) as answer:
             lines = [json.loads(line) for line in answer.iter_lines() if line]
         assert lines[0]["verdict"] == "Accepted" and lines[-1]["summary"]["pass@1"] == 1.0
+    finally:
+        assert server.stop() == 0
+
+
+@pytest.mark.slow
+def test_a_route_client_that_goes_away_stops_the_judging():
+    server = Server("--workers", "1")
+    try:
+        sleeper = "import os\nos.execvp('sleep', ['sleep', '301'])\n"
+        body = {"problems": [SUM], "samples": [{"id": "sum", "code": sleeper}] * 3, "timeout": 60}
+
+        def sleepers() -> list:
+            found = []
+            for process in server.descendants():
+                try:
+                    if process.cmdline()[:2] == ["sleep", "301"]:
+                        found.append(process)
+                except psutil.Error:  # gone meanwhile
+                    pass
+            return found
+
+        with httpx.stream("POST", f"{server.url}/v1/eval", json=body, timeout=30):
+            assert wait_for(lambda: len(sleepers()) >= 1, 20.0), "no sample started"
+        assert wait_for(lambda: not sleepers(), 10.0), "the judging outlived its client"
     finally:
         assert server.stop() == 0
