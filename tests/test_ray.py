@@ -235,6 +235,23 @@ def test_batch_on_ray_writes_the_same_records_and_resumes(ray_address, tmp_path)
     assert len(_records(remote)) == 5
 
 
+def test_eval_on_ray_gives_the_same_verdicts(ray_address, tmp_path):
+    """``execpool eval --ray``: the driver keeps OUT, the actors judge, the
+    judge preloaded on every node."""
+    samples = os.path.join(REPO, "examples", "eval_samples.jsonl")
+    problems = os.path.join(REPO, "examples", "eval_problems.jsonl")
+    verdicts = {}
+    for where, flags in (("local", []), ("ray", ["--ray", ray_address])):
+        out = tmp_path / f"{where}.jsonl"
+        done = subprocess.run([sys.executable, "-m", "execpool", "eval", samples, "--problems", problems, "-k", "1,2",
+                               "-o", str(out), *flags], capture_output=True, text=True, cwd=REPO, timeout=90,
+                              env={**os.environ, "PYTHONPATH": REPO})
+        assert done.returncode == 0, done.stderr[-2000:]
+        verdicts[where] = sorted((r["line"], r["verdict"]) for r in _records(out))
+        assert json.loads(done.stdout.splitlines()[-1])["pass@2"] == pytest.approx(5 / 6)
+    assert verdicts["ray"] == verdicts["local"] and len(verdicts["ray"]) == 6
+
+
 def test_a_lost_node_reruns_its_jobs_elsewhere_each_id_once(tmp_path, doomed):
     """A second cluster, of two nodes: the batch runs on both; the one that
     is not the head is removed while its jobs run. Its tools die, the jobs

@@ -13,7 +13,6 @@ and ``_Batch``; IN is read by execpool/cli/jobs_file.py.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -28,7 +27,7 @@ from ..pool.config import disk_options
 from ..pool.mapping import run_tagged
 from ..supervisor import ExecPool
 from .jobs_file import input_lines, make_job, parse_line
-from .results_file import RecordsError, ResultsFile, StdoutResults, Stop
+from .results_file import RecordsError, ResultsFile, StdoutResults, Stop, encoded
 from .run import EXIT_INTERRUPTED, EXIT_USAGE, NON_DUMPABLE
 
 #: How many duplicate ids the error message names, and how much of each.
@@ -64,11 +63,11 @@ class _NoBar:
         pass
 
 
-def _progress_bar(total: int, enabled: Optional[bool]) -> Any:
+def progress_bar(total: int, enabled: Optional[bool], unit: str = "job") -> Any:
     if enabled is False:
         return _NoBar()
     # disable=None is tqdm's own "only on a terminal"; --progress forces it.
-    return tqdm(total=total, file=sys.stderr, unit="job", dynamic_ncols=True, smoothing=0.05,
+    return tqdm(total=total, file=sys.stderr, unit=unit, dynamic_ncols=True, smoothing=0.05,
                 disable=None if enabled is None else False)
 
 
@@ -190,7 +189,7 @@ class _Batch:
     def _run(self, pool: Any, max_in_flight: int, defaults: Defaults, todo: int, skipped: int, out_path: str) -> int:
         started = time.monotonic()
         args = self.args
-        self.bar = _progress_bar(todo, args.progress)
+        self.bar = progress_bar(todo, args.progress)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         interrupted: Optional[int] = None
         try:
@@ -245,11 +244,7 @@ class _Batch:
                 yield (number, line.id), job
 
     def _emit(self, record: dict) -> None:
-        text = json.dumps(record, ensure_ascii=False)
-        try:
-            data = (text + "\n").encode("utf-8")
-        except UnicodeEncodeError:
-            data = (json.dumps(record) + "\n").encode("ascii")
+        data = encoded(record)
         self._writing = True
         try:
             self.out.write(data)

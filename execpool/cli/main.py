@@ -11,6 +11,9 @@ stdout gets one JSON line instead, the job's record as ``execpool batch``
 writes it (without ``id`` and ``line``), with what the job cost; the exit
 status is the same.
 
+``execpool eval SAMPLES --problems PROBLEMS`` judges samples against
+problems' tests and prints pass@k (execpool/cli/eval.py).
+
 ``execpool batch IN.jsonl [-o OUT.jsonl]`` runs one job per input line through
 ``batch.run_tagged`` and appends one record per job to OUT as each job ends.
 Re-running the same command resumes: ids already in OUT are skipped. The
@@ -144,19 +147,20 @@ def _parser() -> argparse.ArgumentParser:
     batch.add_argument("--no-retry-infra", dest="retry_infra", action="store_false",
                        help="keep the records of jobs that execpool failed to run (status infra) instead of "
                             "running them again")
-    batch.add_argument("--no-fsync", dest="fsync", action="store_false",
-                       help="do not fdatasync OUT (a killed process still loses nothing; power loss may)")
     batch.add_argument("--sandbox", action="store_true",
                        help="run every job in the strict sandbox: each writes only its directory (see the README)")
-    _disk_arguments(batch)
-    batch.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                       help="spread the jobs over a Ray cluster: ADDRESS, 'auto' (one running here), 'local' (a new "
-                            "one), or nothing for Ray's default; --workers is then per node")
-    progress = batch.add_mutually_exclusive_group()
-    progress.add_argument("--progress", dest="progress", action="store_true", default=None,
-                          help="show the progress bar even when stderr is not a terminal")
-    progress.add_argument("--no-progress", dest="progress", action="store_false",
-                          help="never show the progress bar")
+    _out_arguments(batch)
+    evaluation = commands.add_parser(
+        "eval", help="judge a model's samples against problems' tests: a verdict per sample, then pass@k (resumable)",
+        description="Judge each sample of SAMPLES against its problem's tests (HumanEval-, MBPP- or CommonOJ-style) "
+                    "and append one record per sample to OUT; then print the summary (pass@k and the counts of "
+                    "all of OUT) as the last line of stdout, one JSON object. Re-running the same command judges "
+                    "only the samples without a record. Exit status: 0 when every sample has its record, 130 when "
+                    "interrupted, 2 for bad usage, 1 when execpool itself failed.")
+    from .eval import add_arguments
+
+    add_arguments(evaluation, _count, _seconds)
+    _out_arguments(evaluation)
     serve = commands.add_parser("serve", help="serve the pool over HTTP (execpool's API and SandboxFusion's "
                                               "/run_code)")
     _serve_arguments(serve)
@@ -231,6 +235,22 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     _disk_arguments(parser)
 
 
+def _out_arguments(parser: argparse.ArgumentParser) -> None:
+    """What ``execpool batch`` and ``execpool eval`` share: OUT's syncing,
+    the disk bounds, Ray and the progress bar."""
+    parser.add_argument("--no-fsync", dest="fsync", action="store_false",
+                        help="do not fdatasync OUT (a killed process still loses nothing; power loss may)")
+    _disk_arguments(parser)
+    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help="spread the jobs over a Ray cluster: ADDRESS, 'auto' (one running here), 'local' (a new "
+                             "one), or nothing for Ray's default; --workers is then per node")
+    progress = parser.add_mutually_exclusive_group()
+    progress.add_argument("--progress", dest="progress", action="store_true", default=None,
+                          help="show the progress bar even when stderr is not a terminal")
+    progress.add_argument("--no-progress", dest="progress", action="store_false",
+                          help="never show the progress bar")
+
+
 def _disk_arguments(parser: argparse.ArgumentParser) -> None:
     """What every sandboxed tenant may write, and what all of them may at
     once (execpool/pool/budget.py): the pool's ``limits.disk`` and
@@ -290,6 +310,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .batch import batch
 
         return batch(args)
+    if args.command == "eval":
+        from .eval import evaluate_command
+
+        return evaluate_command(args)
     extra = _EXTRAS.get(args.command)
     if extra is not None:
         try:

@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import time
-from typing import Optional
+from typing import Callable, Optional, Tuple
 
 from ..formats.records import STATUSES
 from ..shared.result import Status
@@ -51,6 +51,15 @@ def record_key(raw: bytes) -> tuple[Optional[str], Optional[str]]:
     return json.dumps(ident), record["status"]
 
 
+def encoded(record: dict) -> bytes:
+    """A record as one line of OUT: UTF-8, or ASCII escapes where the record
+    holds what UTF-8 cannot encode (a lone surrogate)."""
+    try:
+        return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        return (json.dumps(record) + "\n").encode("ascii")
+
+
 class ResultsFile:
     """OUT, appended to one whole record per write.
 
@@ -76,8 +85,15 @@ class ResultsFile:
       like the ones never tried. ``--no-retry-infra`` keeps them.
     """
 
-    def __init__(self, path: str, fsync: bool, retry_infra: bool = True) -> None:
+    def __init__(self, path: str, fsync: bool, retry_infra: bool = True,
+                 key: Callable[[bytes], Tuple[Optional[str], Optional[str]]] = record_key,
+                 what: str = "execpool batch") -> None:
+        """``key`` reads a line of OUT as ``record_key`` does (``execpool
+        eval``'s records are keyed by their sample's line); ``what`` names
+        the command in messages."""
         self.path = path
+        self.key = key
+        self.what = what
         self.fsync = fsync
         self.retry_infra = retry_infra
         self.fd: Optional[int] = None
@@ -109,7 +125,7 @@ class ResultsFile:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise RecordsError(f"{self.path} is being written by another execpool batch; "
+            raise RecordsError(f"{self.path} is being written by another {self.what}; "
                               "wait for it or pass another -o") from None
         return fd
 
@@ -118,9 +134,9 @@ class ResultsFile:
         with os.fdopen(os.dup(self._out()), "rb") as f:
             for number, raw in enumerate(f, 1):
                 if bad_line is not None:
-                    raise RecordsError(f"{self.path} line {bad_line} is not an execpool batch record, and "
+                    raise RecordsError(f"{self.path} line {bad_line} is not an {self.what} record, and "
                                       "more records follow it; fix or move the file, then run again")
-                key, status = record_key(raw) if raw.endswith(b"\n") else (None, None)
+                key, status = self.key(raw) if raw.endswith(b"\n") else (None, None)
                 if key is None:
                     bad_line = number
                     continue
@@ -163,7 +179,7 @@ class ResultsFile:
                 while remaining > 0:
                     raw = old.readline(remaining)
                     remaining -= len(raw)
-                    if record_key(raw)[0] not in self.retried:
+                    if self.key(raw)[0] not in self.retried:
                         new.write(raw)
                 new.flush()
                 os.fsync(new.fileno())

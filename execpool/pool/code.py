@@ -441,9 +441,9 @@ class _CodeRun:
                       keep_background=job.keep_background, max_output_chars=job.max_output_chars, stdin=job.stdin,
                       network=job.network, separate_stderr=job.separate_stderr, sandbox=job.sandbox, files=files,
                       fetch=job.fetch)
-        if self.language.name == "python":
+        if self.language.name == "python" and not job.args:
             return PythonJob(job.code, warm=job.warm, **common)  # type: ignore[arg-type]
-        return ShellJob(_command(self.language.run), **common)  # type: ignore[arg-type]
+        return ShellJob(_command(self.language.run + tuple(job.args)), **common)  # type: ignore[arg-type]
 
 
 def _command(argv: Optional[Tuple[str, ...]]) -> str:

@@ -55,6 +55,7 @@ from ..formats.request import BadField, Defaults
 from ..mcp import settings as mcp_settings
 from ..supervisor import ExecPool
 from .admission import Admission, ClientGone, Reason, Rejected
+from .evaluation import Evaluations
 from .metrics import ServiceMetrics
 from .request_job import ServiceJobs, Settings
 from .routes import Routes, TooLarge, TooSlow
@@ -147,6 +148,7 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
         Route("/run_code", routes.run_code, methods=["POST"]),
         Route("/v1/run", routes.v1_run, methods=["POST"]), Route("/v1/stream", routes.v1_stream, methods=["POST"]),
         Route("/v1/batch", routes.v1_batch, methods=["POST"]),
+        Route("/v1/eval", Evaluations(jobs, routes.body).v1_eval, methods=["POST"]),
         Route("/v1/sessions", sessions.create, methods=["POST"]), Route("/v1/sessions", sessions.listed),
         Route("/v1/sessions/{ident}", sessions.delete, methods=["DELETE"]),
         Route("/v1/sessions/{ident}/run", sessions.run, methods=["POST"]),

@@ -47,6 +47,7 @@ from prometheus_client import Counter
 from starlette.applications import Starlette
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from ..eval.harness import JUDGE_MODULE
 from ..formats.request import Defaults
 from ..pool.config import disk_options
 from ..shared.kernel.sandbox import sandbox_support
@@ -104,7 +105,10 @@ def main(args: argparse.Namespace) -> int:
         # The token is in this process's memory and maybe its environment:
         # tools running as the same user must not read them through /proc.
         # Every job in the sandbox (execpool/shared/kernel/sandbox.py).
-        with ExecPool(workers=args.workers, python=args.python, preload=args.preload, non_dumpable=True,
+        # /v1/eval's judge is in the warm interpreters of the pool's own
+        # Python (another --python may lack execpool: it is imported per job).
+        preload = args.preload if args.python else (*args.preload, JUDGE_MODULE)
+        with ExecPool(workers=args.workers, python=args.python, preload=preload, non_dumpable=True,
                       sandbox=sandbox, **disk_options(args.disk_mb, args.disk_budget_mb)) as pool:
             defaults = Defaults(timeout=args.timeout, max_timeout=args.max_timeout, warm=args.warm,
                                 network=args.network, limits=pool.config.limits)

@@ -8,6 +8,7 @@ Runs in the service's process, once per app.
 
 from __future__ import annotations
 
+from ..eval import request as evaluation
 from ..formats import records, request, sandbox_fusion
 
 #: One entry of ``GET /v1/languages``.
@@ -54,6 +55,14 @@ def document() -> dict:
                                    "responses": {"200": {"description": "application/x-ndjson: one record per "
                                                                         "line (with stderr and passed for tests)"},
                                                  **refused}}},
+            "/v1/eval": {"post": {"summary": "Judge samples against problems' tests (HumanEval-, MBPP- or "
+                                             "CommonOJ-style) as `execpool eval` does; answer NDJSON: one "
+                                             "EvalRecord per sample as its judging ends (the sample's own "
+                                             "fields, then the verdict's), then {\"summary\": {pass@k..., "
+                                             "samples, problems, passed, verdicts, per_problem}}",
+                                  "requestBody": _json({"$ref": "#/components/schemas/EvalRequest"}),
+                                  "responses": {"200": {"description": "application/x-ndjson: EvalRecord lines, then "
+                                                                       "the summary"}, **refused}}},
             "/run_code": {"post": {"summary": "SandboxFusion's run_code",
                                    "requestBody": _json({"$ref": "#/components/schemas/RunCodeRequest"}),
                                    "responses": {"200": {"description": "RunCodeResponse",
@@ -113,5 +122,7 @@ def document() -> dict:
             "Session": request.schema(request.SESSION),
             "Cell": request.schema(request.CELL),
             "RunJupyterRequest": request.schema(request.RUN_JUPYTER),
+            "EvalRequest": evaluation.schema(),
+            "EvalRecord": evaluation.record_schema(),
         }},
     }

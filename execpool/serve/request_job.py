@@ -45,6 +45,7 @@ class Route(str, enum.Enum):
     V1_RUN = "v1_run"
     V1_STREAM = "v1_stream"
     V1_BATCH = "v1_batch"
+    V1_EVAL = "v1_eval"
 
     def __str__(self) -> str:
         return self.value

@@ -213,6 +213,10 @@ class CodeJob(_Job):
     The Result carries the compile's own Result as ``compile_result``.
     ``warm`` applies to ``python`` only, as PythonJob's does.
 
+    ``args`` are appended to the language's run command (a special judge
+    takes its files' names so, as testlib's checkers do); a ``python``
+    program given any runs as ``python3 main.py ARGS``, cold.
+
     ``cwd``, where given, is the run's directory -- the caller's own, kept
     after the job, holding none of the names written into it (the files,
     the program, what the compile made) -- for a caller that reads files
@@ -223,6 +227,7 @@ class CodeJob(_Job):
     code: str
     compile_timeout: Number = field(default=DEFAULT_COMPILE_TIMEOUT_S, kw_only=True)
     warm: bool = field(default=False, kw_only=True)
+    args: Sequence[str] = field(default=(), kw_only=True)
     kind = "code"
     _source_field = "code"
 
@@ -232,6 +237,9 @@ class CodeJob(_Job):
         super().__post_init__()
         checks.seconds("compile_timeout", self.compile_timeout)
         checks.flag("warm", self.warm)
+        if isinstance(self.args, str) or not isinstance(self.args, (list, tuple)):
+            raise TypeError(f"args must be a list or tuple of strings, not {type(self.args).__name__}")
+        object.__setattr__(self, "args", tuple(checks.text(f"args[{n}]", arg) for n, arg in enumerate(self.args)))
         spec = self.spec
         if len(spec.source.encode("utf-8")) > MAX_FILE_NAME_BYTES:
             raise ValueError(f"the program's entry name makes its file name {spec.source[:40]!r}... longer than "
