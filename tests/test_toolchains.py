@@ -247,3 +247,39 @@ def test_the_service_lists_checking_then_the_truth_and_refuses_what_does_not_run
     assert not row["runs"] and row["why_not"].startswith("a hello-world failed in the pool's sandbox")
     assert answer["status"] == "SandboxError" and answer["run_result"] is None
     assert answer["message"] == f"execpool could not run the code: language 'perl' does not run here: {row['why_not']}"
+
+
+def _tool(path: str, script: str = "#!/bin/sh\nprintf v5.36.0\n") -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(script)
+    os.chmod(path, 0o755)
+    return path
+
+
+def test_an_install_root_is_the_prefix_or_the_lone_tool_and_of_local_only_bin_and_lib(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))  # a home, as execpool.shared.kernel.sandbox.homes() finds them
+    prefix = tmp_path / "opt" / "vendor"
+    (prefix / "lib").mkdir(parents=True)
+    assert table.install_roots(_tool(f"{prefix}/bin/tool")) == (str(prefix),)
+    lone = _tool(f"{home}/.cargo/bin/tool")  # ~/.cargo holds no lib: only the tool is shown
+    (home / ".cargo" / "credentials.toml").write_text("token = 's3cret'\n")
+    assert table.install_roots(lone) == (lone,)
+    local = home / ".local"
+    for name in ("lib", "share/keyrings"):
+        (local / name).mkdir(parents=True)
+    assert table.install_roots(_tool(f"{local}/bin/tool")) == (f"{local}/bin", f"{local}/lib")
+    (tmp_path / "current").symlink_to(prefix)  # sdkman's "current": the root is where it leads
+    assert table.install_roots(os.path.realpath(tmp_path / "current" / "bin" / "tool")) == (str(prefix),)
+
+
+def test_a_toolchain_whose_root_would_be_a_home_is_refused_saying_so(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / "lib").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    _tool(f"{home}/bin/perl")
+    found = table.probe(table.get("perl"), f"{home}/bin:{os.environ['PATH']}")
+    assert not found.runs and found.why_not == (f"perl is installed in {home}/bin, whose install root {home} would "
+                                                "show a job a home directory or the whole system; install it in a "
+                                                "directory of its own")

@@ -35,7 +35,7 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from .kernel.sandbox import beneath_system, too_wide
+from .kernel.sandbox import beneath_system, homes, too_wide
 
 
 @dataclass(frozen=True)
@@ -406,32 +406,38 @@ def _installed(language: Language, path: str) -> Tuple[Tuple[Tuple[str, str], ..
         if beneath_system(real):
             continue
         if language.root and language.root[0] == tool:
-            root = os.path.realpath(_said(language, language.root, path).splitlines()[-1].strip())
+            shown: Tuple[str, ...] = (os.path.realpath(_said(language, language.root, path).splitlines()[-1].strip()),)
         else:
-            root = install_root(real)
-        if too_wide(root) or beneath_system(root):
-            raise ValueError(f"{tool} is installed in {os.path.dirname(real)}, whose install root {root} would show "
-                             "a job a home directory or the whole system; install it in a directory of its own")
-        commands[tool] = _run_by(tool, found, real, root)
-        roots.append(root)
+            shown = install_roots(real)
+        for root in shown:
+            if too_wide(root) or beneath_system(root):
+                raise ValueError(f"{tool} is installed in {os.path.dirname(real)}, whose install root {root} would "
+                                 "show a job a home directory or the whole system; install it in a directory of its "
+                                 "own")
+        commands[tool] = _run_by(tool, found, real, shown[0])
+        roots += shown
     outermost = [root for root in roots if not any(_inside(root, other) and root != other for other in roots)]
     return tuple(commands.items()), tuple(dict.fromkeys(outermost))
 
 
-def install_root(real: str) -> str:
-    """The install root of the tool at ``real`` (links resolved): the
-    prefix whose ``bin`` holds it, where that prefix holds a ``lib`` too
-    (an nvm node, a pyenv or conda Python, a JDK, ``/opt/<vendor>``);
-    otherwise the tool alone -- a lone binary (``cargo install``'s) shows
-    nothing of the directory it sits in."""
+def install_roots(real: str) -> Tuple[str, ...]:
+    """What shows the tool at ``real`` (links resolved) with what it needs:
+    the prefix whose ``bin`` holds it, where that prefix holds a ``lib``
+    too (an nvm node, a pyenv or conda Python, a JDK, ``/opt/<vendor>``) --
+    but of a home's ``~/.local``, which is also where desktops keep their
+    data (keyrings, browsers' profiles), only ``bin`` and ``lib``;
+    otherwise the tool alone: a lone binary (``cargo install``'s) shows
+    nothing of the directory it sits in (``~/.cargo``'s credentials)."""
     directory = os.path.dirname(real)
     while directory != "/":
         prefix = os.path.dirname(directory)
-        if os.path.basename(directory) in ("bin", "sbin") and (
-                os.path.isdir(os.path.join(prefix, "lib")) or os.path.isdir(os.path.join(prefix, "lib64"))):
-            return prefix
+        libs = [os.path.join(prefix, name) for name in ("lib", "lib64") if os.path.isdir(os.path.join(prefix, name))]
+        if os.path.basename(directory) in ("bin", "sbin") and libs:
+            if os.path.basename(prefix) == ".local" and os.path.dirname(prefix) in homes():
+                return (directory, *libs)
+            return (prefix,)
         directory = prefix
-    return real
+    return (real,)
 
 
 def _run_by(tool: str, found: str, real: str, root: str) -> str:
