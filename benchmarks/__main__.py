@@ -47,6 +47,7 @@ SUITE: dict[str, list[str]] = {
     "soak": [],
     "serve": ["--requests", "32"],
     "humaneval": ["--rounds", "1"],
+    "toolchains": ["--trials", "1"],
 }
 #: Run only when named in --only: humaneval pip-installs its data package
 #: into this interpreter's environment when it is missing.
