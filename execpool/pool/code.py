@@ -7,8 +7,9 @@ PythonJob) that runs -- each in a directory of its own that its worker
 makes::
 
     submit(CodeJob) -> JobFuture ............................ Result (+ compile_result)
-      |  executor: probe the toolchain, key = sha256(language, toolchain
-      |            version, compile argv, source, files)
+      |  executor: probe the toolchain (a failed hello-world in the pool's
+      |            sandbox, execpool/pool/toolchains.py: INFRA at once), key =
+      |            sha256(language, toolchain version, compile argv, source, files)
       |-- cache hit ----------------------------------------.
       |-- compiling already (same key): wait for that one --+
       |-- miss: submit the compile, the program as its -----+--> its fetched outputs into the cache
@@ -17,6 +18,11 @@ makes::
       executor: the artifact read back (hash checked)
       submit the run, program and artifact as its ``files`` -> its Result,
       with the compile's, on the JobFuture
+
+A tool installed outside the system's directories (rustup's, nvm's) runs
+by its absolute path in its install root (``Toolchain.commands``), which
+each step's sandbox shows read-only (``Toolchain.roots``, as the step's
+``Sandbox.read``) and whose ``bin`` is first on the step's PATH.
 
 The pool never touches a job's directory: a program goes in as its job's
 ``files`` and what a compile left comes back as its ``fetch``, both by the

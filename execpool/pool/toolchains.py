@@ -29,6 +29,7 @@ and the next listing checks it again.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import shlex
 import threading
 from collections import deque
@@ -43,6 +44,8 @@ from ..shared.result import Result, Status
 
 if TYPE_CHECKING:
     from .code import CodeJobs
+
+logger = logging.getLogger("execpool")
 
 #: Hello-worlds compiling or running at once: a pool's start must not
 #: crowd out the jobs it was started for (a JVM compiler takes a CPU and
@@ -117,6 +120,15 @@ class Checks:
         self._end_round()
 
     def _probe_all(self) -> None:
+        try:
+            self._probe_each()
+        except Exception as exc:  # a round that ends nowhere would hold wait() for ever
+            logger.error("execpool: probing the languages' toolchains failed", exc_info=exc)
+            self._end_round()
+            return
+        self._next()
+
+    def _probe_each(self) -> None:
         for language in table.TABLE:
             row = self._jobs.language(language.name)
             toolchain = self._jobs.toolchain(row)
@@ -131,7 +143,6 @@ class Checks:
             self._set(dataclasses.replace(toolchain, runs=False, why_not=CHECKING, checking=True))
             with self._lock:
                 self._queue.append((row, toolchain, key))
-        self._next()
 
     def _next(self) -> None:
         """Start the queued checks there is room for; end the round once
@@ -155,8 +166,11 @@ class Checks:
                 _outcomes[key] = outcome
         self._set(outcome)
         with self._lock:
-            self._running -= 1
-        self._next()
+            counted = self._round  # else the pool closed, and the round was ended with it
+            if counted:
+                self._running -= 1
+        if counted:
+            self._next()
 
     def _set(self, toolchain: table.Toolchain) -> None:
         with self._lock:
@@ -182,6 +196,15 @@ class _Check:
         self.language = checks._jobs.placed(row.for_program(self.program), toolchain)
         self.files = program_files(self.language, self.program, {})
 
+    def guarded(self, step: Callable[..., None], *args: object) -> None:
+        """A step that fails is the check's, said in the row and checked
+        again: never a round that does not end."""
+        try:
+            step(*args)
+        except Exception as exc:
+            logger.error("execpool: checking %s failed", self.language.name, exc_info=exc)
+            self._settle(f"could not be checked: {exc}", lasting=False)
+
     def begin(self) -> None:
         try:
             if self.language.compile is None:
@@ -195,7 +218,7 @@ class _Check:
         except Exception as exc:  # noqa: BLE001 - the pool closed under it: the machine's, said in the row
             self._settle(f"could not be checked: {exc}", lasting=False)
             return
-        step.add_done_callback(lambda done: self.checks.later(self._compiled, done))
+        step.add_done_callback(lambda done: self.checks.later(self.guarded, self._compiled, done))
 
     def _compiled(self, done: "Future[Result]") -> None:
         compiled = done.result()
@@ -213,7 +236,7 @@ class _Check:
         except Exception as exc:  # noqa: BLE001 - as in begin
             self._settle(f"could not be checked: {exc}", lasting=False)
             return
-        step.add_done_callback(lambda done: self.checks.later(self._ran, done))
+        step.add_done_callback(lambda done: self.checks.later(self.guarded, self._ran, done))
 
     def _ran(self, done: "Future[Result]") -> None:
         result = done.result()
@@ -224,7 +247,12 @@ class _Check:
 
     def _failed(self, result: Result, step: str) -> None:
         said = " ".join(f"{result.output}\n{result.stderr}".split())
-        if result.status in (Status.INFRA, Status.TIMEOUT, Status.CANCELLED):
+        if result.exit_code is not None and result.exit_code < 0:
+            # Killed by a signal: the machine's out-of-memory killer as
+            # likely as the toolchain.
+            self._settle(f"could not be checked: `{step}` was killed by signal {-result.exit_code}: {said[:200]}",
+                         lasting=False)
+        elif result.status in (Status.INFRA, Status.TIMEOUT, Status.CANCELLED):
             why = result.error or result.text
             self._settle(f"could not be checked ({' '.join(why.split())[:200]})", lasting=False)
         elif table.MACHINE_FAILURE.search(said):
