@@ -13,10 +13,9 @@ import re
 import time
 
 import pytest
+from helpers import language_cases, toolchains, wait_for
 from test_languages import CRASH_EXIT, PROGRAMS, SLOW, TEST_RUNNERS, _slow_to_compile
 from test_serve import Server, b64
-
-from helpers import language_cases, toolchains, wait_for
 
 RUNS_HERE = {name for name, row in toolchains().items() if row.runs}
 
