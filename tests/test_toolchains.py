@@ -283,3 +283,19 @@ def test_a_toolchain_whose_root_would_be_a_home_is_refused_saying_so(tmp_path, m
     assert not found.runs and found.why_not == (f"perl is installed in {home}/bin, whose install root {home} would "
                                                 "show a job a home directory or the whole system; install it in a "
                                                 "directory of its own")
+
+
+def test_what_a_row_s_tools_run_by_name_is_shown_too(private_home):
+    """scalac and scala are scripts that run ``java`` from PATH: a JDK
+    installed in a home (sdkman's) must be in their jobs' view as well."""
+    scala, jdk = os.path.join(private_home, "scala"), os.path.join(private_home, "jdk")
+    for prefix in (scala, jdk):
+        os.makedirs(os.path.join(prefix, "lib"))
+    _tool(f"{scala}/bin/scalac", "#!/bin/sh\necho 'Scala compiler version 2.13.12'\n")
+    _tool(f"{scala}/bin/scala")
+    _tool(f"{jdk}/bin/java")
+    found = table.probe(table.get("scala"), f"{scala}/bin:{jdk}/bin:{os.environ['PATH']}")
+    assert found.runs and found.version == "2.13.12"
+    assert sorted(found.roots) == [jdk, scala] and sorted(found.bins) == [f"{jdk}/bin", f"{scala}/bin"]
+    assert dict(found.commands) == {"scala": f"{scala}/bin/scala", "scalac": f"{scala}/bin/scalac",
+                                    "java": f"{jdk}/bin/java"}

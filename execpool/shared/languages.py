@@ -77,6 +77,9 @@ class Language:
     #: (rustup's ``rustc`` in ``~/.cargo/bin``): the job runs the root's own
     #: ``bin/`` command instead, which needs no proxy.
     root: Tuple[str, ...] = ()
+    #: Commands the steps' tools run by name (scalac's script runs java):
+    #: found on PATH like the steps' own, and their install roots shown too.
+    uses: Tuple[str, ...] = ()
 
     @property
     def compiles(self) -> bool:
@@ -99,8 +102,9 @@ class Language:
     @property
     def tools(self) -> Tuple[str, ...]:
         """The commands the steps need on PATH (a compiled program's own
-        path, ``./test``, is none)."""
-        return tuple(dict.fromkeys(step[0] for step in (self.compile, self.run) if step and "/" not in step[0]))
+        path, ``./test``, is none), and those they run by name."""
+        return tuple(dict.fromkeys([*(step[0] for step in (self.compile, self.run) if step and "/" not in step[0]),
+                                    *self.uses]))
 
 
 _GCC_VERSION = r"\) (\d+\.\d+\.\d+)"
@@ -167,7 +171,8 @@ TABLE: Tuple[Language, ...] = (
              ("tsc", "--noCheck", "--module", "commonjs", "--target", "es2022", "--outDir", ".", "main.ts"),
              ("main.js",), ("tsc", "--version"), r"Version (\S+)", "tsc"),
     Language("jest", "main.test.ts", ("jest", "--ci", "--config", "jest.config.js"), version=("jest", "--version"),
-             version_pattern=r"^(\d\S*)", toolchain="jest", support=(("jest.config.js", _JEST_CONFIG),)),
+             version_pattern=r"^(\d\S*)", toolchain="jest", support=(("jest.config.js", _JEST_CONFIG),),
+             uses=("node",)),
     Language("php", "main.php", ("php", "-f", "main.php"), version=("php", "--version"),
              version_pattern=r"PHP (\S+)", toolchain="php", prologue="<?php\n"),
     # Mono's compiler, as Debian 12 has no .NET SDK: C# up to version 7, a
@@ -187,10 +192,10 @@ TABLE: Tuple[Language, ...] = (
     Language("ruby", "main.rb", ("ruby", "main.rb"), version=("ruby", "--version"), version_pattern=r"ruby (\S+)",
              toolchain="ruby"),
     Language("scala", "main.scala", ("scala", "{entry}"), ("scalac", "main.scala"), ("*.class",),
-             ("scalac", "-version"), r"version (\S+)", "scalac", entry=(r"object\s+(\w+)", "Main")),
+             ("scalac", "-version"), r"version (\S+)", "scalac", entry=(r"object\s+(\w+)", "Main"), uses=("java",)),
     Language("julia", "main.jl", ("julia", "main.jl"), unavailable="needs Julia, which Debian 12 does not package"),
     Language("kotlin_script", "main.kts", ("kotlinc", "-script", "main.kts"), version=("kotlinc", "-version"),
-             version_pattern=r"kotlinc-jvm (\S+)", toolchain="kotlinc"),
+             version_pattern=r"kotlinc-jvm (\S+)", toolchain="kotlinc", uses=("java",)),
     Language("verilog", "main.sv", ("vvp", "-n", "test.vvp"),
              ("iverilog", "-Wall", "-Winfloop", "-Wno-timescale", "-g2012", "-s", "tb", "-o", "test.vvp", "main.sv"),
              ("test.vvp",), ("iverilog", "-V"), r"Icarus Verilog version (\S+)", "iverilog"),
