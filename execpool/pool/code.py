@@ -127,7 +127,7 @@ class CodeJobs:
         starting them where none is under way; ``wait``: once they are done."""
         self.checks.start()
         if wait:
-            self.checks.wait(None)
+            self.checks.wait()
         return self.checks.rows()
 
     def check_key(self, row: Language, toolchain: Toolchain) -> tuple:

@@ -74,7 +74,7 @@ class Checks:
     yet started, and the thread that probes and chains their steps."""
 
     def __init__(self, jobs: "CodeJobs") -> None:
-        self._jobs = jobs
+        self.jobs = jobs
         self._lock = threading.Lock()
         self._rows: Dict[str, table.Toolchain] = {}
         self._queue: Deque[Tuple[table.Language, table.Toolchain, tuple]] = deque()
@@ -111,9 +111,9 @@ class Checks:
                                                                CHECKING, checking=True)
                 for language in table.TABLE]
 
-    def wait(self, timeout: Optional[float]) -> bool:
-        """Wait until the round under way is over; whether it is."""
-        return self._idle.wait(timeout)
+    def wait(self) -> None:
+        """Wait until the round under way is over."""
+        self._idle.wait()
 
     def close(self) -> None:
         self._thread.shutdown(wait=True, cancel_futures=True)
@@ -130,12 +130,12 @@ class Checks:
 
     def _probe_each(self) -> None:
         for language in table.TABLE:
-            row = self._jobs.language(language.name)
-            toolchain = self._jobs.toolchain(row)
+            row = self.jobs.language(language.name)
+            toolchain = self.jobs.toolchain(row)
             if not toolchain.runs:
                 self._set(toolchain)
                 continue
-            key = self._jobs.check_key(row, toolchain)
+            key = self.jobs.check_key(row, toolchain)
             found = known(key)
             if found is not None:
                 self._set(found)
@@ -193,7 +193,7 @@ class _Check:
         self.toolchain = toolchain
         self.key = key
         self.program, self.expected = table.HELLO[row.name]
-        self.language = checks._jobs.placed(row.for_program(self.program), toolchain)
+        self.language = checks.jobs.placed(row.for_program(self.program), toolchain)
         self.files = program_files(self.language, self.program, {})
 
     def guarded(self, step: Callable[..., None], *args: object) -> None:
@@ -210,7 +210,7 @@ class _Check:
             if self.language.compile is None:
                 self._run(self.files)
                 return
-            jobs = self.checks._jobs
+            jobs = self.checks.jobs
             step = jobs.submit_step(ShellJob(
                 command(self.language.compile), timeout=CHECK_TIMEOUT_S, files=self.files,
                 fetch=self.language.outputs, separate_stderr=True, sandbox=jobs.sandbox_for(None, self.toolchain),
@@ -228,7 +228,7 @@ class _Check:
         self._run({**self.files, **compiled.files})
 
     def _run(self, files: Dict[str, File]) -> None:
-        jobs = self.checks._jobs
+        jobs = self.checks.jobs
         try:
             step = jobs.submit_step(ShellJob(command(self.language.run), timeout=CHECK_TIMEOUT_S, files=files,
                                              sandbox=jobs.sandbox_for(None, self.toolchain),
