@@ -37,6 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Tuple, Union
 
 from ..shared import languages as table
+from ..shared.errors import PoolClosedError
 from ..shared.files import File
 from ..shared.jobs import ShellJob
 from ..shared.kernel.sandbox import Sandbox
@@ -154,7 +155,8 @@ class Checks:
                     break
                 item = self._queue.popleft()
                 self._running += 1
-            _Check(self, *item).begin()
+            check = _Check(self, *item)
+            check.guarded(check.begin)
         if over:
             self._end_round()
 
@@ -197,27 +199,25 @@ class _Check:
         self.files = program_files(self.language, self.program, {})
 
     def guarded(self, step: Callable[..., None], *args: object) -> None:
-        """A step that fails is the check's, said in the row and checked
-        again: never a round that does not end."""
+        """A step that fails (the pool closed under it) is the machine's,
+        said in the row and checked again: never a round that does not end."""
         try:
             step(*args)
+        except PoolClosedError as exc:
+            self._settle(f"could not be checked: {exc}", lasting=False)
         except Exception as exc:
             logger.error("execpool: checking %s failed", self.language.name, exc_info=exc)
             self._settle(f"could not be checked: {exc}", lasting=False)
 
     def begin(self) -> None:
-        try:
-            if self.language.compile is None:
-                self._run(self.files)
-                return
-            jobs = self.checks.jobs
-            step = jobs.submit_step(ShellJob(
-                command(self.language.compile), timeout=CHECK_TIMEOUT_S, files=self.files,
-                fetch=self.language.outputs, separate_stderr=True, sandbox=jobs.sandbox_for(None, self.toolchain),
-                env=jobs.env_for(None, self.toolchain), limits=jobs.compile_limits()))
-        except Exception as exc:  # noqa: BLE001 - the pool closed under it: the machine's, said in the row
-            self._settle(f"could not be checked: {exc}", lasting=False)
+        if self.language.compile is None:
+            self._run(self.files)
             return
+        jobs = self.checks.jobs
+        step = jobs.submit_step(ShellJob(
+            command(self.language.compile), timeout=CHECK_TIMEOUT_S, files=self.files, fetch=self.language.outputs,
+            separate_stderr=True, sandbox=jobs.sandbox_for(None, self.toolchain),
+            env=jobs.env_for(None, self.toolchain), limits=jobs.compile_limits()))
         step.add_done_callback(lambda done: self.checks.later(self.guarded, self._compiled, done))
 
     def _compiled(self, done: "Future[Result]") -> None:
@@ -229,13 +229,9 @@ class _Check:
 
     def _run(self, files: Dict[str, File]) -> None:
         jobs = self.checks.jobs
-        try:
-            step = jobs.submit_step(ShellJob(command(self.language.run), timeout=CHECK_TIMEOUT_S, files=files,
-                                             sandbox=jobs.sandbox_for(None, self.toolchain),
-                                             env=jobs.env_for(None, self.toolchain)))
-        except Exception as exc:  # noqa: BLE001 - as in begin
-            self._settle(f"could not be checked: {exc}", lasting=False)
-            return
+        step = jobs.submit_step(ShellJob(command(self.language.run), timeout=CHECK_TIMEOUT_S, files=files,
+                                         sandbox=jobs.sandbox_for(None, self.toolchain),
+                                         env=jobs.env_for(None, self.toolchain)))
         step.add_done_callback(lambda done: self.checks.later(self.guarded, self._ran, done))
 
     def _ran(self, done: "Future[Result]") -> None:
