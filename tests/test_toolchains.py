@@ -27,7 +27,7 @@ import pytest
 from helpers import Gates, run_as_nobody, wait_for
 from test_serve import Server
 
-from execpool import CodeJob, ExecPool, PythonJob, Status
+from execpool import CodeJob, ExecPool, PythonJob, Status, languages
 from execpool.pool import toolchains
 from execpool.shared import languages as table
 
@@ -299,3 +299,12 @@ def test_what_a_row_s_tools_run_by_name_is_shown_too(private_home):
     assert sorted(found.roots) == [jdk, scala] and sorted(found.bins) == [f"{jdk}/bin", f"{scala}/bin"]
     assert dict(found.commands) == {"scala": f"{scala}/bin/scala", "scalac": f"{scala}/bin/scalac",
                                     "java": f"{jdk}/bin/java"}
+
+
+def test_a_pool_lists_at_once_what_another_with_its_sandbox_checked():
+    """Checked once per toolchain for the process: a second pool with the
+    same sandbox, limits and tools needs no hello-world to list them."""
+    truth = {row.name: row.runs for row in languages()}  # its own pool checks, or the process knows already
+    with ExecPool(workers=1, sandbox="strict") as pool:
+        first = pool.languages()
+    assert not any(row.checking for row in first) and {row.name: row.runs for row in first} == truth

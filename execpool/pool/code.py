@@ -103,7 +103,7 @@ class CodeJobs:
 
     def __init__(self, pool: "ExecPool", root: str, cache_bytes: int) -> None:
         self._pool = pool
-        self._path = languages.toolchains_path(pool.env)
+        self.path = languages.toolchains_path(pool.env)
         self._python = pool.config.python or languages.PYTHON
         self.cache = CompileCache(os.path.join(root, "compiled"), cache_bytes, self.remove_later)
         os.mkdir(self.cache.root, 0o700)
@@ -120,7 +120,7 @@ class CodeJobs:
         return languages.with_python(languages.get(name), self._python)
 
     def toolchain(self, language: languages.Language) -> languages.Toolchain:
-        return languages.probe(language, self._path)
+        return languages.probe(language, self.path)
 
     def languages(self, wait: bool = False) -> List[languages.Toolchain]:
         """Every row as this pool's checks know it now (execpool/pool/toolchains.py),
@@ -135,7 +135,7 @@ class CodeJobs:
         runs it, its toolchain (version, commands, install roots), the
         tools' PATH, and the pool's sandbox and limits."""
         config = self._pool.config
-        return row, toolchain, self._path, repr(config.sandbox), repr(config.limits)
+        return row, toolchain, self.path, repr(config.sandbox), repr(config.limits)
 
     @staticmethod
     def placed(language: Language, toolchain: Toolchain) -> Language:
@@ -166,7 +166,7 @@ class CodeJobs:
         if not toolchain.bins:
             return None if env is None else dict(env)
         found = dict(env or {})
-        found["PATH"] = os.pathsep.join((*toolchain.bins, found.get("PATH") or self._path))
+        found["PATH"] = os.pathsep.join((*toolchain.bins, found.get("PATH") or self.path))
         return found
 
     def submit(self, job: CodeJob, future: JobFuture, on_event: Optional[OnEvent],

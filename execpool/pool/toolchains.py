@@ -105,12 +105,21 @@ class Checks:
             self._end_round()
 
     def rows(self) -> List[table.Toolchain]:
-        """Every row as known now."""
+        """Every row as known now: by this pool's round, else by what the
+        process found already (another pool with the same sandbox checked
+        it), else being checked."""
         with self._lock:
             rows = dict(self._rows)
-        return [rows.get(language.name) or table.Toolchain(language.name, False, language.compiles, None,
-                                                               CHECKING, checking=True)
+        return [rows.get(language.name) or self._known_before(language.name)
+                or table.Toolchain(language.name, False, language.compiles, None, CHECKING, checking=True)
                 for language in table.TABLE]
+
+    def _known_before(self, name: str) -> Optional[table.Toolchain]:
+        row = self.jobs.language(name)
+        found = table.probed(row, self.jobs.path)
+        if found is None or not found.runs:
+            return found
+        return known(self.jobs.check_key(row, found))
 
     def wait(self) -> None:
         """Wait until the round under way is over."""

@@ -345,6 +345,13 @@ def probe(language: Language, path: Optional[str] = None) -> Toolchain:
         return _probed.setdefault(key, found)
 
 
+def probed(language: Language, path: str) -> Optional[Toolchain]:
+    """What :func:`probe` found of ``language`` on ``path`` already, asking
+    nothing: None where it has not asked."""
+    with _probe_lock:
+        return _probed.get((language, path))
+
+
 def _said(language: Language, argv: Tuple[str, ...], path: str) -> str:
     """What ``argv`` prints (stdout then stderr); ``_Transient`` where the
     machine failed it, ``ValueError`` (the one line why) where it failed."""
