@@ -308,3 +308,20 @@ def test_a_pool_lists_at_once_what_another_with_its_sandbox_checked():
     with ExecPool(workers=1, sandbox="strict") as pool:
         first = pool.languages()
     assert not any(row.checking for row in first) and {row.name: row.runs for row in first} == truth
+
+
+def test_a_lone_binary_in_a_home_shows_only_itself(private_home):
+    """A tool with no prefix of its own (``cargo install``'s, in
+    ``~/.cargo/bin`` beside ``~/.cargo/credentials.toml``) is shown alone."""
+    bin_dir = os.path.join(private_home, "bin")
+    os.mkdir(bin_dir)
+    shutil.copy2(os.path.realpath(PERL), os.path.join(bin_dir, "perl"))
+    with open(os.path.join(bin_dir, "credentials.toml"), "w") as f:
+        f.write("token = 's3cret'\n")
+    program = (f"opendir(my $d, {bin_dir!r}) or die $!; print join(',', sort grep {{ !/^\\.\\.?$/ }} readdir($d)), "
+               f"\"\\n\"; print((-e {bin_dir + '/credentials.toml'!r}) ? \"seen\\n\" : \"unseen\\n\");")
+    with ExecPool(workers=1, sandbox="strict", env={"PATH": f"{bin_dir}:{os.environ['PATH']}"}) as pool:
+        perl = _rows(pool)["perl"]
+        seen = pool.run(CodeJob("perl", program, timeout=30))
+    assert perl.runs and perl.roots == (os.path.join(bin_dir, "perl"),), perl
+    assert (seen.status, seen.output) == (Status.OK, "perl\nunseen\n"), seen.text
