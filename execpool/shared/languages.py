@@ -470,13 +470,6 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def languages(path: Optional[str] = None) -> List[Toolchain]:
-    """Every language of the table and whether it runs with the tools on
-    ``path`` (the caller's PATH by default; a pool asks with its tools'
-    PATH): its toolchain's version, or why it does not run."""
-    return [probe(language, path) for language in TABLE]
-
-
 def toolchains_path(env: Mapping[str, str]) -> str:
     """The PATH jobs with ``env`` look their tools up on."""
     return env.get("PATH") or os.defpath
