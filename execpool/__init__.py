@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .pool.future import JobEvent, JobFuture, JobOutput, OutputCapped
     from .pool.sessions import CellFuture, Session
     from .pool.stats import PoolStats
+    from .pool.toolchains import languages
     from .pool.workspaces import Workspace
     from .shared.cells import CellResult
     from .shared.errors import (
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from .shared.jobs import CodeJob, Limits, PythonJob, ShellJob
     from .shared.kernel.proctree import capture_process_group, drain_process_output, kill_process_tree
     from .shared.kernel.sandbox import Sandbox, SandboxSupport, sandbox_support
-    from .shared.languages import Toolchain, languages
+    from .shared.languages import Toolchain
     from .shared.output import TOOL_OUTPUT_STREAM_MAX_CHARS
     from .shared.result import Result, Status
     from .supervisor import ExecPool
@@ -81,7 +82,7 @@ _EXPORTS = {
     "PythonJob": "shared.jobs",
     "ShellJob": "shared.jobs",
     "Toolchain": "shared.languages",
-    "languages": "shared.languages",
+    "languages": "pool.toolchains",
     "capture_process_group": "shared.kernel.proctree",
     "drain_process_output": "shared.kernel.proctree",
     "kill_process_tree": "shared.kernel.proctree",

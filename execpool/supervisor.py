@@ -258,11 +258,16 @@ class ExecPool(JobRunner):
         with self._ids_lock:
             return next(self._ids)
 
-    def languages(self) -> list[Toolchain]:
+    def languages(self, wait: bool = False) -> list[Toolchain]:
         """Each language of the table (execpool/shared/languages.py) and
-        whether it runs with this pool's tools: its toolchain's version, or
-        why not. Asks each toolchain once per process."""
-        return self._code_jobs().languages()
+        whether it runs in this pool: its hello-world compiled and ran in
+        the pool's sandbox with its tools (execpool/pool/toolchains.py) --
+        its toolchain's version -- or why not. The first call starts the
+        checks and answers at once: a row not known yet is ``checking``
+        (``wait``: answer once every row is known). Each toolchain is
+        checked once per process, but a check the machine failed is tried
+        again on the next call."""
+        return self._code_jobs().languages(wait)
 
     @property
     def compile_cache(self) -> CompileCacheStats:

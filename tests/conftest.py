@@ -9,11 +9,19 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from execpool import ExecPool  # noqa: E402
 from execpool.worker.spawn import SPAWN_METHODS  # noqa: E402
-from helpers import wait_for  # noqa: E402
+from helpers import runs_here, wait_for  # noqa: E402
 
 #: How long a test module's last processes, threads and descriptors may
 #: take to go once it is done (a pool's close is bounded well below this).
 LEFTOVER_GRACE_S = 5.0
+
+
+@pytest.fixture(autouse=True)
+def _toolchain(request):
+    """A test marked ``toolchain(name)`` needs that language to run here
+    (helpers.runs_here)."""
+    for marker in request.node.iter_markers("toolchain"):
+        runs_here(marker.args[0])
 
 
 @pytest.fixture(scope="module", params=SPAWN_METHODS)

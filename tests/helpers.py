@@ -3,6 +3,7 @@ for a condition with a deadline instead of sleeping a fixed time."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ import time
 from typing import Callable, Iterable
 
 import psutil
+import pytest
 
 from execpool.shared.kernel.proctree import JOB_MARKER_ENV
 
@@ -318,3 +320,44 @@ class Gates:
                 for conn in conns:
                     conn.close()
             self._waiting.clear()
+
+
+#: Under CI=true every toolchain the tests use is installed (.ci/run): a
+#: language that does not run fails its tests there instead of skipping.
+IN_CI = os.environ.get("CI") == "true"
+
+
+@functools.lru_cache(maxsize=None)
+def toolchains() -> dict:
+    """Each language's row as execpool.languages() finds it -- its
+    hello-world compiled and ran in the strict sandbox, as the tests' pools
+    run jobs -- once per test process."""
+    from execpool import languages
+
+    return {row.name: row for row in languages()}
+
+
+def language_cases(names: Iterable[str], heavy: Iterable[str] = ()) -> list:
+    """``names`` as test parameters, each needing its language
+    (``toolchain``); ``heavy`` ones marked slow."""
+    heavy = set(heavy)
+    return [pytest.param(name, marks=[pytest.mark.toolchain(name), *([pytest.mark.slow] if name in heavy else [])])
+            for name in names]
+
+
+def needs(name: str):
+    """A test of ``name`` alone."""
+    return pytest.mark.toolchain(name)
+
+
+def runs_here(name: str) -> None:
+    """What a test marked ``toolchain(name)`` meets first (tests/conftest.py):
+    where the language does not run here -- its toolchain is missing, or
+    its hello-world failed in the sandbox -- it is skipped with the row's
+    reason, and failed under CI=true, where .ci/run installed everything."""
+    row = toolchains()[name]
+    if row.runs:
+        return
+    if IN_CI:
+        pytest.fail(f"{name} does not run here: {row.why_not}", pytrace=False)
+    pytest.skip(f"{name} does not run here: {row.why_not}")

@@ -155,6 +155,15 @@ def test_languages():
 
 
 @pytest.mark.slow
+def test_toolchains():
+    figures = benchmark("toolchains")
+    trial = figures["trials"][0]
+    assert trial["wrong"] == 0 and trial["checking_at_first"] > 0 and _positive(trial["all_known_s"])
+    assert {"python", "bash"} <= set(figures["runs"]) and "julia" in trial["why_not"]
+    assert {"first_listing_ms", "job_during_over_after", "no_wrong_answers"} <= set(figures["targets"])
+
+
+@pytest.mark.slow
 def test_serve():
     figures = benchmark("serve")
     assert "sandbox_fusion" in figures["skipped"] and not figures["service"]["killed"]

@@ -28,6 +28,7 @@ from helpers import UNPRIVILEGED, all_dead, collect, pids_in, unprivileged_pytho
 from execpool import ExecPool, PythonJob, Sandbox, ShellJob, Status, sandbox_support
 from execpool import tools as tool_layer
 from execpool.shared.kernel.cgroups import _mounts
+from execpool.shared.kernel import sandbox as sandbox_kernel
 from execpool.shared.kernel.sandbox import MIN_LANDLOCK_ABI
 from execpool.worker.spawn import SPAWN_METHODS
 
@@ -425,8 +426,9 @@ def test_an_interpreter_whose_prefix_holds_a_home_is_refused_clearly(tmp_path, m
     (tmp_path / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
     (tmp_path / "venv" / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
     monkeypatch.setenv("HOME", str(home))
-    assert rulesets._too_wide(str(home)) and rulesets._too_wide(str(tmp_path)) and rulesets._too_wide("/")
-    assert not rulesets._too_wide(str(home / "lib"))
+    too_wide = sandbox_kernel.too_wide
+    assert too_wide(str(home)) and too_wide(str(tmp_path)) and too_wide("/")
+    assert not sandbox_kernel.too_wide(str(home / "lib"))
     with pytest.raises(OSError, match="holds home directories"):
         rulesets.python_dirs(str(home / "bin" / "python"))  # a home that looks like a prefix
     assert str(tmp_path / "venv") in rulesets.python_dirs(str(tmp_path / "venv" / "bin" / "python"))

@@ -13,12 +13,11 @@ import re
 import time
 
 import pytest
+from helpers import language_cases, toolchains, wait_for
 from test_languages import CRASH_EXIT, PROGRAMS, SLOW, TEST_RUNNERS, _slow_to_compile
 from test_serve import Server, b64
 
-from execpool import languages
-
-RUNS_HERE = {toolchain.name for toolchain in languages() if toolchain.runs}
+RUNS_HERE = {name for name, row in toolchains().items() if row.runs}
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +97,14 @@ def test_a_language_that_does_not_run_is_a_sandbox_error_saying_why(server, lang
 
 
 def test_v1_languages_lists_the_table(server):
-    listed = server.client.get("/v1/languages").json()
-    by_name = {entry["name"]: entry for entry in listed}
+    def listed():
+        return server.client.get("/v1/languages").json()
+
+    # The server checks each language as it starts: wait until it knows all.
+    assert wait_for(lambda: not any(entry["checking"] for entry in listed()), 120, interval=0.1)
+    by_name = {entry["name"]: entry for entry in listed()}
     assert {"cpp", "java", "python", "bash", "javascript", "c"} <= set(by_name)
-    assert set(by_name["cpp"]) == {"name", "runs", "toolchain", "compiles", "why_not"}
+    assert set(by_name["cpp"]) == {"name", "runs", "toolchain", "compiles", "why_not", "checking"}
     assert by_name["cpp"]["runs"] and by_name["cpp"]["compiles"] and by_name["cpp"]["toolchain"].startswith("g++ ")
     assert not by_name["julia"]["runs"] and by_name["julia"]["why_not"]
     assert not by_name["python"]["compiles"]
@@ -144,8 +147,7 @@ CLIENT_NAMES = set(PROGRAMS) - {"c", "javascript"}
 
 
 def _each(names):
-    return [pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name for name in sorted(names)
-            if name in RUNS_HERE]
+    return language_cases(sorted(names), SLOW)
 
 
 @pytest.mark.parametrize("language", _each(CLIENT_NAMES))

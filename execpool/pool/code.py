@@ -7,8 +7,9 @@ PythonJob) that runs -- each in a directory of its own that its worker
 makes::
 
     submit(CodeJob) -> JobFuture ............................ Result (+ compile_result)
-      |  executor: probe the toolchain, key = sha256(language, toolchain
-      |            version, compile argv, source, files)
+      |  executor: probe the toolchain (a failed hello-world in the pool's
+      |            sandbox, execpool/pool/toolchains.py: INFRA at once), key =
+      |            sha256(language, toolchain version, compile argv, source, files)
       |-- cache hit ----------------------------------------.
       |-- compiling already (same key): wait for that one --+
       |-- miss: submit the compile, the program as its -----+--> its fetched outputs into the cache
@@ -17,6 +18,11 @@ makes::
       executor: the artifact read back (hash checked)
       submit the run, program and artifact as its ``files`` -> its Result,
       with the compile's, on the JobFuture
+
+A tool installed outside the system's directories (rustup's, nvm's) runs
+by its absolute path in its install root (``Toolchain.commands``), which
+each step's sandbox shows read-only (``Toolchain.roots``, as the step's
+``Sandbox.read``) and whose ``bin`` is first on the step's PATH.
 
 The pool never touches a job's directory: a program goes in as its job's
 ``files`` and what a compile left comes back as its ``fetch``, both by the
@@ -49,19 +55,21 @@ import enum
 import hashlib
 import logging
 import os
-import shlex
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from ..shared import languages
 from ..shared.files import File, sizes
 from ..shared.jobs import CodeJob, Limits, PythonJob, ShellJob
 from ..shared.kernel.dirs import remove_tree
+from ..shared.kernel.sandbox import Sandbox, job_sandbox
+from ..shared.languages import Language, Toolchain
 from ..shared.result import Result, Status
 from .compile_cache import Artifact, CompileCache, kept, read_back
 from .deadlines import Deadlines
 from .future import JobFuture, OnEvent
+from .toolchains import Checks, command, known, program_files
 
 if TYPE_CHECKING:
     from ..supervisor import ExecPool
@@ -95,7 +103,7 @@ class CodeJobs:
 
     def __init__(self, pool: "ExecPool", root: str, cache_bytes: int) -> None:
         self._pool = pool
-        self._path = languages.toolchains_path(pool.env)
+        self.path = languages.toolchains_path(pool.env)
         self._python = pool.config.python or languages.PYTHON
         self.cache = CompileCache(os.path.join(root, "compiled"), cache_bytes, self.remove_later)
         os.mkdir(self.cache.root, 0o700)
@@ -105,16 +113,61 @@ class CodeJobs:
         # Evicted artifacts go on a thread of their own: the steps of every
         # other job must not wait behind a removal.
         self._remover = ThreadPoolExecutor(1, thread_name_prefix="execpool-code-remove")
+        self.checks = Checks(self)
 
     def language(self, name: str) -> languages.Language:
         """The row of ``name`` as this pool runs it: Python is its own."""
         return languages.with_python(languages.get(name), self._python)
 
     def toolchain(self, language: languages.Language) -> languages.Toolchain:
-        return languages.probe(language, self._path)
+        return languages.probe(language, self.path)
 
-    def languages(self) -> List[languages.Toolchain]:
-        return [self.toolchain(self.language(language.name)) for language in languages.TABLE]
+    def languages(self, wait: bool = False) -> List[languages.Toolchain]:
+        """Every row as this pool's checks know it now (execpool/pool/toolchains.py),
+        starting them where none is under way; ``wait``: once they are done."""
+        self.checks.start()
+        if wait:
+            self.checks.wait()
+        return self.checks.rows()
+
+    def check_key(self, row: Language, toolchain: Toolchain) -> tuple:
+        """What a hello-world's outcome depends on: the row as this pool
+        runs it, its toolchain (version, commands, install roots), the
+        tools' PATH, and the pool's sandbox and limits."""
+        config = self._pool.config
+        return row, toolchain, self.path, repr(config.sandbox), repr(config.limits)
+
+    @staticmethod
+    def placed(language: Language, toolchain: Toolchain) -> Language:
+        """``language`` with its tools by the paths they are run by (a tool
+        installed outside the system's directories, by its install root's)."""
+        if not toolchain.commands:
+            return language
+        return dataclasses.replace(language, run=toolchain.placed(language.run),
+                                   compile=None if language.compile is None else toolchain.placed(language.compile))
+
+    def sandbox_for(self, sandbox: Union[None, bool, str, Sandbox], toolchain: Toolchain,
+                    workspace: Optional["Workspace"] = None) -> Union[None, bool, str, Sandbox]:
+        """A step's sandbox: the job's (``sandbox``; its workspace's, or the
+        pool's, for None), showing the toolchain's install roots read-only
+        -- only those: nothing else of a home they sit in."""
+        if not toolchain.roots:
+            return sandbox
+        box = workspace.sandbox_for(sandbox) if workspace is not None else job_sandbox(sandbox)
+        if box is None:
+            box = self._pool.config.sandbox
+        if not isinstance(box, Sandbox):
+            return sandbox  # no sandbox: the job sees the roots where they are
+        return dataclasses.replace(box, read=tuple(dict.fromkeys((*box.read, *toolchain.roots))))
+
+    def env_for(self, env: Optional[Mapping[str, str]], toolchain: Toolchain) -> Optional[Dict[str, str]]:
+        """A step's environment: the job's, with the toolchain's install
+        roots' ``bin`` first on PATH (what a tool runs by name)."""
+        if not toolchain.bins:
+            return None if env is None else dict(env)
+        found = dict(env or {})
+        found["PATH"] = os.pathsep.join((*toolchain.bins, found.get("PATH") or self.path))
+        return found
 
     def submit(self, job: CodeJob, future: JobFuture, on_event: Optional[OnEvent],
                workspace: Optional["Workspace"] = None) -> None:
@@ -165,6 +218,7 @@ class CodeJobs:
         Removals not begun are left to the pool's own, of its scratch
         directory."""
         self.deadlines.close()
+        self.checks.close()
         self._executor.shutdown(wait=True)
         self._bulk.shutdown(wait=True)
         self.cache.settle_all(Artifact(Result(status=Status.INFRA, error="the pool was closed")))
@@ -192,6 +246,7 @@ class _CodeRun:
         # itself, never of a program's variant (one probe per language).
         self.row = jobs.language(job.language)
         self.language = self.row.for_program(job.code)
+        self.toolchain: Optional[languages.Toolchain] = None
         self.future = future
         self.on_event = on_event
         self._lock = threading.Lock()
@@ -222,10 +277,16 @@ class _CodeRun:
         if self.future.done():
             return
         toolchain = self.jobs.toolchain(self.row)
+        if toolchain.runs and self.job.sandbox is None:
+            # In the pool's sandbox, as its hello-world was: a failed one
+            # is this job's answer, at once.
+            toolchain = known(self.jobs.check_key(self.row, toolchain)) or toolchain
         if not toolchain.runs:
             self.finish(Result(status=Status.INFRA,
                                error=f"language {self.language.name!r} does not run here: {toolchain.why_not}"))
             return
+        self.toolchain = toolchain
+        self.language = self.jobs.placed(self.language, toolchain)
         if not self.language.compiles:
             self.run(None, False, retries)
             return
@@ -253,10 +314,13 @@ class _CodeRun:
         when none is)."""
         self._enter(_Phase.COMPILING, key)
         try:
-            command = ShellJob(_command(self.language.compile), timeout=self.job.compile_timeout,
-                               files=self._program(), fetch=self.language.outputs, network=self.job.network,
-                               separate_stderr=True, sandbox=self.job.sandbox, limits=self.jobs.compile_limits())
-            step = self.jobs.submit_step(command)
+            toolchain = self.toolchain
+            assert toolchain is not None  # begin found it
+            command_job = ShellJob(command(self.language.compile), timeout=self.job.compile_timeout,
+                                   files=self._program(), fetch=self.language.outputs, network=self.job.network,
+                                   separate_stderr=True, sandbox=self.jobs.sandbox_for(self.job.sandbox, toolchain),
+                                   env=self.jobs.env_for(None, toolchain), limits=self.jobs.compile_limits())
+            step = self.jobs.submit_step(command_job)
         except BaseException as exc:
             failed = Result(status=Status.INFRA, error=f"the compile did not start: {exc}")
             self.jobs.cache.settle(key, Artifact(failed))
@@ -429,28 +493,19 @@ class _CodeRun:
     def _program(self) -> Dict[str, File]:
         """The program's files: the job's own, its source, the language's
         support files."""
-        code, prologue = self.job.code, self.language.prologue
-        if prologue and not code.lstrip().startswith(prologue.strip()):
-            code = prologue + code
-        return {**(self.job.files or {}), self.language.source: File(code.encode("utf-8")),  # type: ignore[dict-item]
-                **{name: File(text.encode()) for name, text in self.language.support}}
+        return program_files(self.language, self.job.code, self.job.files or {})  # type: ignore[arg-type]
 
     def _run_job(self, files: Dict[str, File]) -> ShellJob | PythonJob:
-        job = self.job
-        common = dict(timeout=job.timeout, cwd=job.cwd, env=job.env, limits=job.limits,
+        job, toolchain = self.job, self.toolchain
+        assert toolchain is not None  # begin found it
+        common = dict(timeout=job.timeout, cwd=job.cwd, env=self.jobs.env_for(job.env, toolchain), limits=job.limits,
                       keep_background=job.keep_background, max_output_chars=job.max_output_chars, stdin=job.stdin,
-                      network=job.network, separate_stderr=job.separate_stderr, sandbox=job.sandbox, files=files,
+                      network=job.network, separate_stderr=job.separate_stderr,
+                      sandbox=self.jobs.sandbox_for(job.sandbox, toolchain, self.workspace), files=files,
                       fetch=job.fetch)
         if self.language.name == "python" and not job.args:
             return PythonJob(job.code, warm=job.warm, **common)  # type: ignore[arg-type]
-        return ShellJob(_command(self.language.run + tuple(job.args)), **common)  # type: ignore[arg-type]
-
-
-def _command(argv: Optional[Tuple[str, ...]]) -> str:
-    """A step's argv as the command its ShellJob runs: bash replaces itself
-    with it, so the step's process is the tool's own."""
-    assert argv is not None
-    return "exec " + shlex.join(argv)
+        return ShellJob(command(self.language.run + tuple(job.args)), **common)  # type: ignore[arg-type]
 
 
 def _remove(directory: Optional[str]) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import re
 import tempfile
 import threading
 import time
@@ -31,6 +30,7 @@ from concurrent.futures import Future
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..shared.files import FETCH_MAX_BYTES, FETCH_MAX_FILES, File, sizes
+from ..shared.languages import MACHINE_FAILURE
 from ..shared.result import Result, Status
 from .future import JobFuture
 
@@ -53,12 +53,6 @@ FAILURE_KEPT_S = 600.0
 ARTIFACT_MAX_BYTES = FETCH_MAX_BYTES
 ARTIFACT_MAX_FILES = FETCH_MAX_FILES
 
-#: What a compiler says when the machine, not the program, failed it: out
-#: of space (gcc, ld, javac, rustc: the system's message) or out of memory
-#: (glibc, gcc's "virtual memory exhausted", C++'s bad_alloc, the JVM's).
-_MACHINE_FAILURE = re.compile(r"No space left on device|Disk quota exceeded|Cannot allocate memory|"
-                              r"virtual memory exhausted|std::bad_alloc|OutOfMemoryError|out of memory",
-                              re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +96,7 @@ class Artifact:
         compiler killed by a signal, or one that ran out of space or memory."""
         result = self.result
         killed = result.exit_code is not None and result.exit_code < 0
-        machine = _MACHINE_FAILURE.search(result.output) or _MACHINE_FAILURE.search(result.stderr)
+        machine = MACHINE_FAILURE.search(result.output) or MACHINE_FAILURE.search(result.stderr)
         return self.compiled or (result.status is Status.ERROR and not result.timed_out and not killed
                                  and not machine)
 

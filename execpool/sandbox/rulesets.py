@@ -38,13 +38,21 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import pwd
 import stat
 import sys
 from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Protocol, Sequence, Set, Tuple, Union
 
 from ..shared.kernel.linux import open_unlinked
-from ..shared.kernel.sandbox import SYS_LANDLOCK_CREATE_RULESET, Sandbox, errno_error, prepare, sandbox_support, syscall
+from ..shared.kernel.sandbox import (
+    SYS_LANDLOCK_CREATE_RULESET,
+    SYSTEM_DIRS,
+    Sandbox,
+    errno_error,
+    prepare,
+    sandbox_support,
+    syscall,
+    too_wide,
+)
 from ..shared.package import PACKAGE_DIR
 
 logger = logging.getLogger("execpool")
@@ -98,8 +106,6 @@ _DEVICE = FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE
 #: there have random names the tool cannot see.
 _SHM = FS_MAKE_REG | FS_READ_FILE | FS_WRITE_FILE | FS_REMOVE_FILE | FS_TRUNCATE
 
-#: System software a tool reads and runs (those that exist here).
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 #: Read-only views a tool's programs expect: itself and the machine.
 READ_ONLY_DIRS = ("/proc", "/sys")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
@@ -139,7 +145,7 @@ def python_dirs(python: str) -> List[str]:
     python is a link to its base interpreter). Never a prefix read off an
     unresolved path -- ``/bin/python3`` on a merged-/usr system would make
     it ``/``, whose ``lib`` is ``/usr/lib`` -- and never one that holds
-    home directories (:func:`_too_wide`): OSError then."""
+    home directories (``too_wide``): OSError then."""
     real = os.path.realpath(python)
     prefix = os.path.dirname(os.path.dirname(real))
     lib = os.path.join(prefix, "lib")
@@ -150,23 +156,10 @@ def python_dirs(python: str) -> List[str]:
     if os.path.isfile(os.path.join(venv, "pyvenv.cfg")):
         dirs.append(venv)
     for path in dirs:
-        if _too_wide(path):
+        if too_wide(path):
             raise OSError(f"the sandbox will not open {path!r} to the interpreter {python!r}: it holds home "
                           "directories; name an interpreter installed in a prefix of its own")
     return dirs
-
-
-def _homes() -> Set[str]:
-    """Where people keep what a tool must not read: root's home, every
-    login user's (uid 1000 and up) and this process's."""
-    homes = {os.path.expanduser("~")}
-    homes.update(user.pw_dir for user in pwd.getpwall() if user.pw_uid == 0 or user.pw_uid >= 1000)
-    return {os.path.realpath(home) for home in homes if home and os.path.isdir(home)}
-
-
-def _too_wide(path: str) -> bool:
-    """Whether granting ``path`` would grant ``/`` or a home directory."""
-    return path == "/" or any(home == path or _beneath(home, path) for home in _homes())
 
 
 #: ``build(handled_fs, scoped, [(fd, rights), ...], handled_net, [(port,
@@ -418,7 +411,7 @@ class Confiner:
             self._grant(grants, path, READ)
         for python in {sys.executable, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
             for path in ([os.path.realpath(python)] if os.path.isdir(python) else python_dirs(python)):
-                if not _too_wide(path):  # the job's interpreter gets its own rules, or a clear error
+                if not too_wide(path):  # the job's interpreter gets its own rules, or a clear error
                     self._grant(grants, path, READ)
         # execpool's own code: the tool layer's /mnt/data shim, and what a
         # warm job's interpreter already runs.

@@ -241,7 +241,7 @@ class Views:
     def __init__(self, jobs_dir: str) -> None:
         self.jobs_dir = jobs_dir
         self.template: Optional[Template] = None
-        self._paths: Dict[Tuple[str, str], str] = {}
+        self._paths: Dict[Tuple[str, str, Tuple[str, ...]], str] = {}
         self._interpreters: Dict[str, List[str]] = {}
         self._plan = _Plan(_outermost([*python_dirs(sys.executable), PACKAGE_DIR]))
 
@@ -327,19 +327,24 @@ class Views:
             known = self._interpreters[python] = python_dirs(python)
         return known
 
-    def path(self, python: str, value: str) -> str:
+    def path(self, python: str, value: str, read: Tuple[str, ...] = ()) -> str:
         """A job's ``PATH``: its interpreter's directory first, so that
         ``python3`` and ``python`` are the pool's Python, then the entries
-        of ``value`` the view shows (a pyenv shim under a home directory is
-        not there, and would be a command the shell finds and cannot run)."""
-        known = self._paths.get((python, value))
+        of ``value`` the view shows -- the template, or the paths the job's
+        sandbox ``read``s (a toolchain's install root) -- but not a pyenv
+        shim under a home directory: it is not there, and would be a
+        command the shell finds and cannot run."""
+        known = self._paths.get((python, value, read))
         if known is None:
             template = self.current()
             kept = [os.path.dirname(os.path.abspath(python))]
             for entry in value.split(os.pathsep):
-                if entry and os.path.isabs(entry) and entry not in kept and template.shows(os.path.realpath(entry)):
+                if not entry or not os.path.isabs(entry) or entry in kept:
+                    continue
+                real = os.path.realpath(entry)
+                if template.shows(real) or any(_beneath(real, path) for path in read):
                     kept.append(entry)
-            known = self._paths[(python, value)] = os.pathsep.join(kept)
+            known = self._paths[(python, value, read)] = os.pathsep.join(kept)
         return known
 
     def close(self) -> None:

@@ -113,6 +113,9 @@ def main(args: argparse.Namespace) -> int:
             defaults = Defaults(timeout=args.timeout, max_timeout=args.max_timeout, warm=args.warm,
                                 network=args.network, limits=pool.config.limits)
             _say_what_fits(pool, args.max_sessions)
+            # Which languages run in this sandbox: checked from now on, in
+            # the background (execpool/pool/toolchains.py); no request waits.
+            pool.languages()
             app = create_app(pool, max_in_flight=args.max_in_flight, max_queue=args.max_queue,
                              queue_timeout=args.queue_timeout, token=token, max_body_mb=args.max_body_mb,
                              defaults=defaults, heartbeat_s=args.heartbeat, read_timeout=args.read_timeout,

@@ -14,7 +14,9 @@ from ..formats import records, request, sandbox_fusion
 #: One entry of ``GET /v1/languages``.
 LANGUAGE_SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string"}, "runs": {"type": "boolean"}, "toolchain": {"type": ["string", "null"]},
-    "compiles": {"type": "boolean"}, "why_not": {"type": ["string", "null"]}}}
+    "compiles": {"type": "boolean"}, "why_not": {"type": ["string", "null"]},
+    "checking": {"type": "boolean", "description": "its hello-world is being compiled and run in the service's "
+                 "sandbox: runs is false until it is known"}}}
 
 
 def _json(schema: dict) -> dict:
@@ -70,8 +72,8 @@ def document() -> dict:
                                                  "504": {"description": "overloaded: retry"}}}},
             "/": {"get": {"summary": "a page to run code by hand (it talks to /v1/stream)"}},
             "/v1/ping": {"get": {"summary": "SandboxFusion's ping: \"pong\""}},
-            "/v1/languages": {"get": {"summary": "Each language of the table: whether it runs here, its toolchain's "
-                                                 "version, or why not",
+            "/v1/languages": {"get": {"summary": "Each language of the table: whether its hello-world ran in the "
+                                                 "service's sandbox, its toolchain's version, or why not",
                                       "responses": {"200": {"description": "the languages", **_json({
                                           "type": "array", "items": LANGUAGE_SCHEMA})}}}},
             "/v1/sessions": {

@@ -293,11 +293,13 @@ class Routes:
                              "queue_depth": admission.queue_depth}, status_code=200 if ready else 503)
 
     async def languages(self, request: Request) -> Response:
-        """Each language of the table, whether it runs here and with which
-        toolchain (each asked once, on a thread: a JVM says its version slowly)."""
+        """Each language of the table as the pool's checks know it now:
+        whether its hello-world ran in the service's sandbox, with which
+        toolchain, or why not -- ``checking`` while that is under way
+        (on a thread: the pool's first listing makes its CodeJobs)."""
         found = await asyncio.to_thread(self.jobs.pool.languages)
         return JSONResponse([{"name": t.name, "runs": t.runs, "toolchain": t.toolchain, "compiles": t.compiles,
-                              "why_not": t.why_not} for t in found])
+                              "why_not": t.why_not, "checking": t.checking} for t in found])
 
     async def ping(self, request: Request) -> Response:
         return JSONResponse("pong")

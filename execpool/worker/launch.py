@@ -207,7 +207,8 @@ class Launcher:
                 job.view = views.plan(job.space.fd, job.user_ns, start.cwd, start.sandbox.read,
                                       start.sandbox.write, start.python, confiner.hidden())
             template = views.current()
-            job.env.update(TMPDIR=TMP, HOME=HOME, PATH=views.path(start.python, job.env.get("PATH", os.defpath)))
+            job.env.update(TMPDIR=TMP, HOME=HOME,
+                           PATH=views.path(start.python, job.env.get("PATH", os.defpath), start.sandbox.read))
             if made is None:
                 handles = job.space.handles()
                 try:

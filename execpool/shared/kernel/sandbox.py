@@ -71,12 +71,40 @@ import ctypes
 import errno
 import os
 import platform
+import pwd
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import List, Optional, Tuple, Union
+from typing import List, Optional, Set, Tuple, Union
 
 from .. import checks
+
+#: System software a tool reads and runs (those that exist here): what
+#: every sandboxed job's view shows and its Landlock layer lets it read.
+#: A toolchain installed anywhere else is shown by its own install root
+#: (execpool/shared/languages.py).
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+
+
+def beneath_system(path: str) -> bool:
+    """Whether ``path`` (a real path: links resolved) is in the system's
+    software every sandboxed job sees."""
+    return any(path == real or path.startswith(real + "/")
+               for real in {os.path.realpath(top) for top in SYSTEM_DIRS if os.path.exists(top)})
+
+
+def homes() -> Set[str]:
+    """Where people keep what a tool must not read: root's home, every
+    login user's (uid 1000 and up) and this process's."""
+    found = {os.path.expanduser("~")}
+    found.update(user.pw_dir for user in pwd.getpwall() if user.pw_uid == 0 or user.pw_uid >= 1000)
+    return {os.path.realpath(home) for home in found if home and os.path.isdir(home)}
+
+
+def too_wide(path: str) -> bool:
+    """Whether granting ``path`` to a job would grant ``/`` or a home
+    directory."""
+    return path == "/" or any(home == path or home.startswith(path.rstrip("/") + "/") for home in homes())
 
 # -- Landlock's ABI (include/uapi/linux/landlock.h) ------------------------------------------------
 
