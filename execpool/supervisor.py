@@ -127,7 +127,7 @@ class ExecPool(JobRunner):
         self._code_lock = threading.Lock()
         self._engine = _Engine(self)
         assert config.disk_budget is not None
-        self.disk_budget = DiskBudget(config.disk_budget)
+        self.disk_budget = DiskBudget(config.disk_budget, config.disk_kept_for_jobs)
         try:
             self._workers = Workers(config, self._dispatcher.wake, self._dispatcher.job_started, self._stats)
         except BaseException:
@@ -443,7 +443,7 @@ class _Admission:
         """Its turn (on the thread that made room, or the submitter's)."""
         pool, start = self.pool, self.start
         future = self.handle.future
-        if self.size:
+        if self.size and not start.keep_background:  # else its daemons keep its space until the pool closes
             future.add_done_callback(lambda _: pool.disk_budget.release(self.size))
         with self._lock:
             if self._cancelled:

@@ -14,7 +14,7 @@ import os
 import textwrap
 
 import pytest
-from helpers import Gates, alive, all_dead, pids_in, run_as_nobody, wait_for
+from helpers import Gates, alive, all_dead, pids_in, remember, run_as_nobody, wait_for
 
 from execpool import CodeJob, DiskBudgetError, ExecPool, Limits, PythonJob, SessionForkError, ShellJob, Status, \
     sandbox_support
@@ -127,6 +127,34 @@ def test_jobs_wait_for_room_in_the_disk_budget_and_sessions_do_not():
         assert wait_for(lambda: small.disk_budget.taken == 0, 10.0)
         with pytest.raises(ValueError, match="disk_budget"):
             small.submit(ShellJob("true", limits=Limits(disk=16 * MiB)))
+
+
+def test_sessions_leave_what_is_kept_for_jobs_so_jobs_never_wait_on_idle_sessions():
+    """Red team: one client's idle sessions held the service's whole disk
+    budget, and every other client's job waited past its timeout."""
+    with ExecPool(workers=1, sandbox="strict", disk_budget=24 * MiB, disk_kept_for_jobs=8 * MiB,
+                  limits=Limits(disk=8 * MiB)) as small:
+        with small.session("python") as first, small.workspace() as space:
+            assert small.disk_budget.taken == 16 * MiB
+            with pytest.raises(DiskBudgetError, match="leave the last 8388608 to jobs"):
+                small.session("python")
+            with pytest.raises(DiskBudgetError):
+                first.fork()
+            assert small.run(ShellJob("echo job", timeout=30)).output == "job\n"
+            assert space.run(ShellJob("echo in the workspace", timeout=30)).output == "in the workspace\n"
+    with pytest.raises(ValueError, match="disk_kept_for_jobs"):
+        ExecPool(disk_budget=8 * MiB, disk_kept_for_jobs=9 * MiB)
+
+
+def test_a_job_that_keeps_its_daemons_keeps_its_share_until_the_pool_closes(doomed):
+    """Red team: a job with keep_background gave its share of the budget
+    back at its end while its daemon kept its space, memory, alive."""
+    with ExecPool(workers=1, sandbox="strict", disk_budget=16 * MiB, limits=Limits(disk=8 * MiB)) as small:
+        result = small.run(ShellJob("sleep 600 >/dev/null 2>&1 & echo \"PIDS $!\"", keep_background=True, timeout=30))
+        remember(doomed, pids_in(result.output))
+        assert result.ok and small.disk_budget.taken == 8 * MiB
+        assert small.run(ShellJob("echo after", timeout=30)).output == "after\n"
+        assert small.disk_budget.taken == 8 * MiB
 
 
 def test_jobs_waiting_for_room_end_infra_when_the_pool_closes():

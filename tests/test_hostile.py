@@ -206,14 +206,13 @@ BOMB_OWNER = CAPPED_OWNER + textwrap.dedent("""
 #: again. Before, the worker died of a helper's refused fork on the way
 #: out of the job that could not start, and the dispatcher of a refused
 #: thread for the cleanup: every later job waited for ever.
-FULL_OWNER = CAPPED_OWNER + OUTCOME + textwrap.dedent("""
-    import signal, tempfile, threading
-    report = {}
-    gates = tempfile.mkdtemp()
-    started, gate = os.path.join(gates, "started"), os.path.join(gates, "gate")
+#: Takes every process slot of the group that comes free, from a thread
+#: of the owner's: ``hogging.start()``, ``full.wait()``, then ``let_go()``.
+HOG = textwrap.dedent("""
+    import signal, threading
     fill, full, stop = [], threading.Event(), threading.Event()
 
-    def hog():  # takes every process slot that comes free, until stopped
+    def hog():
         while not stop.is_set():
             try:
                 pid = os.fork()
@@ -225,6 +224,23 @@ FULL_OWNER = CAPPED_OWNER + OUTCOME + textwrap.dedent("""
                 os._exit(0)
             fill.append(pid)
 
+    def let_go():
+        stop.set()
+        hogging.join()
+        for pid in fill:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        return len(fill)
+
+    hogging = threading.Thread(target=hog)
+""")
+
+FULL_OWNER = CAPPED_OWNER + OUTCOME + HOG + textwrap.dedent("""
+    import tempfile
+    report = {}
+    gates = tempfile.mkdtemp()
+    started, gate = os.path.join(gates, "started"), os.path.join(gates, "gate")
+
     with ExecPool(workers=1) as pool:  # its worker is ready: it has forked nothing yet
         held = pool.submit(PythonJob(
             f"import os, time\\nopen({started!r}, 'w').close()\\n"
@@ -232,18 +248,12 @@ FULL_OWNER = CAPPED_OWNER + OUTCOME + textwrap.dedent("""
         deadline = time.monotonic() + 30
         while not os.path.exists(started) and time.monotonic() < deadline:
             time.sleep(0.005)
-        hogging = threading.Thread(target=hog)
         hogging.start()
         full.wait(30)
         open(gate, "w").close()  # the job ends while nothing else can fork
         report["held"] = outcome(held)
         report["during"] = outcome(pool.submit(PythonJob("print('during')", sandbox=Sandbox(), timeout=10)))
-        stop.set()
-        hogging.join()
-        report["filled"] = len(fill)
-        for pid in fill:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+        report["filled"] = let_go()
         deadline = time.monotonic() + 30
         while True:
             report["after"] = outcome(pool.submit(ShellJob("echo after", timeout=10)))
@@ -254,6 +264,19 @@ FULL_OWNER = CAPPED_OWNER + OUTCOME + textwrap.dedent("""
     print(json.dumps(report), flush=True)
 """)
 
+
+#: The service's question whether memory caps are cgroups, asked while a
+#: tenant holds every process slot, then after.
+MEMORY_PROBE_OWNER = CAPPED_OWNER + HOG + textwrap.dedent("""
+    from execpool.serve.request_job import memory_cap_by_cgroup
+    with ExecPool(workers=1) as pool:
+        hogging.start()
+        full.wait(30)
+        during = memory_cap_by_cgroup(pool)
+        let_go()
+        after = memory_cap_by_cgroup(pool)
+        print(json.dumps({"during": during, "after": after}), flush=True)
+""")
 
 def _cgroup_tasks(path: str) -> list[int]:
     try:
@@ -343,6 +366,18 @@ def test_a_pool_whose_processes_are_refused_every_fork_serves_again_once_they_ar
     assert report["during"] == "during\n" or report["during"].startswith("infra"), report
     assert report["after"] == "after\n", report
     assert report["sandboxed"] == "sandboxed\n", report
+
+
+@pytest.mark.slow
+def test_whether_memory_caps_are_cgroups_is_not_concluded_while_a_tenant_holds_every_process(pids_cgroup):
+    """Red team: the service took a probe that could not start for the
+    answer "no memory cgroup here", and every later client's memory cap
+    became an address-space limit, which memfd pages do not count."""
+    report = _run_capped(pids_cgroup, MEMORY_PROBE_OWNER)
+    assert report["during"] is None, report
+    if not os.access("/sys/fs/cgroup/memory/cgroup.procs", os.W_OK):
+        pytest.skip("no writable memory cgroup to say yes with")
+    assert report["after"] is True, report
 
 
 def _cap_or_skip(pool: ExecPool, caps: Limits) -> None:

@@ -40,10 +40,13 @@ class _Waiting:
 
 class DiskBudget:
     """``total`` bytes, handed out to tenants as they start and taken back
-    as they end."""
+    as they end. Tenants that may live for hours -- sessions, workspaces --
+    never hold its last ``kept`` bytes: jobs, which wait for room, must
+    find some, or a client's idle sessions would hold every job back."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, kept: int = 0) -> None:
         self.total = total
+        self.kept = kept
         self._lock = threading.Lock()
         self._taken = 0
         self._waiting: Deque[_Waiting] = collections.deque()
@@ -80,9 +83,10 @@ class DiskBudget:
         return waiting
 
     def try_acquire(self, size: int) -> bool:
-        """``size`` taken now if it fits now (no waiting): a session's."""
+        """``size`` taken now if it fits now beside what is kept for jobs
+        (no waiting): a session's, a workspace's."""
         with self._lock:
-            if self._waiting or self._taken + size > self.total:
+            if self._waiting or self._taken + size > self.total - self.kept:
                 return False
             self._taken += size
             return True
@@ -123,4 +127,5 @@ class DiskBudget:
 
     def describe(self) -> str:
         with self._lock:
-            return f"{self._taken} of {self.total} bytes are held by the spaces of sandboxed jobs and sessions alive"
+            return (f"{self._taken} of {self.total} bytes are held by the spaces of sandboxed jobs and sessions "
+                    f"alive, and sessions and workspaces leave the last {self.kept} to jobs")

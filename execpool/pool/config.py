@@ -105,6 +105,12 @@ class PoolConfig:
     #: memory and swap. A job that does not fit waits for one that ends; a
     #: session that does not fit is refused (``DiskBudgetError``).
     disk_budget: Optional[int] = None
+    #: Bytes of ``disk_budget`` that sessions and workspaces, which may
+    #: live for hours, leave to jobs: past ``disk_budget - disk_kept_for_jobs``
+    #: they are refused (``DiskBudgetError``), so that jobs always find room
+    #: once the jobs before them end. ``execpool serve`` keeps its slots'
+    #: worth (``--max-in-flight`` times ``--disk-mb``).
+    disk_kept_for_jobs: int = 0
     tool_env: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -115,8 +121,9 @@ class PoolConfig:
         checks.integer("max_jobs_per_worker", self.max_jobs_per_worker)
         checks.integer("compile_cache_mb", self.compile_cache_mb, minimum=0)
         if self.disk_budget is None:
-            settle(self, "disk_budget", (psutil.virtual_memory().total + psutil.swap_memory().total) // 2)
+            settle(self, "disk_budget", default_disk_budget())
         checks.integer("disk_budget", self.disk_budget)
+        checks.integer("disk_kept_for_jobs", self.disk_kept_for_jobs, minimum=0, maximum=self.disk_budget)
         checks.seconds("startup_timeout", self.startup_timeout)
         checks.integer("warm_spares", self.warm_spares, minimum=0, maximum=MAX_WARM_SPARES)
         checks.flag("non_dumpable", self.non_dumpable)
@@ -151,14 +158,25 @@ def _spawn_method(method: object) -> str:
     return method
 
 
-def disk_options(disk_mb: Optional[int], budget_mb: Optional[int], limits: Optional[Limits] = None) -> Dict[str, Any]:
+def disk_options(disk_mb: Optional[int], budget_mb: Optional[int], limits: Optional[Limits] = None,
+                 jobs_at_once: int = 0) -> Dict[str, Any]:
     """A pool's ``limits`` (``limits`` or the defaults, with ``disk`` from
     ``disk_mb`` where given) and ``disk_budget``, from the commands'
-    ``--disk-mb`` and ``--disk-budget-mb``: only what they set."""
+    ``--disk-mb`` and ``--disk-budget-mb``; and what sessions and
+    workspaces leave of it for ``jobs_at_once`` jobs (at most all of it)."""
     options: Dict[str, Any] = {}
+    base = limits or Limits()
     if limits is not None or disk_mb is not None:
-        base = limits or Limits()
         options["limits"] = base if disk_mb is None else replace(base, disk=disk_mb << 20)
+    budget = default_disk_budget() if budget_mb is None else budget_mb << 20
     if budget_mb is not None:
-        options["disk_budget"] = budget_mb << 20
+        options["disk_budget"] = budget
+    disk = options.get("limits", base).disk
+    if jobs_at_once and disk:
+        options["disk_kept_for_jobs"] = min(budget, jobs_at_once * disk)
     return options
+
+
+def default_disk_budget() -> int:
+    """Half of the machine's memory and swap: a space is a tmpfs."""
+    return (psutil.virtual_memory().total + psutil.swap_memory().total) // 2

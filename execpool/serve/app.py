@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import os
 import time
 from typing import Any, AsyncIterator, Callable, Dict, Mapping, Optional, Sequence
 
@@ -71,6 +70,7 @@ from .settings import (
     DEFAULT_READ_TIMEOUT_S,
     DEFAULT_SESSION_IDLE_S,
     DEFAULT_TIMEOUT_S,
+    default_max_in_flight,
 )
 
 #: Routes anyone may call, token or not: liveness, readiness, SandboxFusion's
@@ -108,7 +108,7 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
     ``max_sessions`` and ``session_idle_timeout``: how many sessions may be
     open at once, and the longest (and default) idle timeout of one."""
     max_body_bytes = max_body_mb << 20
-    admission = Admission(max_in_flight or 2 * (os.cpu_count() or 2), max_queue, queue_timeout)
+    admission = Admission(max_in_flight or default_max_in_flight(), max_queue, queue_timeout)
     jobs = ServiceJobs(pool, admission, Settings(defaults, heartbeat_s, min(max_body_bytes, DEFAULT_FETCH_MAX_BYTES)))
     routes = Routes(jobs, max_body_bytes=max_body_bytes, read_timeout=read_timeout)
     kept = ServiceSessions(jobs, max_sessions, session_idle_timeout)

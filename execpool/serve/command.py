@@ -55,7 +55,7 @@ from ..supervisor import ExecPool
 from .admission import Reason
 from .app import LOOPBACK_NAMES, create_app
 from .request_job import ServiceJobs
-from .settings import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S
+from .settings import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S, default_max_in_flight
 
 if TYPE_CHECKING:
     from ..mcp.http import Endpoint
@@ -108,8 +108,10 @@ def main(args: argparse.Namespace) -> int:
         # /v1/eval's judge is in the warm interpreters of the pool's own
         # Python (another --python may lack execpool: it is imported per job).
         preload = args.preload if args.python else (*args.preload, JUDGE_MODULE)
+        disk = disk_options(args.disk_mb, args.disk_budget_mb,
+                            jobs_at_once=args.max_in_flight or default_max_in_flight())
         with ExecPool(workers=args.workers, python=args.python, preload=preload, non_dumpable=True,
-                      sandbox=sandbox, **disk_options(args.disk_mb, args.disk_budget_mb)) as pool:
+                      sandbox=sandbox, **disk) as pool:
             defaults = Defaults(timeout=args.timeout, max_timeout=args.max_timeout, warm=args.warm,
                                 network=args.network, limits=pool.config.limits)
             _say_what_fits(pool, args.max_sessions)
@@ -338,8 +340,11 @@ def _say_what_fits(pool: ExecPool, max_sessions: int) -> None:
     """A note when --max-sessions sessions at --disk-mb each would not fit
     the disk budget: past what fits, a session is answered 503."""
     disk = pool.config.limits.disk
-    if pool.config.sandbox is None or disk is None or max_sessions * disk <= pool.disk_budget.total:
+    budget = pool.disk_budget
+    room = budget.total - budget.kept
+    if pool.config.sandbox is None or disk is None or max_sessions * disk <= room:
         return
     print(f"execpool serve: {max_sessions} sessions (--max-sessions) of {disk >> 20} MiB each (--disk-mb) do not fit "
-          f"the disk budget of {pool.disk_budget.total >> 20} MiB (--disk-budget-mb): past "
-          f"{pool.disk_budget.total // disk} at once, sessions are answered 503", file=sys.stderr)
+          f"the disk budget of {budget.total >> 20} MiB (--disk-budget-mb) less the {budget.kept >> 20} MiB kept for "
+          f"the jobs running at once (--max-in-flight): past {room // disk} at once, sessions are answered 503",
+          file=sys.stderr)

@@ -28,6 +28,7 @@ from ..pool.future import JobFuture
 from ..shared.errors import ExecPoolError
 from ..shared.files import File
 from ..shared.jobs import CodeJob, Limits, ShellJob
+from ..shared.kernel.cgroups import MEMORY_NEEDS_CGROUP
 from ..shared.result import Result, Status
 from ..supervisor import ExecPool
 from .admission import Admission, Reason, Rejected
@@ -75,6 +76,21 @@ class Settings:
         return answer
 
 
+def memory_cap_by_cgroup(pool: ExecPool) -> Optional[bool]:
+    """Whether a job's memory cap can be a cgroup in ``pool``, asked of the
+    pool itself: a job with the cap starts, or says it needs a memory
+    controller. None when it cannot tell now -- the job could not start
+    for want of a process or memory (a tenant may hold them all): taken
+    for an answer, that would turn every later client's cap into a mere
+    address-space limit for the service's life."""
+    probe = pool.run(ShellJob("true", timeout=10, limits=Limits(memory=256 << 20)))
+    if probe.status is Status.OK:
+        return True
+    if MEMORY_NEEDS_CGROUP in (probe.error or ""):
+        return False
+    return None
+
+
 class ServiceJobs:
     """The jobs of one app: its pool, admission and metrics."""
 
@@ -110,15 +126,11 @@ class ServiceJobs:
         self.metrics.queue_wait.observe(waited)
 
     def memory_by_cgroup(self) -> bool:
-        """Whether a job's memory cap can be a cgroup here; asked of the
-        pool itself (a job with the cap either starts or is INFRA), and
-        remembered unless the probe's worker died under it."""
+        """Whether a job's memory cap can be a cgroup here, remembered once
+        the pool has said (:func:`memory_cap_by_cgroup`); until then, not."""
         if self._memory_by_cgroup is None:
-            probe = self.pool.run(ShellJob("true", timeout=10, limits=Limits(memory=256 << 20)))
-            if probe.status is not Status.INFRA or probe.worker_pid is None:
-                self._memory_by_cgroup = probe.status is Status.OK
-            return probe.status is Status.OK
-        return self._memory_by_cgroup
+            self._memory_by_cgroup = memory_cap_by_cgroup(self.pool)
+        return bool(self._memory_by_cgroup)
 
     async def submit(self, job_request: JobRequest) -> JobFuture:
         """Start the job -- on a thread when it is big, since submitting

@@ -7,6 +7,8 @@ flags: nothing here imports the service's stack.
 
 from __future__ import annotations
 
+import os
+
 #: The timeout of jobs that give none, and the largest one a request may ask:
 #: a service's jobs always have one.
 DEFAULT_TIMEOUT_S = 30.0
@@ -39,6 +41,11 @@ DEFAULT_MAX_CONNECTIONS = 4096
 #: compile + run + 10 s and retries only a 504, so a request that cannot
 #: start within a few seconds is told so well before that.
 DEFAULT_MAX_QUEUE = 256
+
+
+def default_max_in_flight() -> int:
+    """Jobs running at once without --max-in-flight: two per CPU."""
+    return 2 * (os.cpu_count() or 2)
 DEFAULT_QUEUE_TIMEOUT_S = 5.0
 
 #: Sessions open at once (the README's "Sessions over HTTP"), and how long one may go

@@ -21,7 +21,7 @@ from typing import Callable, List, Optional, Tuple
 from ..sandbox.rulesets import Confiner
 from ..sandbox.view import HOME, SPACE_DIRECTORIES, SPACE_HOME, TMP, Views
 from ..shared.jobs import MAX_PROCESSES
-from ..shared.kernel.cgroups import Cgroups
+from ..shared.kernel.cgroups import MEMORY_NEEDS_CGROUP, Cgroups
 from ..shared.kernel.markers import JOB_MARKER_ENV
 from ..shared.kernel.sandbox import SHORT_NOW
 from ..tool.become import Setup, rlimit_values
@@ -182,8 +182,7 @@ class Launcher:
             if tier is not None and tier.offers(processes, start.limits.memory):
                 job.group = tier.create(start.job_id, processes, start.limits.memory)
             elif start.limits.memory is not None:
-                raise OSError("Limits(memory=...) needs a cgroup memory controller, and execpool cannot "
-                              "use one here")
+                raise OSError(MEMORY_NEEDS_CGROUP)
             # else: the worker counts the job's processes itself (execpool/worker/event_loop.py)
 
     def _confine(self, job: RunningJob, made: Optional[Made]) -> None:

@@ -206,6 +206,12 @@ class JobGroup:
         return done
 
 
+#: Why a job with ``Limits(memory=...)`` cannot start where no memory
+#: controller is writable: the service tells this apart from a passing
+#: failure to start.
+MEMORY_NEEDS_CGROUP = "Limits(memory=...) needs a cgroup memory controller, and execpool cannot use one here"
+
+
 class Cgroups:
     """The worker's own cgroup directories, parents of its jobs' groups."""
 
