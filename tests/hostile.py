@@ -622,6 +622,10 @@ SANDBOX_ATTACKS = [
         "    if at is None or at == ctypes.c_void_p(-1).value:\n        "
         + _refused("os.strerror(ctypes.get_errno())") + "\n"
         "    else:\n        print('ESCAPED' if ctypes.string_at(at, 16) == b'@SHM_VALUE@' else 'other data')\n")),
+    # Memory outside the job's space, which no disk bound counts.
+    _attack("memfd_outside_space", "python",
+            "import os\ntry:\n    fd = os.memfd_create('pinned')\n    os.write(fd, b'x' * 65536)\n"
+            "    print('ESCAPED')\nexcept OSError as exc:\n    " + _refused("exc")),
     # Metadata, which Landlock does not govern (the read-only view refuses it).
     # Each control puts back what it changed.
     _attack("chmod_outside", "shell",

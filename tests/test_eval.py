@@ -222,7 +222,7 @@ def test_a_special_judge_that_fails_is_an_internal_error_not_the_samples(sandbox
 
 def test_what_execpool_fails_is_retried_then_internal_error_never_scored(sandboxed):
     """A language this machine lacks ends infra: execpool's failure."""
-    missing = next((t.name for t in sandboxed.languages() if not t.runs), None)
+    missing = next((t.name for t in sandboxed.languages(wait=True) if not t.runs), None)
     if missing is None:
         pytest.skip("every language of the table runs here")
     records = evaluate(sandboxed, [{"id": "sum", "code": "x", "language": missing}, {"id": "sum", "code": SUM_PY}],
@@ -409,7 +409,7 @@ def test_the_command_writes_records_resumes_and_ends_with_the_summary(tmp_path):
 @pytest.mark.slow
 def test_a_rerun_judges_again_what_execpool_failed(tmp_path):
     with ExecPool(workers=1) as pool:
-        missing = next((t.name for t in pool.languages() if not t.runs), None)
+        missing = next((t.name for t in pool.languages(wait=True) if not t.runs), None)
     if missing is None:
         pytest.skip("every language of the table runs here")
     problems = tmp_path / "problems.jsonl"

@@ -131,6 +131,24 @@ def test_a_sandboxed_copy_reaches_neither_its_parent_nor_its_sibling(pool):
                 assert reached.value == repr(REFUSED)
 
 
+def test_a_copy_s_share_of_the_disk_budget_stays_held_while_its_parent_may_hold_its_files(pool):
+    """Red team: a parent kept a file of its closed copy's space open
+    through /proc/<copy>/root, which kept the space, memory, alive after
+    its share of the budget had gone back: eight copies pinned eight
+    shares the budget no longer counted."""
+    budget = pool.disk_budget
+    with pool.session("python", sandbox="strict") as parent:
+        share = budget.taken
+        child = parent.fork()
+        assert budget.taken == 2 * share
+        pid = child.run("import os\nopen('/tmp/pinned', 'wb').write(b'x' * 4096)\nos.getpid()").value
+        held = parent.run(f"held = open('/proc/{pid}/root/tmp/pinned', 'rb')\nlen(held.read())")
+        assert held.value == "4096", held.text
+        child.close()
+        assert budget.taken == 2 * share  # the parent holds the copy's space
+    assert wait_for(lambda: budget.taken == 0, 10.0), budget.describe()
+
+
 def test_a_sandboxed_session_given_a_directory_forks_into_a_copy_of_its_own(pool, tmp_path):
     """The copy's working directory is at its parent's path, as the copy
     sees it (``Session.cwd`` names it), and is a copy in the copy's own

@@ -30,7 +30,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from ..shared import checks, worker_wire
 from ..shared.cells import FORK_TIMEOUT_S, SESSION_LANGUAGES, CellResult, Printed, read_reply
@@ -158,17 +158,34 @@ class Session:
         self._worker: Optional["WorkerProcess"] = None
         #: What it holds of its pool's disk budget (execpool/pool/budget.py).
         self._reserved = 0
+        #: The sessions it was forked from, nearest last: each can reach its
+        #: copies' files (through /proc/<copy>/root) and hold one open.
+        self._ancestors: Tuple[JobFuture, ...] = ()
 
     def _reserve(self) -> None:
-        """Its disk bound taken from the pool's budget for its life, or
-        DiskBudgetError: a session does not wait for room."""
+        """Its disk bound taken from the pool's budget for as long as its
+        space may live, or DiskBudgetError: a session does not wait for
+        room. A fork's space lives while the fork does, and after, while an
+        ancestor holds a file of it open: its share goes back once the
+        fork and every one it came from have ended."""
         size = reserved(self._start.sandbox, self._start.limits)
         budget = self._engine.disk_budget
         if size and not budget.try_acquire(size):
             raise DiskBudgetError(f"a session's disk bound of {size} bytes does not fit the pool's disk budget now: "
                                   f"{budget.describe()}")
         self._reserved = size
-        self._future.add_done_callback(lambda _: self._give_back())
+        lives = (self._future, *self._ancestors)
+        left, counting = [len(lives)], threading.Lock()
+
+        def ended(_: Future) -> None:
+            with counting:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                self._give_back()
+
+        for future in lives:
+            future.add_done_callback(ended)
 
     def _give_back(self) -> None:
         with self._lock:
@@ -249,6 +266,7 @@ class Session:
         child = Session(self._engine, self.language,
                         replace(self._start, job_id=self._engine.next_id(), cwd=directory, warm=False, files=()),
                         directory)
+        child._ancestors = (*self._ancestors, self._future)
         child._reserve()
         made: "Future[Session]" = Future()
         made.add_done_callback(lambda done: child._give_back() if done.exception() is not None else None)

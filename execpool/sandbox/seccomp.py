@@ -43,6 +43,13 @@ What it refuses, and why (each an attack in tests/hostile.py):
   which its parent could join, and a file capability set there gave any
   local user root. Which attribute a call names is behind a pointer the
   filter cannot read, so every one is refused.
+- Memory files (``memfd_create``, ``memfd_secret``: ENOSYS, as on a
+  kernel without them): their pages live in no space and no file system a
+  tenant was given, so neither ``Limits(disk=...)`` nor the pool's disk
+  budget counts them, and where no memory cgroup holds the job nothing
+  did -- a session with a 256 MiB space held 2 GiB in one (red team).
+  Programs that use them for shared memory fall back to ``/dev/shm``,
+  which the job's space bounds.
 - A system call of another ABI (i386's ``int 0x80`` on x86_64, x32): ENOSYS,
   so none of this is dodged through another table.
 """
@@ -91,6 +98,7 @@ _RULES: Dict[str, Rule] = {
     "mknod": ("no_setid", 1), "mknodat": ("no_setid", 2),
     "setxattr": ("refuse", _EOPNOTSUPP), "lsetxattr": ("refuse", _EOPNOTSUPP), "fsetxattr": ("refuse", _EOPNOTSUPP),
     "setxattrat": ("refuse", _EOPNOTSUPP),
+    "memfd_create": ("refuse", _ENOSYS), "memfd_secret": ("refuse", _ENOSYS),
 }
 
 #: Per architecture: its AUDIT_ARCH value and its system call numbers
@@ -103,7 +111,8 @@ TABLES = {
         "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "prlimit64": 302, "setpriority": 141, "ioprio_set": 251,
         "sched_setaffinity": 203, "sched_setscheduler": 144, "sched_setparam": 142, "sched_setattr": 314,
         "chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "open": 2, "openat": 257, "creat": 85,
-        "mknod": 133, "mknodat": 259, "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "setxattrat": 463}),
+        "mknod": 133, "mknodat": 259, "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "setxattrat": 463,
+        "memfd_create": 319, "memfd_secret": 447}),
     "aarch64": (0xC00000B7, {
         "clone3": 435, "openat2": 437, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
         "keyctl": 219, "add_key": 217, "request_key": 218, "shmget": 194,
@@ -111,7 +120,7 @@ TABLES = {
         "msgget": 186, "msgctl": 187, "msgrcv": 188, "msgsnd": 189, "prlimit64": 261, "setpriority": 140,
         "ioprio_set": 30, "sched_setaffinity": 122, "sched_setscheduler": 119, "sched_setparam": 118,
         "sched_setattr": 274, "fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "openat": 56, "mknodat": 33,
-        "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "setxattrat": 463}),
+        "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "setxattrat": 463, "memfd_create": 279, "memfd_secret": 447}),
 }
 
 # Classic BPF, as seccomp runs it.
