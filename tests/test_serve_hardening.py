@@ -331,3 +331,28 @@ def test_a_job_cannot_take_the_services_port_in_the_other_family_on_a_wildcard(h
         assert answer["output"] == f"{errno.EADDRINUSE}\n", answer
     finally:
         assert s.stop() == 0
+
+
+def test_every_job_and_session_is_held_to_the_servers_memory_and_process_caps():
+    """Red team: the service set no memory or process cap by default, so
+    one client's job could take every neighbour's memory or processes; a
+    request may ask for less than the server's caps, never more."""
+    s = Server("--workers", "1", "--memory-mb", "64", "--processes", "16")
+    try:
+        if "no cgroup memory controller" in s.log():
+            pytest.skip("no memory cgroup here: --memory-mb cannot cap memory")
+        grab = "b = bytearray(200 << 20)\nprint('held all of it')"
+        for name, request in (("run", s.client.post("/v1/run", json={"python": grab})),
+                              ("asks more", s.client.post("/run_code", json={"code": grab, "language": "python",
+                                                                             "memory_limit_MB": 1024}))):
+            answer = request.json()
+            assert request.status_code == 200 and "held all of it" not in json.dumps(answer), (name, answer)
+        session = s.client.post("/v1/sessions", json={"language": "python"}).json()["id"]
+        cell = s.client.post(f"/v1/sessions/{session}/run", json={"code": grab}).json()
+        assert "held all of it" not in json.dumps(cell), cell
+        forks = s.client.post("/v1/run", json={"shell": "for i in $(seq 40); do sleep 5 & done; wait; echo STARTED-ALL"})
+        answer = forks.json()
+        assert "Resource temporarily unavailable" in answer["output"] and "STARTED-ALL" not in answer["output"], answer
+        assert s.client.post("/v1/run", json={"python": "print('small')"}).json()["output"] == "small\n"
+    finally:
+        assert s.stop() == 0

@@ -233,6 +233,7 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "own directory and reads the system's software; see the README); the service does not "
                              "start where the kernel lacks it, unless given off")
     _disk_arguments(parser)
+    _tenant_caps(parser)
 
 
 def _out_arguments(parser: argparse.ArgumentParser) -> None:
@@ -249,6 +250,18 @@ def _out_arguments(parser: argparse.ArgumentParser) -> None:
                           help="show the progress bar even when stderr is not a terminal")
     progress.add_argument("--no-progress", dest="progress", action="store_false",
                           help="never show the progress bar")
+
+
+def _tenant_caps(parser: argparse.ArgumentParser) -> None:
+    """What one request's job or session may hold, whatever it asks: with
+    no cap, one tenant could take every neighbour's memory or processes."""
+    parser.add_argument("--memory-mb", type=_count("--memory-mb"), default=settings.DEFAULT_MEMORY_MB, metavar="N",
+                        help="MiB of memory a job's or session's whole tree may use, a cgroup cap where the machine "
+                             "has a memory controller; a request's memory_limit_MB may ask less (default "
+                             f"{settings.DEFAULT_MEMORY_MB})")
+    parser.add_argument("--processes", type=_count("--processes"), default=settings.DEFAULT_PROCESSES, metavar="N",
+                        help="processes and threads a job or session may have at once (default "
+                             f"{settings.DEFAULT_PROCESSES})")
 
 
 def _disk_arguments(parser: argparse.ArgumentParser) -> None:

@@ -159,7 +159,8 @@ def _fetch(label: str, value: List[Any], _defaults: Defaults) -> Tuple[str, ...]
 
 def _memory_limit(label: str, value: int, defaults: Defaults) -> Optional[Limits]:
     """SandboxFusion's ``memory_limit_MB``: a cap on the job's memory, as a
-    cgroup where the machine has one, else as its address space."""
+    cgroup where the machine has one, else as its address space; never
+    above the front's own cap (a server's --memory-mb)."""
     if value > MAX_MEMORY_LIMIT_MB:
         raise BadField(f"{label} is over {MAX_MEMORY_LIMIT_MB}")
     if value <= 0:
@@ -167,8 +168,8 @@ def _memory_limit(label: str, value: int, defaults: Defaults) -> Optional[Limits
     limits = defaults.limits or Limits()
     cap = value << 20
     if defaults.memory_by_cgroup:
-        return dataclasses.replace(limits, memory=cap)
-    return dataclasses.replace(limits, address_space=max(cap, MIN_ADDRESS_SPACE))
+        return dataclasses.replace(limits, memory=min(cap, limits.memory or cap))
+    return dataclasses.replace(limits, address_space=max(min(cap, limits.address_space or cap), MIN_ADDRESS_SPACE))
 
 
 def _compile_seconds(label: str, value: float, defaults: Defaults) -> float:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import ipaddress
 import logging
@@ -39,7 +40,7 @@ import signal
 import socket
 import struct
 import sys
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import uvicorn
 import uvloop
@@ -50,11 +51,12 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from ..eval.harness import JUDGE_MODULE
 from ..formats.request import Defaults
 from ..pool.config import disk_options
+from ..shared.jobs import Limits
 from ..shared.kernel.sandbox import sandbox_support
 from ..supervisor import ExecPool
 from .admission import Reason
 from .app import LOOPBACK_NAMES, create_app
-from .request_job import ServiceJobs
+from .request_job import ServiceJobs, memory_cap_by_cgroup
 from .settings import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S, default_max_in_flight
 
 if TYPE_CHECKING:
@@ -108,12 +110,13 @@ def main(args: argparse.Namespace) -> int:
         # /v1/eval's judge is in the warm interpreters of the pool's own
         # Python (another --python may lack execpool: it is imported per job).
         preload = args.preload if args.python else (*args.preload, JUDGE_MODULE)
-        disk = disk_options(args.disk_mb, args.disk_budget_mb,
+        disk = disk_options(args.disk_mb, args.disk_budget_mb, Limits(processes=args.processes),
                             jobs_at_once=args.max_in_flight or default_max_in_flight())
         with ExecPool(workers=args.workers, python=args.python, preload=preload, non_dumpable=True,
                       sandbox=sandbox, **disk) as pool:
+            limits, by_cgroup = _tenant_limits(pool, args.memory_mb)
             defaults = Defaults(timeout=args.timeout, max_timeout=args.max_timeout, warm=args.warm,
-                                network=args.network, limits=pool.config.limits)
+                                network=args.network, limits=limits, memory_by_cgroup=by_cgroup)
             _say_what_fits(pool, args.max_sessions)
             # Which languages run in this sandbox: checked from now on, in
             # the background (execpool/pool/toolchains.py); no request waits.
@@ -334,6 +337,18 @@ async def _until_stopped(server: uvicorn.Server, sockets: List[socket.socket], j
         await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - asyncio.get_running_loop().time()))
     jobs.stop_jobs()
     await task
+
+
+def _tenant_limits(pool: ExecPool, memory_mb: int) -> Tuple[Limits, bool]:
+    """Every request's limits, which it may lower and never raise: the
+    pool's (its --processes among them) and --memory-mb as a cgroup cap
+    where the pool can give one; whether it can."""
+    by_cgroup = bool(memory_cap_by_cgroup(pool))
+    if not by_cgroup:
+        print("execpool serve: no cgroup memory controller here: --memory-mb cannot bound a job's memory, only each "
+              "process's address space does (Limits.address_space)", file=sys.stderr)
+        return pool.config.limits, False
+    return dataclasses.replace(pool.config.limits, memory=memory_mb << 20), True
 
 
 def _say_what_fits(pool: ExecPool, max_sessions: int) -> None:

@@ -41,6 +41,10 @@ DEFAULT_MAX_CONNECTIONS = 4096
 #: compile + run + 10 s and retries only a 504, so a request that cannot
 #: start within a few seconds is told so well before that.
 DEFAULT_MAX_QUEUE = 256
+#: What one job or session may hold at once, unless the server is told
+#: otherwise: memory (a cgroup, where the machine has one) and processes.
+DEFAULT_MEMORY_MB = 4096
+DEFAULT_PROCESSES = 512
 
 
 def default_max_in_flight() -> int:
