@@ -285,7 +285,8 @@ def test_run_code_fills_cpu_time_and_records_carry_what_the_job_cost(server):
     assert slept["execution_time"] >= 1.0 and slept["cpu_time"] < 0.25, slept
     record = server.client.post("/v1/run", json={"python": BURN_IN_CHILD}).json()
     assert record["cpu_user_s"] + record["cpu_system_s"] >= float(record["output"]) and record["processes"] >= 1
-    assert record["max_rss_bytes"] > 0 and record["peak_memory_bytes"] is None
+    # Its memory cgroup (--memory-mb, where the machine has one) says its peak.
+    assert record["max_rss_bytes"] > 0 and (record["peak_memory_bytes"] or 1 << 20) >= 1 << 20
     assert "execpool_job_cpu_seconds_total" in server.client.get("/metrics").text
 
 
