@@ -212,8 +212,7 @@ class Runner:
         for note in (hint, RESTARTED_NOTE if restarted else ""):
             if note:
                 text += ("\n" if text.endswith("\n") else "\n\n") + note
-        shown = (*result.display, result.data or {})
-        images = tuple(item["image/png"] for item in shown if isinstance(item.get("image/png"), str))
+        images = tuple(item["image/png"] for item in result.shown if isinstance(item.get("image/png"), str))
         return Outcome(text, images, result.status is not Status.OK)
 
     async def _program(self, call: Call, space: Workspace, on_output: Optional[OnOutput]) -> Outcome:

@@ -1,0 +1,237 @@
+"""IPython's language in a Python session: an ``InteractiveShell`` whose
+outputs are the cell's (execpool/tool/python_session.py) rather than a
+terminal's or a kernel's wire.
+
+Runs in the session's own process, beside the cell's code, sandboxed like
+it: what a cell writes reaches nothing but this process and its
+directories. The warm template (execpool/tool/template.py) imports this
+module and builds the shell once (``prepare``) -- IPython's import and the
+shell's construction are most of a session's start otherwise -- and every
+spare cloned from it has that shell, unused. A session's runtime takes it
+(``take``) and makes it the process's IPython; a warm job never does, so for
+it IPython is only a module already imported (``prepare`` leaves no trace of
+a running IPython: no singleton, no ``__IPYTHON__`` or ``display`` builtins,
+no prompts in ``sys``).
+
+What a kernel sends on its iopub channel is, here, a call on the cell's
+``Outputs``: a ``display_data`` (``display()``, a figure the inline
+backend shows, ``update_display``) is ``publish``, an ``execute_result`` is
+``result``, ``clear_output`` is ``clear``, an ``error`` is ``failed``. A
+``!`` command runs as ``bash -c`` (stderr on stdout, as a kernel's pty
+merges them) writing straight to the session's pipes, so its output is the
+cell's, live. ``?`` help, which a kernel hands its frontend's pager, is
+printed: a session has no pager. ``input()`` raises what a kernel raises
+when its frontend takes no input: a session's cells get none.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import os
+import subprocess
+import sys
+import types
+from typing import Any, Dict, Optional, Protocol
+
+from IPython.core.displayhook import DisplayHook
+from IPython.core.displaypub import DisplayPublisher
+from IPython.core.error import StdinNotImplementedError, UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
+
+#: The shell ``!`` commands run in; POSIX sh where bash is missing.
+_SHELL = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+
+#: matplotlib's backend in a session that speaks IPython: the one a
+#: kernel sets, which shows a cell's figures at its end.
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+
+
+class Outputs(Protocol):
+    """Where a cell's rich outputs go (the runtime's cell)."""
+
+    def publish(self, data: Dict[str, Any], display_id: Optional[str], update: bool) -> None: ...
+
+    def result(self, data: Dict[str, Any]) -> None: ...
+
+    def clear(self, wait: bool) -> None: ...
+
+    def failed(self, ename: str, evalue: str, traceback: list) -> None: ...
+
+
+class _Publisher(DisplayPublisher):
+    """``display()`` and its kin, into the running cell's outputs."""
+
+    def publish(self, data: Any, metadata: Any = None, source: Any = None, *, transient: Any = None,
+                update: bool = False, **kwargs: Any) -> None:
+        outputs = _running(self.shell)
+        display_id = transient.get("display_id") if isinstance(transient, dict) else None
+        if outputs is None:
+            print(data.get("text/plain", ""))  # between cells: nobody's display
+        else:
+            outputs.publish(dict(data), display_id if isinstance(display_id, str) else None, update)
+
+    def clear_output(self, wait: bool = False) -> None:
+        outputs = _running(self.shell)
+        if outputs is not None:
+            outputs.clear(wait)
+
+
+class _ValueHook(DisplayHook):
+    """The last expression's value as the cell's ``execute_result``; the
+    ``_``, ``__``, ``_N`` and ``Out`` bookkeeping is IPython's own."""
+
+    def write_output_prompt(self) -> None:
+        pass
+
+    def write_format_data(self, format_dict: Any, md_dict: Any = None) -> None:
+        outputs = _running(self.shell)
+        if outputs is not None:
+            outputs.result(dict(format_dict))
+
+
+class SessionShell(InteractiveShell):
+    """A shell that keeps no files (no profile, history in memory), shows
+    tracebacks without colours (they are read as text, by people and
+    models), and sends what it shows to the running cell."""
+
+    display_pub_class = _Publisher
+    displayhook_class = _ValueHook
+
+    #: The running cell's outputs; None between cells.
+    outputs: Optional[Outputs] = None
+
+    def init_ipython_dir(self, ipython_dir: Any) -> None:
+        # No ~/.ipython: the template must not write the worker's home, and
+        # a sandboxed session's home is its own and fresh.
+        pass
+
+    def init_profile_dir(self, profile_dir: Any) -> None:
+        self.profile_dir = None
+
+    def _get_exc_info(self, exc_tuple: Any = None) -> Any:
+        """The exception to show, without the frames of this module it was
+        raised in (``input()``, a ``!`` command put in the background): the
+        cell's code is what went wrong, not execpool's."""
+        etype, value, tb = super()._get_exc_info(exc_tuple)
+        entries = []
+        while tb is not None:
+            entries.append(tb)
+            tb = tb.tb_next
+        while entries and entries[-1].tb_frame.f_code.co_filename == __file__:
+            entries.pop()
+        for entry in reversed(entries):
+            tb = types.TracebackType(tb, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+        return etype, value, tb
+
+    def _showtraceback(self, etype: Any, evalue: Any, stb: Any) -> None:
+        outputs = self.outputs
+        if outputs is None:
+            super()._showtraceback(etype, evalue, stb)
+        else:
+            outputs.failed(etype.__name__, str(evalue), list(stb))
+
+    def system_piped(self, cmd: str) -> None:
+        """``!cmd``: bash in this session's process group (an interrupt
+        reaches it as the cell's), stdout and stderr together on the
+        session's stdout; its status in ``_exit_code``, as IPython keeps it."""
+        if cmd.rstrip().endswith("&"):
+            raise OSError("a ! command cannot run in the background: its output is the cell's; "
+                          "use subprocess.Popen for a process that outlives the cell")
+        command = self.var_expand(cmd, depth=1)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        process = subprocess.Popen(command, shell=True, executable=_SHELL, stdin=subprocess.DEVNULL,
+                                   stderr=subprocess.STDOUT)
+        try:
+            code = process.wait()
+        except KeyboardInterrupt:
+            # The interrupt reached the command too (it is in the session's
+            # group); as a kernel does, the cell goes on without an error.
+            process.kill()
+            process.wait()
+            print("^C", file=sys.stderr)
+            code = -2
+        self.user_ns["_exit_code"] = code
+        if self.system_raise_on_error and code != 0:
+            raise subprocess.CalledProcessError(code, cmd)
+
+    system = system_piped
+
+    def enable_gui(self, gui: Optional[str] = None) -> None:
+        """``%matplotlib inline`` asks for no GUI (the inline backend draws
+        into the cell); a session has no window for any other."""
+        if gui not in (None, "inline"):
+            raise UsageError(f"a session has no GUI event loop for {gui!r}: use %matplotlib inline")
+
+
+def _running(shell: Any) -> Optional[Outputs]:
+    return getattr(shell, "outputs", None)
+
+
+def _page(_shell: Any, data: Any, start: int = 0, screen_lines: int = 0, pager_cmd: Any = None) -> None:
+    """``?`` and ``??`` help, and whatever else would open a pager: its text,
+    printed (a kernel gives it to its frontend's pager; a session has none)."""
+    text = data.get("text/plain", "") if isinstance(data, dict) else str(data)
+    print(text)
+
+
+def _no_input(prompt: object = "", *args: Any, **kwargs: Any) -> str:
+    raise StdinNotImplementedError("input() cannot be answered here: a session's cells get no input; "
+                                   "give the data in the code or in a file")
+
+
+#: What IPython imports only once a session needs it, imported by the
+#: template with the shell: a session's first cell (its logger), first
+#: traceback (stack_data), first ``%time`` and first ``?`` would each take
+#: 5 to 30 ms more otherwise.
+_FIRST_USE = ("IPython.core.logger", "stack_data", "IPython.core.magics.execution", "IPython.core.magics.namespace")
+
+#: The shell the template built for its spares; None before ``prepare``.
+_warm: Optional[SessionShell] = None
+
+
+def _build() -> SessionShell:
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"  # and so no history thread: a fork copies no thread
+    shell = SessionShell(config=config, user_module=types.ModuleType("__main__"), colors="nocolor")
+    shell.set_hook("show_in_pager", _page)
+    return shell
+
+
+def prepare() -> None:
+    """In the template: build the shell its spares' sessions will take,
+    leaving the process as a plain interpreter would be."""
+    global _warm
+    names = set(builtins.__dict__)
+    main = sys.modules.get("__main__")
+    prompts = {name: getattr(sys, name) for name in ("ps1", "ps2", "ps3") if hasattr(sys, name)}
+    _warm = _build()
+    for name in _FIRST_USE:
+        importlib.import_module(name)
+    for name in set(builtins.__dict__) - names:
+        del builtins.__dict__[name]
+    for name in ("ps1", "ps2", "ps3"):
+        if name in prompts:
+            setattr(sys, name, prompts[name])
+        elif hasattr(sys, name):
+            delattr(sys, name)
+    if main is not None:
+        sys.modules["__main__"] = main
+
+
+def take() -> SessionShell:
+    """The session's shell -- the template's, else one built now -- made
+    this process's IPython: ``get_ipython()``, the ``display`` builtin,
+    the prompts, matplotlib's inline backend, no ``input()``."""
+    shell = _warm if _warm is not None else _build()
+    for cls in SessionShell.mro():
+        if issubclass(cls, InteractiveShell):
+            cls._instance = shell  # type: ignore[assignment]  # what SingletonConfigurable.instance() sets
+    shell.init_builtins()
+    shell.init_prompts()
+    builtins.input = _no_input
+    sys.modules["__main__"] = shell.user_module
+    os.environ.setdefault("MPLBACKEND", INLINE_BACKEND)
+    return shell
