@@ -349,3 +349,32 @@ def test_a_session_of_a_pool_run_by_nobody_speaks_ipython():
             print(r.stdout.strip(), sorted(r.display[0]))
     """), extra=_IPYTHON_PACKAGES)
     assert done.stdout.strip() == "from bash ['text/html', 'text/plain']", done.stderr
+
+
+@pytest.mark.slow
+def test_the_service_s_sessions_and_run_jupyter_speak_ipython():
+    from test_serve import Server
+
+    server = Server("--workers", "1")
+    try:
+        made = server.client.post("/v1/sessions", json={"language": "python", "ipython": False})
+        assert made.status_code == 201 and made.json()["ipython"] is False
+        plain = server.client.post(f"/v1/sessions/{made.json()['id']}/run", json={"code": "%time 1"}).json()
+        assert plain["error"]["ename"] == "SyntaxError"
+        made = server.client.post("/v1/sessions", json={"language": "python"})
+        assert made.status_code == 201 and made.json()["ipython"] is True
+        shell = server.client.post(f"/v1/sessions/{made.json()['id']}/run", json={"code": "!echo hi"}).json()
+        assert (shell["status"], shell["stdout"]) == ("ok", "hi\n")
+        bad = server.client.post("/v1/sessions", json={"language": "python", "ipython": "yes"})
+        assert bad.status_code == 400 and bad.json()["detail"].startswith('"ipython" must be a boolean')
+        answer = server.client.post("/run_jupyter", json={"cells": [
+            "display('first')\nimport matplotlib.pyplot as plt\nfig = plt.figure()\nplt.plot([1])\nfig",
+            "!echo shell", "%who"]}).json()
+        assert answer["status"] == "Success", answer
+        figure, shell_cell, who = answer["cells"]
+        # As a kernel sends them: the display, the value, then the figure the cell left open.
+        assert [sorted(bundle) for bundle in figure["display"]] == [
+            ["text/plain"], ["image/png", "text/plain"], ["image/png", "text/plain"]]
+        assert shell_cell["stdout"] == "shell\n" and who["stdout"] == "fig\t plt\t \n"
+    finally:
+        assert server.stop() == 0

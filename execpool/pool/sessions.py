@@ -184,6 +184,12 @@ class Session:
     # -- the caller's calls ------------------------------------------------------
 
     @property
+    def ipython(self) -> bool:
+        """Whether it speaks IPython: magics, ``!`` commands, ``display``
+        and figures as a Jupyter kernel has them."""
+        return self._start.ipython
+
+    @property
     def alive(self) -> bool:
         """False once the session is closed or gone."""
         with self._lock:
