@@ -26,7 +26,7 @@ import pytest
 from helpers import run_as_nobody
 from jupyter_client.manager import start_new_kernel
 
-from execpool import ExecPool, JobOutput, Status
+from execpool import ExecPool, JobOutput, PythonJob, Status
 
 #: What a kernel colours its tracebacks and help with; a session does not.
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -378,3 +378,13 @@ def test_the_service_s_sessions_and_run_jupyter_speak_ipython():
         assert shell_cell["stdout"] == "shell\n" and who["stdout"] == "fig\t plt\t \n"
     finally:
         assert server.stop() == 0
+
+
+def test_a_warm_job_finds_ipython_imported_and_not_running(pool):
+    """The template built the sessions' shell; a warm job cloned from it
+    is a plain interpreter all the same (a notebook check says no)."""
+    probe = ("import builtins, sys\nprint('IPython' in sys.modules)\nimport IPython\n"
+             "print(hasattr(builtins, '__IPYTHON__'), hasattr(builtins, 'display'), hasattr(sys, 'ps1'), "
+             "IPython.get_ipython(), sys.displayhook is sys.__displayhook__, 'get_ipython' in dir(builtins))")
+    result = pool.run(PythonJob(probe, warm=True))
+    assert result.output == "True\nFalse False False None True False\n", result.text

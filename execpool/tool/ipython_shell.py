@@ -243,6 +243,17 @@ def _rehearse(shell: SessionShell) -> None:
         shell.InteractiveTB.structured_traceback(type(exc), exc, exc.__traceback__)
 
 
+def rehearse() -> None:
+    """In a parked spare (and the template): a silent cell -- not counted,
+    not kept in the history, showing nothing -- through the template's
+    shell, so that the pages a session's first cells write are copied
+    while the spare waits, not on the session's way (its first two cells
+    take half the time). A spare that becomes a plain job has its
+    builtins and ``sys`` as the cell found them."""
+    if _warm is not None:
+        _warm.run_cell("None", store_history=False, silent=True)
+
+
 def take() -> SessionShell:
     """The session's shell -- the template's, else one built now -- made
     this process's IPython: ``get_ipython()``, the ``display`` builtin,

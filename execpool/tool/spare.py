@@ -163,6 +163,11 @@ def rehearse() -> None:
     _fresh_std_streams()
     _new_main(os.devnull)
     compile("", os.devnull, "exec", dont_inherit=True)
+    # A spare may become a session that speaks IPython: its shell's pages
+    # too, where the template built one (without making this module need IPython).
+    ipython = sys.modules.get("execpool.tool.ipython_shell")
+    if ipython is not None:
+        ipython.rehearse()
 
 
 def _reset_handlers() -> None:
