@@ -28,17 +28,21 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import io
 import os
 import subprocess
 import sys
 import types
 from typing import Any, Dict, Optional, Protocol
 
+from IPython.core import interactiveshell
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.error import StdinNotImplementedError, UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
+
+from .python_session import OWN_CODE
 
 #: The shell ``!`` commands run in; POSIX sh where bash is missing.
 _SHELL = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
@@ -111,16 +115,16 @@ class SessionShell(InteractiveShell):
         self.profile_dir = None
 
     def _get_exc_info(self, exc_tuple: Any = None) -> Any:
-        """The exception to show, without the frames of this module it was
-        raised in (``input()``, a ``!`` command put in the background): the
-        cell's code is what went wrong, not execpool's."""
+        """The exception to show, without execpool's frames -- this module's
+        (``input()``, a ``!`` command put in the background), the /mnt/data
+        shim's -- as plain Python's tracebacks leave them out: the cell's
+        code is what went wrong, not execpool's."""
         etype, value, tb = super()._get_exc_info(exc_tuple)
         entries = []
         while tb is not None:
-            entries.append(tb)
+            if not tb.tb_frame.f_code.co_filename.startswith(OWN_CODE):
+                entries.append(tb)
             tb = tb.tb_next
-        while entries and entries[-1].tb_frame.f_code.co_filename == __file__:
-            entries.pop()
         for entry in reversed(entries):
             tb = types.TracebackType(tb, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
         return etype, value, tb
@@ -257,8 +261,12 @@ def rehearse() -> None:
 def take() -> SessionShell:
     """The session's shell -- the template's, else one built now -- made
     this process's IPython: ``get_ipython()``, the ``display`` builtin,
-    the prompts, matplotlib's inline backend, no ``input()``."""
+    the prompts, matplotlib's inline backend, no ``input()``. IPython's
+    ``open`` (which refuses descriptors 0-2) wraps ``io.open`` as the
+    session has it: the /mnt/data shim's, which the session imported after
+    the template had imported IPython."""
     shell = _warm if _warm is not None else _build()
+    interactiveshell.io_open = io.open
     for cls in SessionShell.mro():
         if issubclass(cls, InteractiveShell):
             cls._instance = shell  # type: ignore[assignment]  # what SingletonConfigurable.instance() sets

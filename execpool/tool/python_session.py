@@ -381,8 +381,10 @@ class Runtime:
 
 
 #: execpool's own code -- this runtime, the tool layer's /mnt/data shim --
-#: whose frames a cell's traceback leaves out.
-_OWN_CODE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+#: whose frames a cell's traceback leaves out: the package's directory
+#: (not the one holding it, site-packages, whose libraries' frames are the
+#: cell's to see).
+OWN_CODE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _error(exc: BaseException) -> Dict[str, Any]:
@@ -399,7 +401,7 @@ def _error(exc: BaseException) -> Dict[str, Any]:
             continue
         seen.add(id(part))
         part.stack = traceback.StackSummary.from_list(
-            [frame for frame in part.stack if not (frame.filename or "").startswith(_OWN_CODE)])
+            [frame for frame in part.stack if not (frame.filename or "").startswith(OWN_CODE)])
         pending += [part.__cause__, part.__context__]
     lines = [line for chunk in report.format() for line in chunk.splitlines()]
     return {"ename": type(exc).__name__, "evalue": str(exc), "traceback": lines}
