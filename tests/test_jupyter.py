@@ -388,3 +388,14 @@ def test_a_warm_job_finds_ipython_imported_and_not_running(pool):
              "IPython.get_ipython(), sys.displayhook is sys.__displayhook__, 'get_ipython' in dir(builtins))")
     result = pool.run(PythonJob(probe, warm=True))
     assert result.output == "True\nFalse False False None True False\n", result.text
+
+
+def test_a_fork_copies_the_shell_and_its_history(pool):
+    with pool.session("python", ipython=True) as parent:
+        parent.run("x = 41\nx + 1")
+        with parent.fork() as child:
+            result = child.run("!echo copy\nOut[1], In[1], _")
+            assert (result.stdout, result.value) == ("copy\n", "(42, 'x = 41\\nx + 1', 42)")
+            assert result.execution_count == 2
+            child.run("x = 0")
+        assert parent.run("x").value == "41"
