@@ -135,6 +135,8 @@ CORPUS: List[Cell] = [
     Cell("input('name? ')", evalue=False),
     # interrupts: the cell stops, the state stays
     Cell("import time\nprint('started', flush=True)\ntime.sleep(60)", interrupt_after="started"),
+    Cell("!echo started; sleep 60", interrupt_after="started"),
+    Cell("_exit_code"),
     Cell("x"),
 ]
 

@@ -155,7 +155,7 @@ class SessionShell(InteractiveShell):
             # group); as a kernel does, the cell goes on without an error.
             process.kill()
             process.wait()
-            print("^C", file=sys.stderr)
+            print("^C")  # where a kernel's terminal echoes it
             code = -2
         self.user_ns["_exit_code"] = code
         if self.system_raise_on_error and code != 0:
