@@ -314,6 +314,14 @@ def test_a_traceback_shows_the_cells_frames_and_none_of_execpool(pool):
         assert "Cell In[1], line 2, in inner" in "\n".join(session.run("inner()").error["traceback"])
 
 
+def test_exit_leaves_the_session_and_its_state(pool):
+    with pool.session("python", ipython=True) as session:
+        session.run("x = 1")
+        for code in ("exit()", "quit()", "exit"):
+            assert session.run(code).status is Status.OK, code
+        assert session.run("x").value == "1"
+
+
 def test_ipython_false_is_plain_python(pool):
     with pool.session("python", ipython=False) as session:
         assert session.run("%time 1").error["ename"] == "SyntaxError"

@@ -163,6 +163,11 @@ class SessionShell(InteractiveShell):
 
     system = system_piped
 
+    def ask_exit(self) -> None:
+        """``exit()`` and ``quit()``: nothing. A session ends when its
+        owner closes it; a model ending its code with ``exit()`` keeps its
+        state, as in a notebook whose kernel stays up."""
+
     def enable_gui(self, gui: Optional[str] = None) -> None:
         """``%matplotlib inline`` asks for no GUI (the inline backend draws
         into the cell); a session has no window for any other."""
