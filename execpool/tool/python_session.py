@@ -80,10 +80,10 @@ def _on_sigint(_signum: int, _frame: object) -> None:
 def bundle(obj: Any) -> Dict[str, Any]:
     """An object's MIME bundle, as Jupyter's display would make it: its
     repr, and each richer type it offers (a method that raises, or answers
-    None, offers nothing)."""
+    None, offers nothing), as the reply carries them (``_sendable``)."""
     data: Dict[str, Any] = {"text/plain": _plain(obj)}
     figure = _figure_png(obj)
-    if figure is not None and len(figure) <= MAX_MIME_CHARS:
+    if figure is not None:
         data["image/png"] = figure
     for mime, name in _REPR_METHODS:
         method = getattr(type(obj), name, None)
@@ -95,21 +95,9 @@ def bundle(obj: Any) -> Dict[str, Any]:
             continue
         if isinstance(value, tuple):  # (data, metadata)
             value = value[0]
-        if value is None:
-            continue
-        if mime in _BINARY and isinstance(value, bytes):
-            value = base64.b64encode(value).decode("ascii")
-        elif mime == "application/json":
-            try:
-                json.dumps(value)
-            except (TypeError, ValueError):
-                continue
-        elif not isinstance(value, str):
-            continue
-        if isinstance(value, str) and len(value) > MAX_MIME_CHARS:
-            continue  # too big to send whole: its text/plain stands for it
-        data[mime] = value
-    return data
+        if isinstance(value, (str, bytes)) or (mime == "application/json" and value is not None):
+            data[mime] = value
+    return _sendable(data)
 
 
 def _cpu() -> tuple:
@@ -187,8 +175,8 @@ class _Cell:
         self.error: Optional[Dict[str, Any]] = None
 
     def show(self, *objs: Any) -> None:
-        for obj in objs:
-            self.publish(bundle(obj), None, False)
+        """Plain Python's ``display()`` and figures."""
+        self.display += map(bundle, objs)
 
     # -- execpool.tool.ipython_shell.Outputs: what a kernel would send -------------------
 
@@ -226,7 +214,7 @@ class _Cell:
 
     def reply(self) -> bytes:
         if self.has_value:
-            self.data = _sendable(bundle(self.obj))
+            self.data = bundle(self.obj)
         data = self.data
         user, system = (round(now - then, 6) for now, then in zip(_cpu(), self.usage, strict=True))
         cost = {"cpu_user_s": max(0.0, user), "cpu_system_s": max(0.0, system),

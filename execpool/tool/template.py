@@ -74,7 +74,7 @@ def main(argv: list) -> NoReturn:
             importlib.import_module("execpool.tool.ipython_shell").prepare()
         except Exception:  # noqa: BLE001 - no IPython, or a broken one: sessions say so when asked for it
             pass
-        spare.rehearse()
+        spare.rehearse(shell=True)
         decode_job(encode_job("", {}, Setup("/", UNLIMITED)))
         sandbox.prepare()
         gc.collect()
