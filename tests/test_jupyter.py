@@ -322,6 +322,13 @@ def test_exit_leaves_the_session_and_its_state(pool):
         assert session.run("x").value == "1"
 
 
+@pytest.mark.slow
+def test_figures_are_inline_when_the_pool_preloads_matplotlib():
+    with ExecPool(workers=1, preload=["matplotlib.pyplot"]) as preloaded, preloaded.session("python") as session:
+        result = session.run("import matplotlib.pyplot as plt\nplt.plot([1, 2]);", timeout=120)
+    assert [sorted(bundle) for bundle in result.display] == [["image/png", "text/plain"]], result.text
+
+
 def test_ipython_false_is_plain_python(pool):
     with pool.session("python", ipython=False) as session:
         assert session.run("%time 1").error["ename"] == "SyntaxError"

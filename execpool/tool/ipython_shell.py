@@ -279,5 +279,7 @@ def take() -> SessionShell:
     shell.init_prompts()
     builtins.input = _no_input
     sys.modules["__main__"] = shell.user_module
-    os.environ.setdefault("MPLBACKEND", INLINE_BACKEND)
+    if os.environ.setdefault("MPLBACKEND", INLINE_BACKEND) == INLINE_BACKEND and "matplotlib" in sys.modules:
+        # The pool preloaded matplotlib: it read its backend in the template.
+        shell.enable_matplotlib("inline")
     return shell
