@@ -36,7 +36,8 @@ sandbox:
   for an RCU grace period; and in the strict sandbox, where each copy also
   gets namespaces and directories of its own (a family makes FAMILY_FORKS
   forks, so a new parent every so many). Target: 100 MB forked in at most
-  5 ms. The sessions forked speak IPython where they can.
+  5 ms. The sessions forked speak IPython where they can; the first
+  column pair again with plain Python (``ipython=False``).
 
 Where ipykernel or jupyter_client is missing (CI installs no bench
 extra), the kernel's side is left out and ``skipped`` says why.
@@ -130,14 +131,14 @@ def sessions(args: argparse.Namespace, ipython: bool) -> dict:
             "idle_mib": C.mib(idle)}
 
 
-def forks(args: argparse.Namespace, cgroups: bool, sandbox: bool = False) -> dict:
+def forks(args: argparse.Namespace, cgroups: bool, sandbox: bool = False, ipython: bool | None = None) -> dict:
     figures = {}
     with ExecPool(workers=1, cgroups=cgroups) as pool:
         for megabytes in args.fork_mb:
             calls: list = []
             firsts: list = []
             while len(calls) < args.forks:  # a sandboxed family makes FAMILY_FORKS forks: then a new parent
-                with pool.session("python", sandbox="strict" if sandbox else False) as parent:
+                with pool.session("python", sandbox="strict" if sandbox else False, ipython=ipython) as parent:
                     _checked(parent.run(f"held = bytearray({megabytes} << 20)\n"
                                         f"held[::4096] = b'x' * len(held[::4096])"))
                     for _ in range(min(args.forks - len(calls), FAMILY_FORKS if sandbox else args.forks)):
@@ -247,7 +248,8 @@ def main(argv: list[str] | None = None) -> None:
     plain = sessions(args, ipython=False)
     no_ipython = None if importlib.util.find_spec("IPython") else "no IPython: pip install 'execpool[jupyter]'"
     ours = plain if no_ipython else sessions(args, ipython=True)
-    forked = {"cgroup": forks(args, True), "no_cgroup": forks(args, False), "strict": forks(args, True, True)}
+    forked = {"cgroup": forks(args, True), "no_cgroup": forks(args, False), "strict": forks(args, True, True),
+              "cgroup_plain": forks(args, True, ipython=False)}
     missing = kernel_missing()
     theirs = None if missing else kernels(args)
     C.print_table(f"Python sessions ({args.sandbox} sandbox) against an ipykernel kernel",
@@ -265,8 +267,10 @@ def main(argv: list[str] | None = None) -> None:
     print()
     C.print_table("Forks of a Python session, median ms",
                   ["held", "fork(), cgroup", "fork() + cell, cgroup", "fork(), no cgroup", "fork() + cell, no cgroup",
-                   "fork(), strict sandbox", "fork() + cell, strict sandbox"],
-                  [[f"{mb} MB", *(forked[kind][f"{mb}mb_{what}_ms"] for kind in ("cgroup", "no_cgroup", "strict")
+                   "fork(), strict sandbox", "fork() + cell, strict sandbox", "fork(), cgroup, plain Python",
+                   "fork() + cell, cgroup, plain Python"],
+                  [[f"{mb} MB", *(forked[kind][f"{mb}mb_{what}_ms"]
+                                  for kind in ("cgroup", "no_cgroup", "strict", "cgroup_plain")
                                   for what in ("fork", "fork_and_cell"))]
                    for mb in args.fork_mb])
     targets = {"start <= 10 ms": C.target(ours["start_ms"], 10, "<=", "ms"),
