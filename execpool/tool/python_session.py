@@ -6,12 +6,15 @@ session's tool (execpool/tool/spare.py), sandboxed, limited and
 watched like any job's. The warm template imports this module (and the
 standard library modules it needs) once, so a session starts with it
 loaded; it imports nothing else of execpool's but, for a fork, its
-fork's (execpool/tool/session_fork.py). Its stdin
+fork's (execpool/tool/session_fork.py), and, for a session that speaks
+IPython, the shell the template built (execpool/tool/ipython_shell.py),
+which then runs each cell as a kernel's does: its displays, value and
+error come here (``_Cell``, IPython's ``Outputs``). Its stdin
 is the session's socket (execpool/worker/sessions/link.py); it moves that
 off fd 0 (a cell's ``input()`` reads an empty stdin) to a descriptor that no
 program the cell starts inherits.
 
-A cell runs as Jupyter runs one: its statements in the session's
+In plain Python, a cell runs as Jupyter runs one: its statements in the session's
 ``__main__``, the last one's value, when it is an expression, kept as the
 cell's value -- its ``text/plain`` and the richer types the object offers
 (``_repr_html_`` and the rest, a matplotlib figure's PNG) -- and in ``_``;
@@ -25,8 +28,9 @@ cell; between cells it is ignored.
 A cell comes as its number, a newline and its source; the runtime says
 the number and ``!`` once SIGINT would interrupt it, and its reply, after
 the cell's output is flushed, is the number, a colon, one JSON object --
-``{"value", "data", "display", "error", "execution_count", "cost"}`` -- and
-a NUL. A fork comes as its number, ``*`` and a JSON spec, with the
+``{"value", "data", "value_at", "display", "error", "execution_count",
+"cost"}`` -- and a NUL (``value_at``: how many displays came before the
+value). A fork comes as its number, ``*`` and a JSON spec, with the
 copy's descriptors; the reply is the fork's (execpool/tool/session_fork.py),
 after, for a sandboxed session, the number, ``+`` and the copy's pid: the
 copy waits for its trees.
