@@ -54,6 +54,9 @@ class Cell:
     evalue: bool = True
     #: Interrupt it once it printed this.
     interrupt_after: Optional[str] = None
+    #: SandboxFusion's kernel driver lists what a notebook shows (it does
+    #: not where a cell updates or clears a display or opens the pager).
+    sandbox_fusion: bool = True
 
 
 def _timings(text: str) -> str:
@@ -96,9 +99,9 @@ CORPUS: List[Cell] = [
     Cell("!ls /no-such-directory"),
     Cell("!sleep 1 &", evalue=False),
     # help
-    Cell("?len", normalize=_no_file_lines),
+    Cell("?len", normalize=_no_file_lines, sandbox_fusion=False),
     Cell("def double(n):\n    'Twice n.'\n    return 2 * n"),
-    Cell("double?", normalize=_no_file_lines),
+    Cell("double?", normalize=_no_file_lines, sandbox_fusion=False),
     # displays
     Cell("from IPython.display import HTML, JSON, SVG, Image, Latex, Markdown, clear_output, display, "
          "update_display\ndisplay(HTML('<b>bold</b>'))"),
@@ -111,10 +114,11 @@ CORPUS: List[Cell] = [
          "    def _repr_markdown_(self):\n        return '**rich**'\nRich()"),
     Cell("class Bundle:\n    def _repr_mimebundle_(self, include=None, exclude=None):\n"
          "        return {'text/plain': 'bundle', 'application/vnd.custom+json': {'k': 1}}\nBundle()"),
-    Cell("display('first', display_id='counter')\nupdate_display('second', display_id='counter')"),
-    Cell("handle = display('a', display_id=True)\nhandle.update('b')"),
-    Cell("print('before')\ndisplay('gone')\nclear_output()\ndisplay('kept')"),
-    Cell("for i in range(3):\n    clear_output(wait=True)\n    display(i)"),
+    Cell("display('first', display_id='counter')\nupdate_display('second', display_id='counter')",
+         sandbox_fusion=False),
+    Cell("handle = display('a', display_id=True)\nhandle.update('b')", sandbox_fusion=False),
+    Cell("print('before')\ndisplay('gone')\nclear_output()\ndisplay('kept')", sandbox_fusion=False),
+    Cell("for i in range(3):\n    clear_output(wait=True)\n    display(i)", sandbox_fusion=False),
     Cell("import pandas as pd\ndf = pd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})\ndf"),
     # figures
     Cell("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2]);"),
@@ -159,7 +163,11 @@ class Kernel:
     def __init__(self, cwd: str) -> None:
         self.manager, self.client = start_new_kernel(kernel_name="python3", cwd=cwd)
 
-    def run(self, cell: Cell) -> Seen:
+    def run(self, cell: Cell, notebook: bool = True) -> Seen:
+        """The cell's outputs as a notebook shows them (updates and clears
+        applied, help from the pager), or, not ``notebook``, as
+        SandboxFusion's kernel driver lists them (every display, in order,
+        and nothing else)."""
         seen = Seen(outputs=[])
         by_id: Dict[str, List[int]] = {}
         clear_pending = False
@@ -187,10 +195,10 @@ class Kernel:
                 if display_id:
                     by_id.setdefault(display_id, []).append(len(seen.outputs))
                 seen.outputs.append(content["data"])
-            elif kind == "update_display_data":
+            elif kind == "update_display_data" and notebook:
                 for index in by_id.get(content["transient"]["display_id"], ()):
                     seen.outputs[index] = content["data"]
-            elif kind == "clear_output":
+            elif kind == "clear_output" and notebook:
                 clear_pending = True
                 if not content["wait"]:
                     clear_if_pending()
@@ -198,7 +206,7 @@ class Kernel:
                 seen.ename, seen.evalue = content["ename"], content["evalue"]
 
         reply = self.client.execute_interactive(cell.code, output_hook=hook, allow_stdin=False, timeout=120)
-        for payload in reply["content"].get("payload", ()):
+        for payload in reply["content"].get("payload", ()) if notebook else ():
             if payload.get("source") == "page":  # a frontend's pager; a session prints it
                 seen.stdout += payload["data"]["text/plain"] + "\n"
         return seen
@@ -269,6 +277,32 @@ def test_the_corpus_gives_what_a_jupyter_kernel_gives():
                 for cell in CORPUS:
                     ours, theirs = _session_run(session, cell), kernel.run(cell)
                     assert _comparable(ours, cell) == _comparable(theirs, cell), cell.code
+        finally:
+            kernel.close()
+
+
+@pytest.mark.slow
+def test_run_jupyter_gives_what_sandbox_fusion_s_kernel_driver_gives():
+    """The corpus's cells (but those it does not list as a notebook does, and
+    the interrupts, which a request cannot make) in one ``/run_jupyter``
+    request, against a kernel read as SandboxFusion's driver reads it."""
+    from test_serve import Server
+
+    cells = [cell for cell in CORPUS if cell.sandbox_fusion and cell.interrupt_after is None]
+    server = Server("--workers", "1")
+    try:
+        answer = server.client.post("/run_jupyter", json={"cells": [cell.code for cell in cells],
+                                                          "total_timeout": 300}).json()
+    finally:
+        assert server.stop() == 0
+    assert answer["status"] == "Success" and len(answer["cells"]) == len(cells), answer
+    with tempfile.TemporaryDirectory() as kernel_dir:
+        kernel = Kernel(kernel_dir)
+        try:
+            for cell, ours in zip(cells, answer["cells"], strict=True):
+                error = ours["error"][0] if ours["error"] else {}
+                seen = Seen(ours["stdout"], ours["stderr"], ours["display"], error.get("ename"), error.get("evalue"))
+                assert _comparable(seen, cell) == _comparable(kernel.run(cell, notebook=False), cell), cell.code
         finally:
             kernel.close()
 
