@@ -42,7 +42,7 @@ from IPython.core.error import StdinNotImplementedError, UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from .python_session import OWN_CODE
+from . import OWN_CODE
 
 #: The shell ``!`` commands run in; POSIX sh where bash is missing.
 _SHELL = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"

@@ -55,6 +55,8 @@ import traceback
 import types
 from typing import Any, Dict, List, Optional
 
+from . import OWN_CODE
+
 #: The richer representations an object may offer, Jupyter's names.
 _REPR_METHODS = (("text/html", "_repr_html_"), ("text/markdown", "_repr_markdown_"),
                  ("image/svg+xml", "_repr_svg_"), ("image/png", "_repr_png_"), ("image/jpeg", "_repr_jpeg_"),
@@ -370,13 +372,6 @@ class Runtime:
             if not (cell.has_value and cell.obj is figure):
                 cell.show(figure)
         pyplot.close("all")
-
-
-#: execpool's own code -- this runtime, the tool layer's /mnt/data shim --
-#: whose frames a cell's traceback leaves out: the package's directory
-#: (not the one holding it, site-packages, whose libraries' frames are the
-#: cell's to see).
-OWN_CODE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _error(exc: BaseException) -> Dict[str, Any]:
