@@ -138,8 +138,9 @@ CORPUS: List[Cell] = [
     # input() gets no answer in either
     Cell("input('name? ')", evalue=False),
     # interrupts: the cell stops, the state stays
-    Cell("import time\nprint('started', flush=True)\ntime.sleep(60)", interrupt_after="started"),
-    Cell("!echo started; sleep 60", interrupt_after="started"),
+    # (once the whole line came: print writes its end apart, and the interrupt would cut it off)
+    Cell("import time\nprint('started', flush=True)\ntime.sleep(60)", interrupt_after="started\n"),
+    Cell("!echo started; sleep 60", interrupt_after="started\n"),
     Cell("_exit_code"),
     Cell("x"),
 ]
@@ -185,7 +186,7 @@ class Kernel:
             kind, content = msg["header"]["msg_type"], msg["content"]
             if kind == "stream":
                 setattr(seen, content["name"], getattr(seen, content["name"]) + content["text"])
-                if cell.interrupt_after and cell.interrupt_after in seen.stdout:
+                if cell.interrupt_after and cell.interrupt_after in seen.stdout.replace("\r\n", "\n"):  # a pty's
                     # What interrupt_kernel() does, without its own event loop
                     # (a second one, in a thread, while this hook runs in the first).
                     os.kill(self.manager.provisioner.process.pid, signal.SIGINT)

@@ -30,8 +30,10 @@ import builtins
 import importlib
 import io
 import os
+import signal
 import subprocess
 import sys
+import threading
 import types
 from typing import Any, Dict, Optional, Protocol
 
@@ -146,15 +148,16 @@ class SessionShell(InteractiveShell):
         command = self.var_expand(cmd, depth=1)
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        process = subprocess.Popen(command, shell=True, executable=_SHELL, stdin=subprocess.DEVNULL,
-                                   stderr=subprocess.STDOUT)
+        process: Optional[subprocess.Popen] = None
         try:
+            process = _started(command)
             code = process.wait()
         except KeyboardInterrupt:
             # The interrupt reached the command too (it is in the session's
             # group); as a kernel does, the cell goes on without an error.
-            process.kill()
-            process.wait()
+            if process is not None:
+                process.kill()
+                process.wait()
             print("^C")  # where a kernel's terminal echoes it
             code = -2
         self.user_ns["_exit_code"] = code
@@ -173,6 +176,27 @@ class SessionShell(InteractiveShell):
         into the cell); a session has no window for any other."""
         if gui not in (None, "inline"):
             raise UsageError(f"a session has no GUI event loop for {gui!r}: use %matplotlib inline")
+
+
+def _started(command: str) -> subprocess.Popen:
+    """``command`` started; an interrupt that comes while it starts (its
+    first output can reach the caller before Popen returns) is raised once
+    it has, so that the caller holds the process it must stop."""
+    if threading.current_thread() is not threading.main_thread():
+        return subprocess.Popen(command, shell=True, executable=_SHELL, stdin=subprocess.DEVNULL,
+                                stderr=subprocess.STDOUT)
+    interrupted = []
+    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: interrupted.append(True))
+    try:
+        process = subprocess.Popen(command, shell=True, executable=_SHELL, stdin=subprocess.DEVNULL,
+                                   stderr=subprocess.STDOUT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted:
+        process.kill()
+        process.wait()
+        raise KeyboardInterrupt
+    return process
 
 
 def _running(shell: Any) -> Optional[Outputs]:
