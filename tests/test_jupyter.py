@@ -417,6 +417,8 @@ def test_the_service_s_sessions_and_run_jupyter_speak_ipython():
         assert made.status_code == 201 and made.json()["ipython"] is True
         shell = server.client.post(f"/v1/sessions/{made.json()['id']}/run", json={"code": "!echo hi"}).json()
         assert (shell["status"], shell["stdout"]) == ("ok", "hi\n")
+        bash = server.client.post("/v1/sessions", json={"language": "bash", "ipython": True})
+        assert bash.status_code == 400 and bash.json()["detail"].startswith('"ipython": true is for a Python')
         bad = server.client.post("/v1/sessions", json={"language": "python", "ipython": "yes"})
         assert bad.status_code == 400 and bad.json()["detail"].startswith('"ipython" must be a boolean')
         answer = server.client.post("/run_jupyter", json={"cells": [

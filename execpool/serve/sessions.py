@@ -152,6 +152,8 @@ class ServiceSessions:
         session.add_done_callback(lambda ended: _on_loop(loop, self._ended, ended))
 
     async def _open_one(self, values: Dict[str, Any], language: str) -> Session:
+        if values.get("ipython") and language != "python":
+            raise BadField('"ipython": true is for a Python session; a bash session speaks bash')
         try:
             session = await asyncio.to_thread(
                 self.jobs.pool.session, language, limits=values.get("memory_limit_MB") or self.defaults.limits,
