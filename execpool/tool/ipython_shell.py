@@ -244,17 +244,20 @@ def prepare() -> None:
     names = set(builtins.__dict__)
     main = sys.modules.get("__main__")
     prompts = {name: getattr(sys, name) for name in ("ps1", "ps2", "ps3") if hasattr(sys, name)}
-    _warm = _build()
-    _rehearse(_warm)
-    for name in set(builtins.__dict__) - names:
-        _builtins[name] = builtins.__dict__.pop(name)
-    for name in ("ps1", "ps2", "ps3"):
-        if name in prompts:
-            setattr(sys, name, prompts[name])
-        elif hasattr(sys, name):
-            delattr(sys, name)
-    if main is not None:
-        sys.modules["__main__"] = main
+    try:
+        shell = _build()
+        _rehearse(shell)
+    finally:  # a shell that failed to build leaves no more trace than one that did
+        for name in set(builtins.__dict__) - names:
+            _builtins[name] = builtins.__dict__.pop(name)
+        for name in ("ps1", "ps2", "ps3"):
+            if name in prompts:
+                setattr(sys, name, prompts[name])
+            elif hasattr(sys, name):
+                delattr(sys, name)
+        if main is not None:
+            sys.modules["__main__"] = main
+    _warm = shell
 
 
 def _rehearse(shell: SessionShell) -> None:
