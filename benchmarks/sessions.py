@@ -7,15 +7,22 @@ Run from the repository root (the kernel side needs ``pip install
     python benchmarks/sessions.py --sandbox off --sessions 50
 
 Measured, execpool's Python session (``pool.session("python")``, the strict
-sandbox unless told otherwise) and an ``ipykernel`` kernel driven by
-``jupyter_client`` -- what SandboxFusion's ``/run_jupyter`` and E2B's code
-interpreter start for each request or sandbox:
+sandbox unless told otherwise) -- speaking IPython (``ipython=True``, where
+the pool's Python has it) and plain Python (``ipython=False``) -- and an
+``ipykernel`` kernel driven by ``jupyter_client`` -- what SandboxFusion's
+``/run_jupyter`` and E2B's code interpreter start for each request or
+sandbox:
 
 - **start**: from asking for a session (a kernel) to the answer of its
   first cell, ``None``; the median of ``--starts`` starts, one after
-  another. Target: the session's at most 1/20 of the kernel's.
+  another. Target: the session's at most 1/20 of the kernel's, and 10 ms
+  whether it speaks IPython or not.
 - **small cell**: the round trip of ``x = 1`` in a live session (kernel);
   the median of ``--cells``. Target: at most 1/3 of the kernel's.
+- **figure cell**: the round trip of a cell that draws a line and leaves
+  its figure open (``plt.plot([1, 3, 2]);``), which IPython's inline
+  backend, the kernel's, and plain Python's own each show as a PNG; the
+  median of ``--figures``.
 - **idle memory**: ``--sessions`` sessions open at once, each having run
   one cell; what they add to the machine (the unique set size of every
   process below this one, before and after, divided by their number),
@@ -29,7 +36,8 @@ interpreter start for each request or sandbox:
   for an RCU grace period; and in the strict sandbox, where each copy also
   gets namespaces and directories of its own (a family makes FAMILY_FORKS
   forks, so a new parent every so many). Target: 100 MB forked in at most
-  5 ms.
+  5 ms. The sessions forked speak IPython where they can; the first
+  column pair again with plain Python (``ipython=False``).
 
 Where ipykernel or jupyter_client is missing (CI installs no bench
 extra), the kernel's side is left out and ``skipped`` says why.
@@ -73,27 +81,44 @@ def _checked(result, want=None):
     return result
 
 
-def sessions(args: argparse.Namespace) -> dict:
+#: A cell that leaves a figure open: each side shows it at the cell's end.
+FIGURE_CELL = "plt.plot([1, 3, 2]);"
+
+
+def _timed(run, code: str, times: int) -> list:
+    spent = []
+    for _ in range(times):
+        began = time.perf_counter()
+        run(code)
+        spent.append(time.perf_counter() - began)
+    return spent
+
+
+def _shows_a_figure(result):
+    _checked(result)
+    if not any("image/png" in bundle for bundle in result.shown):
+        raise AssertionError(f"no figure shown: {result}")
+
+
+def sessions(args: argparse.Namespace, ipython: bool) -> dict:
     sandbox = None if args.sandbox == "off" else "strict"
     with ExecPool(workers=args.workers, sandbox=sandbox) as pool:
-        with pool.session("python") as warmup:  # the worker's template and spares exist from here on
+        with pool.session("python", ipython=ipython) as warmup:  # the worker's template and spares exist from here on
             _checked(warmup.run("None"))
         starts = []
         for _ in range(args.starts):
             began = time.perf_counter()
-            session = pool.session("python")
+            session = pool.session("python", ipython=ipython)
             _checked(session.run("None"))
             starts.append(time.perf_counter() - began)
             session.close()
-        with pool.session("python") as session:
+        with pool.session("python", ipython=ipython) as session:
             _checked(session.run("x = 1"))
-            cells = []
-            for _ in range(args.cells):
-                began = time.perf_counter()
-                _checked(session.run("x = 1"))
-                cells.append(time.perf_counter() - began)
+            cells = _timed(lambda code: _checked(session.run(code)), "x = 1", args.cells)
+            _checked(session.run("import matplotlib.pyplot as plt", timeout=120))
+            figures = _timed(lambda code: _shows_a_figure(session.run(code)), FIGURE_CELL, args.figures)
         before = _descendants_uss()
-        opened = [pool.session("python") for _ in range(args.sessions)]
+        opened = [pool.session("python", ipython=ipython) for _ in range(args.sessions)]
         try:
             for n, session in enumerate(opened):
                 _checked(session.run(f"x = {n}\nx"), str(n))
@@ -102,17 +127,18 @@ def sessions(args: argparse.Namespace) -> dict:
             for session in opened:
                 session.close()
     return {"start_ms": C.ms(statistics.median(starts)), "cell_ms": C.ms(statistics.median(cells)),
-            "cell_p90_ms": C.ms(C.quantile(cells, 0.9)), "idle_mib": C.mib(idle)}
+            "cell_p90_ms": C.ms(C.quantile(cells, 0.9)), "figure_ms": C.ms(statistics.median(figures)),
+            "idle_mib": C.mib(idle)}
 
 
-def forks(args: argparse.Namespace, cgroups: bool, sandbox: bool = False) -> dict:
+def forks(args: argparse.Namespace, cgroups: bool, sandbox: bool = False, ipython: bool | None = None) -> dict:
     figures = {}
     with ExecPool(workers=1, cgroups=cgroups) as pool:
         for megabytes in args.fork_mb:
             calls: list = []
             firsts: list = []
             while len(calls) < args.forks:  # a sandboxed family makes FAMILY_FORKS forks: then a new parent
-                with pool.session("python", sandbox="strict" if sandbox else False) as parent:
+                with pool.session("python", sandbox="strict" if sandbox else False, ipython=ipython) as parent:
                     _checked(parent.run(f"held = bytearray({megabytes} << 20)\n"
                                         f"held[::4096] = b'x' * len(held[::4096])"))
                     for _ in range(min(args.forks - len(calls), FAMILY_FORKS if sandbox else args.forks)):
@@ -144,10 +170,22 @@ class _Kernel:
             self.close()
             raise
 
-    def run(self, code: str) -> None:
-        reply = self.client.execute_interactive(code, timeout=60, output_hook=lambda msg: None)
+    def run(self, code: str) -> list:
+        """The kernel's rich outputs for ``code`` (its MIME bundles)."""
+        shown: list = []
+
+        def hook(msg: dict) -> None:
+            if msg["header"]["msg_type"] in ("display_data", "execute_result"):
+                shown.append(msg["content"]["data"])
+
+        reply = self.client.execute_interactive(code, timeout=60, output_hook=hook)
         if reply["content"]["status"] != "ok":
             raise AssertionError(f"the kernel failed: {reply['content']}")
+        return shown
+
+    def show_a_figure(self, code: str) -> None:
+        if not any("image/png" in bundle for bundle in self.run(code)):
+            raise AssertionError("the kernel showed no figure")
 
     def uss(self) -> int:
         kernel = psutil.Process(self.manager.provisioner.process.pid)
@@ -177,20 +215,19 @@ def kernels(args: argparse.Namespace) -> dict:
     kernel = _Kernel()
     try:
         kernel.run("x = 1")
-        cells = []
-        for _ in range(args.cells):
-            began = time.perf_counter()
-            kernel.run("x = 1")
-            cells.append(time.perf_counter() - began)
+        cells = _timed(kernel.run, "x = 1", args.cells)
         idle = kernel.uss()
+        kernel.run("import matplotlib.pyplot as plt")
+        figures = _timed(kernel.show_a_figure, FIGURE_CELL, args.figures)
     finally:
         kernel.close()
     return {"start_ms": C.ms(statistics.median(starts)), "cell_ms": C.ms(statistics.median(cells)),
-            "cell_p90_ms": C.ms(C.quantile(cells, 0.9)), "idle_mib": C.mib(idle)}
+            "cell_p90_ms": C.ms(C.quantile(cells, 0.9)), "figure_ms": C.ms(statistics.median(figures)),
+            "idle_mib": C.mib(idle)}
 
 
-def _ratio(theirs: dict | None, ours: dict, key: str) -> float | str:
-    return round(theirs[key] / ours[key], 1) if theirs is not None and ours[key] > 0 else ""
+def _ratio(theirs: dict | None, ours: dict | None, key: str) -> float | str:
+    return round(theirs[key] / ours[key], 1) if theirs is not None and ours is not None and ours[key] > 0 else ""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -200,42 +237,53 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--starts", type=int, default=50)
     parser.add_argument("--kernel-starts", type=int, default=5)
     parser.add_argument("--cells", type=int, default=300)
+    parser.add_argument("--figures", type=int, default=20)
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--forks", type=int, default=20)
     parser.add_argument("--fork-mb", type=C.positive_ints, default=[1, 100, 1000],
                         help="what the forked sessions hold, comma-separated MB (default 1,100,1000)")
-    args = C.parse_args(parser, argv, smoke={"starts": 2, "kernel_starts": 1, "cells": 3, "sessions": 2,
-                                             "forks": 1, "fork_mb": [1]})
+    args = C.parse_args(parser, argv, smoke={"starts": 2, "kernel_starts": 1, "cells": 3, "figures": 1,
+                                             "sessions": 2, "forks": 1, "fork_mb": [1]})
     load = C.load()
-    ours = sessions(args)
-    forked = {"cgroup": forks(args, True), "no_cgroup": forks(args, False), "strict": forks(args, True, True)}
+    plain = sessions(args, ipython=False)
+    no_ipython = None if importlib.util.find_spec("IPython") else "no IPython: pip install 'execpool[jupyter]'"
+    ours = plain if no_ipython else sessions(args, ipython=True)
+    forked = {"cgroup": forks(args, True), "no_cgroup": forks(args, False), "strict": forks(args, True, True),
+              "cgroup_plain": forks(args, True, ipython=False)}
     missing = kernel_missing()
     theirs = None if missing else kernels(args)
     C.print_table(f"Python sessions ({args.sandbox} sandbox) against an ipykernel kernel",
-                  ["", "execpool session", "Jupyter kernel", "ratio"],
-                  [[label, ours[key], theirs[key] if theirs else None, _ratio(theirs, ours, key) if ratio else ""]
+                  ["", "session, plain Python", "session, IPython", "Jupyter kernel", "kernel / IPython session"],
+                  [[label, plain[key], None if no_ipython else ours[key], theirs[key] if theirs else None,
+                    _ratio(theirs, None if no_ipython else ours, key) if ratio else ""]
                    for label, key, ratio in (("start, median ms", "start_ms", True),
                                              ("small cell, median ms", "cell_ms", True),
                                              ("small cell, p90 ms", "cell_p90_ms", False),
+                                             ("figure cell, median ms", "figure_ms", True),
                                              ("idle memory, MiB each", "idle_mib", True))])
-    if missing:
-        print(f"  note: no kernel side: {missing}")
-        print()
+    for side, why in (("no IPython session", no_ipython), ("no kernel side", missing)):
+        if why:
+            print(f"  note: {side}: {why}")
+    print()
     C.print_table("Forks of a Python session, median ms",
                   ["held", "fork(), cgroup", "fork() + cell, cgroup", "fork(), no cgroup", "fork() + cell, no cgroup",
-                   "fork(), strict sandbox", "fork() + cell, strict sandbox"],
-                  [[f"{mb} MB", *(forked[kind][f"{mb}mb_{what}_ms"] for kind in ("cgroup", "no_cgroup", "strict")
+                   "fork(), strict sandbox", "fork() + cell, strict sandbox", "fork(), cgroup, plain Python",
+                   "fork() + cell, cgroup, plain Python"],
+                  [[f"{mb} MB", *(forked[kind][f"{mb}mb_{what}_ms"]
+                                  for kind in ("cgroup", "no_cgroup", "strict", "cgroup_plain")
                                   for what in ("fork", "fork_and_cell"))]
                    for mb in args.fork_mb])
-    targets = {"start <= 10 ms": C.target(ours["start_ms"], 10, "<=", "ms")}
+    targets = {"start <= 10 ms": C.target(ours["start_ms"], 10, "<=", "ms"),
+               "plain start <= 10 ms": C.target(plain["start_ms"], 10, "<=", "ms")}
     if theirs is not None:
         targets["start <= kernel / 20"] = C.target(ours["start_ms"], theirs["start_ms"] / 20, "<=", "ms")
         targets["cell <= kernel / 3"] = C.target(ours["cell_ms"], theirs["cell_ms"] / 3, "<=", "ms")
     if 100 in args.fork_mb:
         targets["fork of 100 MB <= 5 ms"] = C.target(forked["cgroup"]["100mb_fork_ms"], 5, "<=", "ms")
     C.print_targets(targets)
-    C.emit_json({"benchmark": "sessions", "sandbox": args.sandbox, "execpool": ours, "forks": forked,
-                 "jupyter": theirs, "skipped": {"jupyter": missing} if missing else {},
+    skipped = {name: why for name, why in (("jupyter", missing), ("ipython", no_ipython)) if why}
+    C.emit_json({"benchmark": "sessions", "sandbox": args.sandbox, "execpool": ours, "plain": plain, "forks": forked,
+                 "jupyter": theirs, "skipped": skipped,
                  "targets": targets, "load_before": load, "load_after": C.load(), "machine": C.machine()})
 
 

@@ -225,7 +225,7 @@ class ExecPool(JobRunner):
                 limits: Optional[Limits] = None, idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT_S,
                 cwd: Optional[Union[str, os.PathLike]] = None, env: Optional[Mapping[str, str]] = None,
                 network: bool = True, files: Optional[Mapping[str, Union[bytes, File]]] = None,
-                fetch: Sequence[str] = ()) -> Session:
+                fetch: Sequence[str] = (), ipython: Optional[bool] = None) -> Session:
         """A live ``"python"`` interpreter or ``"bash"`` shell that keeps its
         state between cells (execpool/pool/sessions.py): ``session.run(code)``
         gives a ``CellResult``. It starts at once (Python's from the warm
@@ -237,10 +237,14 @@ class ExecPool(JobRunner):
         directory is a fresh private one, removed at its end, unless ``cwd``
         names one. A sandboxed session takes its disk bound from the pool's
         ``disk_budget`` for its life: ``DiskBudgetError`` when it does not
-        fit now."""
+        fit now. A Python session speaks IPython, as a Jupyter kernel does
+        (magics, ``!`` commands, ``display``, inline figures), when
+        ``ipython`` is True (ImportError naming the ``jupyter`` extra where
+        the pool's Python lacks it) or None and the pool's Python has it;
+        plain Python when False."""
         self._check_open()
         return open_session(self._engine, language, sandbox=sandbox, limits=limits, idle_timeout=idle_timeout,
-                            cwd=cwd, env=env, network=network, files=files, fetch=fetch)
+                            cwd=cwd, env=env, network=network, files=files, fetch=fetch, ipython=ipython)
 
     def workspace(self, disk: Optional[int] = None, *, sandbox: Union[None, str, Sandbox] = None) -> Workspace:
         """A space that outlives jobs (execpool/pool/workspaces.py): the jobs

@@ -183,20 +183,19 @@ def unprivileged_python() -> "str | None":
     return None
 
 
-def unprivileged_pythonpath(base: str) -> str:
+def unprivileged_pythonpath(base: str, extra: "tuple[str, ...]" = ()) -> str:
     """A world-readable copy, under ``base``, of what an unprivileged
     interpreter needs to run execpool: the package (its built extension
-    included) and its core dependencies. A copy, not links: this checkout
-    and its venv may lie in a directory only root may enter (``/root``, any
-    0700 folder), and a link does not make a path traversable."""
-    import tqdm
-
-    import execpool
+    included), its core dependencies and the ``extra`` packages a test
+    names. A copy, not links: this checkout and its venv may lie in a
+    directory only root may enter (``/root``, any 0700 folder), and a link
+    does not make a path traversable."""
+    import importlib
 
     path = os.path.join(base, "site")
     os.mkdir(path, 0o755)
-    for package in (execpool, psutil, tqdm):
-        source = os.path.dirname(os.path.abspath(package.__file__))
+    for name in ("execpool", "psutil", "tqdm", *extra):
+        source = os.path.dirname(os.path.abspath(importlib.import_module(name).__file__))
         shutil.copytree(source, os.path.join(path, os.path.basename(source)),
                         ignore=shutil.ignore_patterns("__pycache__"))
     for root, dirs, files in os.walk(path):
@@ -218,10 +217,10 @@ def outcome(future):
 """
 
 
-def run_as_nobody(script: str) -> subprocess.CompletedProcess:
-    """Run the Python ``script`` as ``nobody`` with execpool importable and
-    ``sys.argv[1]`` a fresh directory it may write in (removed after);
-    skip the test where that cannot be done."""
+def run_as_nobody(script: str, extra: "tuple[str, ...]" = ()) -> subprocess.CompletedProcess:
+    """Run the Python ``script`` as ``nobody`` with execpool (and the
+    ``extra`` packages) importable and ``sys.argv[1]`` a fresh directory it
+    may write in (removed after); skip the test where that cannot be done."""
     import pytest
 
     python = unprivileged_python()
@@ -232,7 +231,7 @@ def run_as_nobody(script: str) -> subprocess.CompletedProcess:
     try:
         return subprocess.run([python, "-c", script, base], capture_output=True, text=True, timeout=60,
                               user=UNPRIVILEGED, group=UNPRIVILEGED, extra_groups=[], cwd="/",
-                              env={"PYTHONPATH": unprivileged_pythonpath(base)})
+                              env={"PYTHONPATH": unprivileged_pythonpath(base, extra)})
     finally:
         subprocess.run(["rm", "-rf", base], check=True)  # what nobody left, whatever its modes
 

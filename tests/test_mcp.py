@@ -172,13 +172,24 @@ def test_python_keeps_its_state_across_calls_until_reset_and_shows_images():
         async with stdio() as s:
             await s.call_tool("python", {"code": "import math\nx = 41"})
             assert text(await s.call_tool("python", {"code": "x + 1"})) == "42"
-            figure = await s.call_tool("python", {"code": "import matplotlib\nmatplotlib.use('Agg')\n"
-                                                          "import matplotlib.pyplot as plt\n_ = plt.plot([1, 3, 2])"})
+            # The interpreter speaks IPython: the figure a cell leaves open is
+            # shown at its end (matplotlib's inline backend), as a kernel shows it.
+            figure = await s.call_tool("python", {"code": "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2]);"})
             assert [block.type for block in figure.content] == ["text", "image"]
             assert figure.content[1].mime_type == "image/png" and figure.content[1].data.startswith("iVBOR")
+            assert text(await s.call_tool("python", {"code": "!echo from bash\n%time _ = 1"})).startswith(
+                "from bash\nCPU times:")
             assert not (await s.call_tool("reset", {})).is_error
             gone = await s.call_tool("python", {"code": "x"})
             assert gone.is_error and "NameError" in text(gone)
+    run(main)
+
+
+def test_plain_python_is_a_flag_away():
+    async def main() -> None:
+        async with stdio("--plain-python") as s:
+            magic = await s.call_tool("python", {"code": "%time 1"})
+            assert magic.is_error and "SyntaxError" in text(magic)
     run(main)
 
 

@@ -413,12 +413,27 @@ def test_a_python_cell_that_raises_shows_its_traceback_and_error(ui, sessions):
     ui.keep_state.check()
     ui.run("print('before')\n1 / 0")
     ui.expect_status("error")
-    ui.expect_output(re.compile(r"^before\nTraceback \(most recent call last\):\n(.|\n)*"
+    # The session speaks IPython (tests/test_jupyter.py): its traceback, as a notebook shows it.
+    ui.expect_output(re.compile(r"^before\n-+\nZeroDivisionError +Traceback \(most recent call last\)\n(.|\n)*"
                                 r"ZeroDivisionError: division by zero\n$"))
     ui.run("'still here'")  # an error leaves the session as it was
     ui.expect_output("'still here'")
     ui.expect_status("exit 0")
     assert len(sessions()) == 1
+
+
+def test_a_python_cell_s_figures_and_displays_show_in_a_notebook_s_order(ui, sessions):
+    ui.keep_state.check()
+    ui.run("import matplotlib.pyplot as plt\nfrom IPython.display import display\ndisplay('shown first')\n"
+           "fig = plt.figure()\nplt.plot([1, 3, 2])\nfig")
+    ui.expect_status("exit 0")
+    # The displays, the value (the figure) and the figure left open, shown at the cell's end.
+    images = ui.output.get_by_role("img", name="<Figure size 640x480 with 1 Axes>", exact=True)
+    expect(images).to_have_count(2, timeout=DEADLINE_MS)
+    assert ui.text().startswith("'shown first'\n")
+    assert all(src.startswith("data:image/png;base64,iVBOR") for src in
+               (images.nth(0).get_attribute("src"), images.nth(1).get_attribute("src")))
+    assert images.nth(0).evaluate("image => image.naturalWidth") > 0  # drawn: the page's policy lets it
 
 
 def test_keep_state_keeps_a_bash_sessions_directory_and_environment(ui, sessions):
@@ -498,7 +513,7 @@ def test_a_session_gone_behind_the_pages_back_is_opened_again(ui, sessions, serv
     assert server.client.delete(f"/v1/sessions/{first['id']}", headers=AUTH).status_code == 204
     ui.run("print('again')\nx")  # 404: a new session, and the cell runs in it
     ui.expect_status("error")
-    ui.expect_output(re.compile(r"^again\nTraceback(.|\n)*NameError: name 'x' is not defined\n$"))
+    ui.expect_output(re.compile(r"^again\n-+\nNameError +Traceback(.|\n)*NameError: name 'x' is not defined\n$"))
     [second] = sessions()
     assert second["id"] != first["id"]
 

@@ -44,6 +44,13 @@ def py(pool):
 
 
 @pytest.fixture
+def plain(pool):
+    """Plain Python, where ``py`` speaks IPython (tests/test_jupyter.py)."""
+    with pool.session("python", ipython=False) as s:
+        yield s
+
+
+@pytest.fixture
 def sh(pool):
     with pool.session("bash") as s:
         yield s
@@ -75,18 +82,18 @@ def test_what_a_cell_starts_prints_into_the_cell(py):
     assert result.stdout == "from a child\n"
 
 
-def test_an_exception_is_the_cell_s_error_with_the_cell_s_frames_only(py):
-    py.run("def inner():\n    return 1 / 0\n")
-    result = py.run("print('before')\ninner()")
+def test_an_exception_is_the_cell_s_error_with_the_cell_s_frames_only(plain):
+    plain.run("def inner():\n    return 1 / 0\n")
+    result = plain.run("print('before')\ninner()")
     assert result.status is Status.ERROR and result.alive
     assert (result.error["ename"], result.error["evalue"]) == ("ZeroDivisionError", "division by zero")
     traceback = "\n".join(result.error["traceback"])
     assert 'File "<cell 2>", line 2' in traceback and 'File "<cell 1>", line 2, in inner' in traceback
     assert "return 1 / 0" in traceback and "execpool" not in traceback
     assert result.text.startswith("before\nTraceback (most recent call last):")
-    syntax = py.run("def (")
+    syntax = plain.run("def (")
     assert syntax.error["ename"] == "SyntaxError" and "execpool" not in "\n".join(syntax.error["traceback"])
-    assert py.run("raise SystemExit(3)").error["ename"] == "SystemExit" and py.alive
+    assert plain.run("raise SystemExit(3)").error["ename"] == "SystemExit" and plain.alive
 
 
 def test_a_cell_s_output_arrives_live_before_it_ends(pool, tmp_path):
@@ -120,7 +127,10 @@ def test_a_cell_s_output_arrives_live_before_it_ends(pool, tmp_path):
 
 # -- Python: what Jupyter shows ------------------------------------------------------------
 
-def test_a_matplotlib_figure_is_shown_as_png_and_closed(py):
+def test_a_matplotlib_figure_is_shown_as_png_and_closed(plain):
+    """Plain Python's own figures (IPython's are matplotlib's inline
+    backend, compared with a kernel's in tests/test_jupyter.py)."""
+    py = plain
     result = py.run("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('t')\nNone", timeout=120)
     assert result.status is Status.OK, result.text
     (shown,) = result.display

@@ -333,21 +333,21 @@ def bash_exec(command: str, cancel_event: Optional[threading.Event] = None,
 
 def python_session(session_id: Optional[str] = None, pool: Optional[ExecPool] = None,
                    language: str = "python", idle_timeout: Optional[float] = 3600.0,
-                   workspace: Optional[Workspace] = None) -> Session:
+                   workspace: Optional[Workspace] = None, ipython: Optional[bool] = None) -> Session:
     """A session for a conversation's tool calls (``session=`` of
     :func:`python_exec`, :func:`execute_tool` and the loop): in the working
     directory of ``session_id`` (or in ``workspace``: :func:`tool_workspace`),
     so files the calls write persist as they do without a session, in the
     tool layer's sandbox and with its ``/mnt/data`` remap. Close it when
     the conversation ends (it also ends after ``idle_timeout`` seconds
-    without a call, and with the pool)."""
+    without a call, and with the pool). ``ipython``: ``pool.session``'s."""
     if pool is None:
         pool = _shared_pool()
     env = {"PYTHONPATH": _python_path(pool)} if language == "python" else None
     if workspace is not None:
-        return workspace.session(language, env=env, idle_timeout=idle_timeout)
+        return workspace.session(language, env=env, idle_timeout=idle_timeout, ipython=ipython)
     return pool.session(language, cwd=get_sandbox_workdir(session_id), sandbox=_sandbox(pool), env=env,
-                        idle_timeout=idle_timeout)
+                        idle_timeout=idle_timeout, ipython=ipython)
 
 
 def tool_workspace(pool: ExecPool) -> Optional[Workspace]:

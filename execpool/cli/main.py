@@ -299,6 +299,9 @@ def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds the connection's Python interpreter may go without a call before it ends, its "
                              f"variables with it (default {mcp_settings.DEFAULT_IDLE_TIMEOUT_S:g})")
     parser.add_argument("--python", type=_interpreter, metavar="PATH", default=None, help=_PYTHON_HELP)
+    parser.add_argument("--plain-python", dest="ipython", action="store_const", const=False, default=None,
+                        help="the connection's interpreter speaks plain Python (default: IPython, as a Jupyter kernel "
+                             "does -- magics, ! commands, display -- where the pool's Python has it)")
     parser.add_argument("--preload", type=_modules("--preload"), metavar="MODULES", default=(),
                         help="comma-separated modules the warm templates import (the interpreter starts with them)")
     _disk_arguments(parser)

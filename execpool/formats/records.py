@@ -114,7 +114,7 @@ def schema(extra: Mapping[str, tuple] = {}) -> dict:
 def cell_record(result: CellResult) -> Dict[str, Any]:
     """A session's cell, as ``/v1/sessions/{id}/run`` answers it."""
     return {"status": result.status.value, "stdout": result.stdout, "stderr": result.stderr, "value": result.value,
-            "data": result.data, "display": list(result.display), "error": result.error,
+            "data": result.data, "display": list(result.display), "value_at": result.value_at, "error": result.error,
             "exit_code": result.exit_code, "alive": result.alive, "message": result.message,
             "duration_s": result.duration_s, "execution_count": result.execution_count, "text": result.text,
             **{key: getattr(result, key, None) for key in COST_KEYS}}

@@ -277,6 +277,9 @@ FIELDS: Dict[str, Field] = {
     "session_language": Field({"type": "string", "enum": list(SESSION_LANGUAGES)}, "What the session keeps alive.",
                               _session_language),
     "idle_timeout": Field({"type": "number"}, "Seconds the session may go without a cell before it ends.", _idle),
+    "ipython": Field({"type": ["boolean", "null"]},
+                     "A Python session speaks IPython (true), plain Python (false), or IPython where the server's "
+                     "Python has it (null, the default).", lambda _label, value, _defaults: value),
     "cells": Field({"type": "array", "items": {"type": "string"}}, "The cells to run, in order, in one session.",
                    _cells),
     "cell_timeout": Field({"type": "number"}, "Seconds each cell may run (0: no limit of its own).",
@@ -347,7 +350,7 @@ TESTS = Dialect("a tests body", ("code", "language", "compile_timeout", "timeout
                 required=("code", "tests"), separate_stderr=True)
 
 #: ``POST /v1/sessions``: a session to open.
-SESSION = Dialect("a session", ("language", "idle_timeout", "files", "memory_limit_MB"), sources=(),
+SESSION = Dialect("a session", ("language", "idle_timeout", "files", "memory_limit_MB", "ipython"), sources=(),
                   fills={"language": "session_language"})
 
 #: ``POST /v1/sessions/{id}/run`` and ``/stream``: one cell.

@@ -83,10 +83,8 @@ RESPONSE_SCHEMA = {"type": "object", "properties": {
 def jupyter_cell(result: CellResult) -> Dict[str, Any]:
     """One cell of a ``RunJupyterResponse``, as SandboxFusion's kernel
     driver fills it: its streams, the MIME bundles it showed (the value's
-    among them, after what ``display()`` showed), and its errors."""
-    display = list(result.display)
-    if result.data is not None:
-        display.append(result.data)
+    among them, where it came), and its errors."""
+    display = list(result.shown)
     errors = [result.error] if result.error is not None else []
     if not result.alive and result.message:
         errors.append({"ename": "SessionError", "evalue": result.message, "traceback": [result.message]})

@@ -90,11 +90,14 @@ class Workspace:
     session id of its own -- shared by every tool, made at its first call;
     and, when python keeps state, its interpreter. ``aclose`` ends the
     interpreter with its whole tree and lets the files go. Each interpreter
-    holds a place of ``claim``'s while it lives."""
+    holds a place of ``claim``'s while it lives, and speaks IPython as
+    ``ipython`` says (``pool.session``'s)."""
 
-    def __init__(self, pool: ExecPool, idle_timeout: float, claim: Optional[Claim] = None) -> None:
+    def __init__(self, pool: ExecPool, idle_timeout: float, claim: Optional[Claim] = None,
+                 ipython: Optional[bool] = None) -> None:
         self.pool = pool
         self.idle_timeout = idle_timeout
+        self.ipython = ipython
         self._claim = claim
         self.session_id = "mcp-" + secrets.token_hex(8)
         self._space: Optional[PoolWorkspace] = None
@@ -128,7 +131,7 @@ class Workspace:
         give_back = self._claim() if self._claim is not None else None
         try:
             session = python_session(self.session_id, self.pool, idle_timeout=self.idle_timeout,
-                                     workspace=self.space())
+                                     workspace=self.space(), ipython=self.ipython)
         except BaseException:
             if give_back is not None:
                 give_back()
@@ -212,8 +215,7 @@ class Runner:
         for note in (hint, RESTARTED_NOTE if restarted else ""):
             if note:
                 text += ("\n" if text.endswith("\n") else "\n\n") + note
-        shown = (*result.display, result.data or {})
-        images = tuple(item["image/png"] for item in shown if isinstance(item.get("image/png"), str))
+        images = tuple(item["image/png"] for item in result.shown if isinstance(item.get("image/png"), str))
         return Outcome(text, images, result.status is not Status.OK)
 
     async def _program(self, call: Call, space: Workspace, on_output: Optional[OnOutput]) -> Outcome:

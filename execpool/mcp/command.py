@@ -73,7 +73,7 @@ def _bytes(megabytes: Optional[int]) -> Optional[int]:
 
 async def _serve(pool: ExecPool, args: argparse.Namespace) -> None:
     with pool.on_loop():  # the pool's messages read on this loop: no thread switch per call
-        space = Workspace(pool, args.idle_timeout)
+        space = Workspace(pool, args.idle_timeout, ipython=args.ipython)
 
         async def workspace(ctx: Context) -> Tuple[Workspace, bool]:
             return space, False  # one client per process: its connection is the process's

@@ -73,9 +73,10 @@ class Endpoint:
     def __init__(self, pool: ExecPool, *, stateful: bool = True, timeout: float = DEFAULT_TIMEOUT_S,
                  max_timeout: float = DEFAULT_MAX_TIMEOUT_S, idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S,
                  max_sessions: Optional[int] = None, gate: Gate = no_gate, claim: Optional[Claim] = None,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, ipython: Optional[bool] = None) -> None:
         self.pool = pool
         self.idle_timeout = idle_timeout
+        self.ipython = ipython
         self.gate = gate
         self.claim = claim
         # The clients' directories live under the pool's own, which goes with
@@ -148,10 +149,10 @@ class Endpoint:
     async def _workspace(self, ctx: Context) -> Tuple[Workspace, bool]:
         ident = _header(ctx.request.scope, SESSION_HEADER) if ctx.request is not None else None
         if ident is None or ident not in self._given:
-            return Workspace(self.pool, self.idle_timeout, self.claim), True
+            return Workspace(self.pool, self.idle_timeout, self.claim, self.ipython), True
         space = self._spaces.get(ident)
         if space is None:
-            space = self._spaces[ident] = Workspace(self.pool, self.idle_timeout, self.claim)
+            space = self._spaces[ident] = Workspace(self.pool, self.idle_timeout, self.claim, self.ipython)
         return space, False
 
     async def _guard(self, ctx: Context, work: Callable[[], Any]) -> Outcome:

@@ -22,9 +22,13 @@ keeps its queue of cells.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import os
 import secrets
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -54,6 +58,9 @@ DEFAULT_CELL_TIMEOUT_S = 300.0
 
 #: A session without a cell this long ends, unless told otherwise.
 DEFAULT_IDLE_TIMEOUT_S = 600.0
+
+#: What brings IPython to the pool's Python, for sessions that speak it.
+JUPYTER_EXTRA = "pip install 'execpool[jupyter]'"
 
 #: Past a running cell's timeout, how long the pool waits for its worker to
 #: have interrupted it (and, past the grace, killed the session) before the
@@ -193,6 +200,12 @@ class Session:
         self._engine.disk_budget.release(size)
 
     # -- the caller's calls ------------------------------------------------------
+
+    @property
+    def ipython(self) -> bool:
+        """Whether it speaks IPython: magics, ``!`` commands, ``display``
+        and figures as a Jupyter kernel has them."""
+        return self._start.ipython
 
     @property
     def alive(self) -> bool:
@@ -502,21 +515,58 @@ def _why_gone(result: Result, in_cell: bool) -> str:
     return f"the session's process exited ({result.exit_code})"
 
 
+@functools.lru_cache(maxsize=None)
+def has_ipython(python: str) -> bool:
+    """Whether ``python`` (a pool's interpreter) can import IPython; asked
+    once per interpreter and process -- of another interpreter than this
+    one, by starting it."""
+    if python == sys.executable:
+        return importlib.util.find_spec("IPython") is not None
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('IPython') is None)"
+    try:
+        return subprocess.run([python, "-c", probe], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=60, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def speaks_ipython(language: str, ipython: Optional[bool], python: str) -> bool:
+    """Whether a session speaks IPython: ``ipython=None`` where the pool's
+    Python has it; True demands it (ImportError naming the extra where it
+    is missing); False, plain Python. A bash session never does."""
+    if ipython is not None and not isinstance(ipython, bool):
+        raise TypeError(f"ipython must be True, False or None, not {type(ipython).__name__}")
+    if language != "python":
+        if ipython:
+            raise ValueError("ipython=True is for Python sessions; a bash session speaks bash")
+        return False
+    if ipython is False:
+        return False
+    found = has_ipython(python)
+    if ipython and not found:
+        raise ImportError(f"this session was asked to speak IPython, and the pool's Python ({python}) cannot "
+                          f"import it: {JUPYTER_EXTRA} there, or pass ipython=False for plain Python",
+                          name="IPython")
+    return found
+
+
 def open_session(engine: "Engine", language: str, *, sandbox: Union[None, bool, str, Sandbox] = None,
                  limits: Optional[Limits] = None, idle_timeout: Optional[Number] = DEFAULT_IDLE_TIMEOUT_S,
                  cwd: Optional[Union[str, os.PathLike]] = None, env: Optional[Mapping[str, str]] = None,
                  network: bool = True, files: Optional[Mapping[str, Union[bytes, File]]] = None,
-                 fetch: Sequence[str] = (), workspace: Optional["Workspace"] = None) -> Session:
+                 fetch: Sequence[str] = (), workspace: Optional["Workspace"] = None,
+                 ipython: Optional[bool] = None) -> Session:
     """``ExecPool.session``'s arguments checked, then the session started."""
     if language not in SESSION_LANGUAGES:
         raise ValueError(f"language must be one of {', '.join(SESSION_LANGUAGES)}, not {language!r}")
+    config = engine.config
+    speaks = speaks_ipython(language, ipython, config.python)  # type: ignore[arg-type]
     if limits is not None and not isinstance(limits, Limits):
         raise TypeError(f"limits must be an execpool.Limits, not {type(limits).__name__}")
     if idle_timeout is not None:
         checks.seconds("idle_timeout", idle_timeout)
     checks.flag("network", network)
     directory = None if cwd is None else _directory(cwd)
-    config = engine.config
     env_all = dict(config.tool_env)
     env_all.update({} if env is None else checks.environment("env", env))
     chosen = job_sandbox(sandbox)
@@ -528,7 +578,7 @@ def open_session(engine: "Engine", language: str, *, sandbox: Union[None, bool, 
         sandbox=config.sandbox if chosen is None else chosen or None,  # type: ignore[arg-type]
         session=True, idle_timeout=None if idle_timeout is None else float(idle_timeout),
         files=tuple(job_files("files", files or {}).items()), fetch=fetch_patterns("fetch", fetch),
-        workspace=None if workspace is None else workspace.id)
+        workspace=None if workspace is None else workspace.id, ipython=speaks)
     session = Session(engine, language, start, directory)
     if workspace is None:
         session._reserve()  # a workspace's session writes the workspace, which holds its own bound

@@ -42,10 +42,12 @@ from .request_job import Route, ServiceJobs
 from .slots import Held, SlotStream, json_answer, off_loop, server_sent
 
 #: The page may run only its own inline script and talk only to this
-#: server: the output it shows is a tool's, so nothing else may load.
+#: server: the output it shows is a tool's, so nothing else may load. The
+#: images a cell showed come inline (``data:``), as the page draws them.
 PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-                               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+                               "img-src data:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+                               "frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store",
 }
 

@@ -152,17 +152,22 @@ class ServiceSessions:
         session.add_done_callback(lambda ended: _on_loop(loop, self._ended, ended))
 
     async def _open_one(self, values: Dict[str, Any], language: str) -> Session:
+        if values.get("ipython") and language != "python":
+            raise BadField('"ipython": true is for a Python session; a bash session speaks bash')
         try:
             session = await asyncio.to_thread(
                 self.jobs.pool.session, language, limits=values.get("memory_limit_MB") or self.defaults.limits,
                 idle_timeout=values.get("idle_timeout", self.idle_timeout), network=self.defaults.network,
-                files=values.get("files", {}), fetch=[glob.escape(path) for path in values.get("fetch_files", ())])
+                files=values.get("files", {}), fetch=[glob.escape(path) for path in values.get("fetch_files", ())],
+                ipython=values.get("ipython"))
         except DiskBudgetError as exc:
             logger.warning("execpool serve: cannot open a session: %s", exc)
             raise Rejected(Reason.DISK_BUDGET, 5) from None
         except ExecPoolError as exc:
             logger.warning("execpool serve: cannot open a session: %s", exc)
             raise Rejected(Reason.NO_WORKERS, 1) from None
+        except ImportError as exc:
+            raise BadField(f'"ipython": {exc}') from None
         except (TypeError, ValueError) as exc:
             raise BadField(f'"files": {exc}') from None
         self._register(session)
@@ -276,7 +281,8 @@ def _json(body: bytes) -> Any:
 
 
 def _described(session: Session) -> Dict[str, Any]:
-    return {"id": session.id, "language": session.language, "created": round(session.created, 3),
+    return {"id": session.id, "language": session.language, "ipython": session.ipython,
+            "created": round(session.created, 3),
             "last_used": round(session.last_used, 3), "alive": session.alive}
 
 

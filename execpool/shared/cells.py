@@ -39,8 +39,10 @@ class CellResult:
     writes close together came first).
     Python's cells have ``value`` (the last expression's ``text/plain``),
     ``data`` (its whole MIME bundle), ``display`` (``display()`` calls and
-    matplotlib figures, each a MIME bundle, binary types base64) and
-    ``error`` (``{"ename", "evalue", "traceback"}``); bash's have
+    matplotlib figures, each a MIME bundle, binary types base64),
+    ``value_at`` (how many of those came before the value: a notebook
+    shows the figures a cell left open after it; ``shown`` is the lot in
+    that order) and ``error`` (``{"ename", "evalue", "traceback"}``); bash's have
     ``exit_code``. ``alive`` is False once the session is gone, and
     ``message`` says why.
     """
@@ -52,6 +54,7 @@ class CellResult:
     value: Optional[str] = None
     data: Optional[Dict[str, Any]] = None
     display: Tuple[Dict[str, Any], ...] = ()
+    value_at: Optional[int] = None
     error: Optional[Dict[str, Any]] = None
     exit_code: Optional[int] = None
     alive: bool = True
@@ -71,6 +74,15 @@ class CellResult:
     @property
     def ok(self) -> bool:
         return self.status is Status.OK
+
+    @property
+    def shown(self) -> Tuple[Dict[str, Any], ...]:
+        """Every MIME bundle the cell showed, as a notebook shows them: its
+        displays with its value in its place among them."""
+        if self.data is None:
+            return self.display
+        at = len(self.display) if self.value_at is None else min(max(self.value_at, 0), len(self.display))
+        return (*self.display[:at], self.data, *self.display[at:])
 
     @property
     def text(self) -> str:
@@ -140,7 +152,8 @@ def read_reply(language: str, reply: bytes) -> dict:
     if not (isinstance(fields, dict) and _optional(fields.get("value"), str)
             and _optional(fields.get("data"), dict) and isinstance(fields.get("display"), list)
             and all(isinstance(item, dict) for item in fields["display"])
-            and _optional(fields.get("error"), dict) and type(fields.get("execution_count")) is int):
+            and _optional(fields.get("error"), dict) and type(fields.get("execution_count")) is int
+            and (fields.get("value_at") is None or type(fields["value_at"]) is int)):
         return _garbled()
     error = fields["error"]
     if error is not None and not (isinstance(error.get("ename"), str) and isinstance(error.get("evalue"), str)
@@ -151,7 +164,8 @@ def read_reply(language: str, reply: bytes) -> dict:
     if not (isinstance(cost, dict) and all(type(cost.get(key)) in kinds for key, kinds in _COST.items())):
         return _garbled()
     return {"status": Status.ERROR if error is not None else Status.OK, "value": fields["value"],
-            "data": fields["data"], "display": tuple(fields["display"]), "error": error,
+            "data": fields["data"], "display": tuple(fields["display"]), "value_at": fields.get("value_at"),
+            "error": error,
             "execution_count": fields["execution_count"], **{key: cost[key] for key in _COST}}
 
 

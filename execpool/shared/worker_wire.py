@@ -88,6 +88,8 @@ class Start:
     #: it ends after ``idle_timeout`` seconds without a cell (None: never).
     session: bool = False
     idle_timeout: Optional[float] = None
+    #: A Python session that speaks IPython (execpool/tool/ipython_shell.py).
+    ipython: bool = False
     #: Written into its working directory before it starts, and brought
     #: back from it once it ended (execpool/shared/files.py).
     files: Tuple[Tuple[str, File], ...] = ()

@@ -11,3 +11,11 @@ read its memory and call its functions: it holds no secret of the
 worker's or the caller's, and imports only execpool/shared and itself
 (tests/test_layout.py).
 """
+
+import os
+
+#: execpool's own code -- the session runtimes, the tool layer's /mnt/data
+#: shim -- whose frames a cell's traceback leaves out: the package's
+#: directory (not the one holding it, site-packages, whose libraries'
+#: frames are the cell's to see).
+OWN_CODE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

@@ -6,12 +6,15 @@ session's tool (execpool/tool/spare.py), sandboxed, limited and
 watched like any job's. The warm template imports this module (and the
 standard library modules it needs) once, so a session starts with it
 loaded; it imports nothing else of execpool's but, for a fork, its
-fork's (execpool/tool/session_fork.py). Its stdin
+fork's (execpool/tool/session_fork.py), and, for a session that speaks
+IPython, the shell the template built (execpool/tool/ipython_shell.py),
+which then runs each cell as a kernel's does: its displays, value and
+error come here (``_Cell``, IPython's ``Outputs``). Its stdin
 is the session's socket (execpool/worker/sessions/link.py); it moves that
 off fd 0 (a cell's ``input()`` reads an empty stdin) to a descriptor that no
 program the cell starts inherits.
 
-A cell runs as Jupyter runs one: its statements in the session's
+In plain Python, a cell runs as Jupyter runs one: its statements in the session's
 ``__main__``, the last one's value, when it is an expression, kept as the
 cell's value -- its ``text/plain`` and the richer types the object offers
 (``_repr_html_`` and the rest, a matplotlib figure's PNG) -- and in ``_``;
@@ -25,8 +28,9 @@ cell; between cells it is ignored.
 A cell comes as its number, a newline and its source; the runtime says
 the number and ``!`` once SIGINT would interrupt it, and its reply, after
 the cell's output is flushed, is the number, a colon, one JSON object --
-``{"value", "data", "display", "error", "execution_count", "cost"}`` -- and
-a NUL. A fork comes as its number, ``*`` and a JSON spec, with the
+``{"value", "data", "value_at", "display", "error", "execution_count",
+"cost"}`` -- and a NUL (``value_at``: how many displays came before the
+value). A fork comes as its number, ``*`` and a JSON spec, with the
 copy's descriptors; the reply is the fork's (execpool/tool/session_fork.py),
 after, for a sandboxed session, the number, ``+`` and the copy's pid: the
 copy waits for its trees.
@@ -50,6 +54,8 @@ import sys
 import traceback
 import types
 from typing import Any, Dict, List, Optional
+
+from . import OWN_CODE
 
 #: The richer representations an object may offer, Jupyter's names.
 _REPR_METHODS = (("text/html", "_repr_html_"), ("text/markdown", "_repr_markdown_"),
@@ -80,10 +86,10 @@ def _on_sigint(_signum: int, _frame: object) -> None:
 def bundle(obj: Any) -> Dict[str, Any]:
     """An object's MIME bundle, as Jupyter's display would make it: its
     repr, and each richer type it offers (a method that raises, or answers
-    None, offers nothing)."""
+    None, offers nothing), as the reply carries them (``_sendable``)."""
     data: Dict[str, Any] = {"text/plain": _plain(obj)}
     figure = _figure_png(obj)
-    if figure is not None and len(figure) <= MAX_MIME_CHARS:
+    if figure is not None:
         data["image/png"] = figure
     for mime, name in _REPR_METHODS:
         method = getattr(type(obj), name, None)
@@ -95,21 +101,9 @@ def bundle(obj: Any) -> Dict[str, Any]:
             continue
         if isinstance(value, tuple):  # (data, metadata)
             value = value[0]
-        if value is None:
-            continue
-        if mime in _BINARY and isinstance(value, bytes):
-            value = base64.b64encode(value).decode("ascii")
-        elif mime == "application/json":
-            try:
-                json.dumps(value)
-            except (TypeError, ValueError):
-                continue
-        elif not isinstance(value, str):
-            continue
-        if isinstance(value, str) and len(value) > MAX_MIME_CHARS:
-            continue  # too big to send whole: its text/plain stands for it
-        data[mime] = value
-    return data
+        if isinstance(value, (str, bytes)) or (mime == "application/json" and value is not None):
+            data[mime] = value
+    return _sendable(data)
 
 
 def _cpu() -> tuple:
@@ -124,9 +118,36 @@ def _plain(obj: Any) -> str:
         text = repr(obj)
     except Exception as exc:  # noqa: BLE001 - a broken __repr__ still shows something
         return f"<{type(obj).__name__} object (repr failed: {type(exc).__name__})>"
+    return _cut(text)
+
+
+def _cut(text: str) -> str:
     if len(text) > MAX_PLAIN_CHARS:
         return text[:MAX_PLAIN_CHARS] + f"\n... (cut: {len(text)} characters in all)"
     return text
+
+
+def _sendable(data: Dict[str, Any]) -> Dict[str, Any]:
+    """A bundle as the reply can carry it: binary types base64, a long
+    ``text/plain`` cut, a type too big (or not JSON) left out."""
+    sent: Dict[str, Any] = {}
+    for mime, value in data.items():
+        if isinstance(value, bytes):
+            value = base64.b64encode(value).decode("ascii") if mime in _BINARY else value.decode("utf-8", "replace")
+        if isinstance(value, str):
+            if mime == "text/plain":
+                value = _cut(value)
+            elif len(value) > MAX_MIME_CHARS:
+                continue  # too big to send whole: its text/plain stands for it
+        else:
+            try:
+                size = len(json.dumps(value))
+            except (TypeError, ValueError, RecursionError):
+                continue
+            if size > MAX_MIME_CHARS:
+                continue
+        sent[str(mime)] = value
+    return sent
 
 
 def _figure_png(obj: Any) -> Optional[str]:
@@ -143,37 +164,87 @@ def _figure_png(obj: Any) -> Optional[str]:
 
 
 class _Cell:
-    """What one cell produced besides its output."""
+    """What one cell produced besides its output: its displays, in order,
+    and its value with where it came among them -- Jupyter's outputs but
+    the streams, which went to the session's pipes as they were written."""
 
     def __init__(self, count: int) -> None:
         self.count = count
         self.usage = _cpu()
-        self.value: Any = None
+        self.obj: Any = None  # the value, in plain Python; IPython's comes as its bundle
         self.has_value = False
+        self.data: Optional[Dict[str, Any]] = None
+        self.value_at: Optional[int] = None
         self.display: List[Dict[str, Any]] = []
+        self.display_ids: Dict[str, List[int]] = {}
+        self.clear_pending = False
         self.error: Optional[Dict[str, Any]] = None
 
     def show(self, *objs: Any) -> None:
-        for obj in objs:
-            self.display.append(bundle(obj))
+        """Plain Python's ``display()`` and figures."""
+        self.display += map(bundle, objs)
+
+    # -- execpool.tool.ipython_shell.Outputs: what a kernel would send -------------------
+
+    def publish(self, data: Dict[str, Any], display_id: Optional[str], update: bool) -> None:
+        """A display; an update replaces, in place, what this cell showed
+        under its id (an earlier cell's outputs were returned already)."""
+        data = _sendable(data)
+        if update:
+            for index in self.display_ids.get(display_id or "", ()):
+                self.display[index] = data
+            return
+        self._cleared()
+        if display_id is not None:
+            self.display_ids.setdefault(display_id, []).append(len(self.display))
+        self.display.append(data)
+
+    def result(self, data: Dict[str, Any]) -> None:
+        self._cleared()
+        self.data, self.value_at = _sendable(data), len(self.display)
+
+    def clear(self, wait: bool) -> None:
+        """``clear_output``: what the cell showed so far goes (with
+        ``wait``, once it shows something new); what it printed stays."""
+        self.clear_pending = True
+        if not wait:
+            self._cleared()
+
+    def _cleared(self) -> None:
+        if self.clear_pending:
+            self.clear_pending = False
+            self.display, self.display_ids, self.data, self.value_at = [], {}, None, None
+
+    def failed(self, ename: str, evalue: str, traceback: list) -> None:
+        self.error = {"ename": ename, "evalue": evalue, "traceback": traceback}
 
     def reply(self) -> bytes:
-        data = bundle(self.value) if self.has_value else None
+        if self.has_value:
+            self.data = bundle(self.obj)
+        data = self.data
         user, system = (round(now - then, 6) for now, then in zip(_cpu(), self.usage, strict=True))
         cost = {"cpu_user_s": max(0.0, user), "cpu_system_s": max(0.0, system),
                 "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-        return json.dumps({"value": None if data is None else data["text/plain"], "data": data,
-                           "display": self.display, "error": self.error, "execution_count": self.count,
-                           "cost": cost}).encode("utf-8") + b"\0"
+        return json.dumps({"value": None if data is None else data.get("text/plain"), "data": data,
+                           "value_at": self.value_at, "display": self.display, "error": self.error,
+                           "execution_count": self.count, "cost": cost}).encode("utf-8") + b"\0"
 
 
 class Runtime:
-    def __init__(self, channel: socket.socket) -> None:
+    """The session's loop: cells and forks from the worker, one at a time.
+    ``shell``: IPython's (execpool/tool/ipython_shell.py), which then runs
+    each cell; None: plain Python, run here."""
+
+    def __init__(self, channel: socket.socket, shell: Any = None) -> None:
         self.channel = channel
         self._buffer = bytearray()
         self._fds: List[int] = []
         self.count = 0
         self.cell: Optional[_Cell] = None
+        self.shell = shell
+        if shell is not None:
+            self.main = shell.user_module
+            return
         self.main = types.ModuleType("__main__")
         self.main.__dict__["__builtins__"] = builtins
         sys.modules["__main__"] = self.main
@@ -241,23 +312,32 @@ class Runtime:
     def run(self, source: str, started: bytes) -> bytes:
         """The cell's reply; ``started`` is said once SIGINT would interrupt it."""
         global _in_cell
-        self.count += 1
+        shell = self.shell
+        # IPython counts only the cells it runs (not blank ones), as a kernel does.
+        self.count = self.count + 1 if shell is None else shell.execution_count
         cell = self.cell = _Cell(self.count)
-        name = f"<cell {self.count}>"
-        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+        if shell is not None:
+            shell.outputs = cell
         try:
             _in_cell = True
             self.channel.sendall(started)
             try:
-                self._execute(source, name, cell)
+                if shell is None:
+                    self._execute(source, cell)
+                else:
+                    shell.run_cell(source, store_history=True)
             finally:
                 _in_cell = False
         except BaseException as exc:  # noqa: BLE001 - the cell's error, SystemExit and KeyboardInterrupt too
             cell.error = _error(exc)
-        try:
-            self._show_figures(cell)
-        except BaseException as exc:  # noqa: BLE001
-            cell.error = cell.error or _error(exc)
+        finally:
+            if shell is not None:
+                shell.outputs = None
+        if shell is None:
+            try:
+                self._show_figures(cell)
+            except BaseException as exc:  # noqa: BLE001
+                cell.error = cell.error or _error(exc)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -266,7 +346,9 @@ class Runtime:
         self.cell = None
         return cell.reply()
 
-    def _execute(self, source: str, name: str, cell: _Cell) -> None:
+    def _execute(self, source: str, cell: _Cell) -> None:
+        name = f"<cell {self.count}>"
+        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
         tree = ast.parse(source, name, "exec")
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         assert last is None or isinstance(last, ast.Expr)
@@ -276,7 +358,7 @@ class Runtime:
         if last is not None:
             value = eval(compile(ast.Expression(last.value), name, "eval"), namespace)
             if value is not None:
-                cell.value, cell.has_value = value, True
+                cell.obj, cell.has_value, cell.value_at = value, True, len(cell.display)
                 builtins._ = value  # type: ignore[attr-defined]
 
     def _show_figures(self, cell: _Cell) -> None:
@@ -287,14 +369,9 @@ class Runtime:
             return
         for number in pyplot.get_fignums():
             figure = pyplot.figure(number)
-            if not (cell.has_value and cell.value is figure):
+            if not (cell.has_value and cell.obj is figure):
                 cell.show(figure)
         pyplot.close("all")
-
-
-#: execpool's own code -- this runtime, the tool layer's /mnt/data shim --
-#: whose frames a cell's traceback leaves out.
-_OWN_CODE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
 def _error(exc: BaseException) -> Dict[str, Any]:
@@ -311,18 +388,24 @@ def _error(exc: BaseException) -> Dict[str, Any]:
             continue
         seen.add(id(part))
         part.stack = traceback.StackSummary.from_list(
-            [frame for frame in part.stack if not (frame.filename or "").startswith(_OWN_CODE)])
+            [frame for frame in part.stack if not (frame.filename or "").startswith(OWN_CODE)])
         pending += [part.__cause__, part.__context__]
     lines = [line for chunk in report.format() for line in chunk.splitlines()]
     return {"ename": type(exc).__name__, "evalue": str(exc), "traceback": lines}
 
 
-def main() -> None:
+def main(ipython: bool = False) -> None:
+    """The session's process from its start: ``ipython`` says it speaks
+    IPython (the pool checked that it can)."""
     channel = socket.socket(fileno=os.dup(0))  # dup: close-on-exec, unlike fd 0
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
     sys.stdin = open(0, encoding="utf-8", closefd=False)
     signal.signal(signal.SIGINT, _on_sigint)
+    shell = None
+    if ipython:
+        from . import ipython_shell  # the template imported it (and built its shell) where it could
+        shell = ipython_shell.take()
     os.environ.setdefault("MPLBACKEND", "Agg")
-    Runtime(channel).serve()
+    Runtime(channel, shell).serve()

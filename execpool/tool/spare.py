@@ -53,6 +53,7 @@ from .spare_wire import (
     MAX_RULESETS,
     MAX_VIEW_FDS,
     REHEARSE,
+    REHEARSE_SHELL,
     SPARE_NAME,
     SPARE_PID,
     decode_job,
@@ -94,8 +95,8 @@ def park(channel: socket.socket, worker_pid: int, name: str) -> NoReturn:
         theirs.close()
         channel.close()  # so that the template's end reaches the worker as EOF
         most = FIXED_FDS + MAX_RULESETS + MAX_VIEW_FDS + MAX_CGROUP_FDS
-        while (received := socket.recv_fds(sock, 16, most))[0] == REHEARSE:
-            rehearse()
+        while (received := socket.recv_fds(sock, 16, most))[0] in (REHEARSE, REHEARSE_SHELL):
+            rehearse(shell=received[0] == REHEARSE_SHELL)
         message, fds, flags, _addr = received
         if message != JOB or len(fds) < FIXED_FDS or flags & socket.MSG_CTRUNC:
             os._exit(0)  # EOF: the worker let its spare go
@@ -149,9 +150,11 @@ def run(path: str, env: dict, worker_path: list, ready_fd: int) -> NoReturn:
     os._exit(status)
 
 
-def rehearse() -> None:
+def rehearse(shell: bool = False) -> None:
     """Run the steps of :func:`run` that leave no trace, on harmless input,
-    in a warm spare waiting for its job (execpool/worker/spawn.py).
+    in a warm spare waiting for its job (execpool/worker/spawn.py); with
+    ``shell``, a silent cell through the IPython shell too, where the
+    template built one.
 
     A spare is a clone of the template: every page it writes for the first time
     is copied then, a page fault that costs microseconds in a VM, and a warm
@@ -163,6 +166,10 @@ def rehearse() -> None:
     _fresh_std_streams()
     _new_main(os.devnull)
     compile("", os.devnull, "exec", dont_inherit=True)
+    # Without making this module need IPython.
+    ipython = sys.modules.get("execpool.tool.ipython_shell") if shell else None
+    if ipython is not None:
+        ipython.rehearse()
 
 
 def _reset_handlers() -> None:

@@ -53,6 +53,11 @@ SPENT = struct.Struct("=dd")
 #: REHEARSE_WHEN_IDLE_S asks: a busy worker's spares are taken soon, and
 #: there a rehearsal would only spend CPU that a batch is short of.
 REHEARSE = b"rehearse"
+#: The same, and a silent cell through the template's IPython shell
+#: (execpool/tool/ipython_shell.py): asked of the spares of a worker that
+#: has started a session speaking IPython, since it costs every spare CPU
+#: (2 ms) that only such a session's first cells get back.
+REHEARSE_SHELL = b"rehearse shell"
 REHEARSE_WHEN_IDLE_S = 0.01
 
 #: What ``ps`` calls a worker's template and its parked spares.

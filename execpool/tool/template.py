@@ -68,7 +68,13 @@ def main(argv: list) -> NoReturn:
         # session's start when each spare imported them -- and shared by
         # every clone.
         importlib.import_module("execpool.tool.python_session")
-        spare.rehearse()
+        # And IPython, where the pool's Python has it: imported and its
+        # shell built here, once (80 ms), not in each session that speaks it.
+        try:
+            importlib.import_module("execpool.tool.ipython_shell").prepare()
+        except Exception:  # noqa: BLE001 - no IPython, or a broken one: sessions say so when asked for it
+            pass
+        spare.rehearse(shell=True)
         decode_job(encode_job("", {}, Setup("/", UNLIMITED)))
         sandbox.prepare()
         gc.collect()

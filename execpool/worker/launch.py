@@ -232,7 +232,7 @@ class Launcher:
     def argv(self, job: RunningJob) -> List[str]:
         """The cold tool's argv, its script written in its directory."""
         start = job.start
-        source = runtime_source(start.argv_kind) if start.session else start.source
+        source = runtime_source(start.argv_kind, start.ipython) if start.session else start.source
         if start.argv_kind == "python":
             job.script = files.write_script(job.workdir, source)
             return [start.python, "-u", job.script_path()]

@@ -9,13 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 #: A Python session's tool is a warm job running this: it removes its own
-#: file from the session's directory and becomes the runtime.
+#: file from the session's directory and becomes the runtime (IPython's
+#: or plain Python's: the argument of ``main``).
 PYTHON_BOOTSTRAP = ("import os\nos.unlink(__file__)\ndel os\n"
-                    "from execpool.tool.python_session import main\nmain()\n")
+                    "from execpool.tool.python_session import main\nmain({})\n")
 
 #: A bash session's tool is ``bash -c`` with this.
 BASH_RUNTIME = (Path(__file__).parents[2] / "tool" / "bash_session.sh").read_text(encoding="utf-8")
 
 
-def runtime_source(argv_kind: str) -> str:
-    return PYTHON_BOOTSTRAP if argv_kind == "python" else BASH_RUNTIME
+def runtime_source(argv_kind: str, ipython: bool) -> str:
+    return PYTHON_BOOTSTRAP.format(ipython) if argv_kind == "python" else BASH_RUNTIME

@@ -129,6 +129,7 @@ class WarmJobs:
 
     def _hand_over(self, job: RunningJob, spare: WarmSpare) -> bool:
         start = job.start
+        self.spares.ipython_sessions |= start.ipython
         setup = Setup(job.cwd, rlimit_values(start.limits), not start.network, (), job.confinement(),
                       job.view_arguments())
         description = memfd_holding("execpool-job", encode_job(job.script_path(), job.env, setup))

@@ -25,7 +25,7 @@ import sys
 from typing import Callable, Optional, Tuple
 
 from ...tool.become import Setup
-from ...tool.spare_wire import JOB, REHEARSE, SPARE_PID, UNLIMITED
+from ...tool.spare_wire import JOB, REHEARSE, REHEARSE_SHELL, SPARE_PID, UNLIMITED
 from ...tool.template import unfindable
 from ..spawn import Tool, start_tool
 
@@ -148,11 +148,11 @@ class WarmSpare:
         self.sock = sock
         self.rehearsed = False
 
-    def rehearse(self) -> None:
+    def rehearse(self, shell: bool) -> None:
         if not self.rehearsed:
             self.rehearsed = True
             with contextlib.suppress(OSError):  # gone: its socket's EOF says so
-                self.sock.send(REHEARSE)
+                self.sock.send(REHEARSE_SHELL if shell else REHEARSE)
 
     def hand(self, description: int, stdin_fd: int, out_fd: int, err_fd: int, ready_w: int,
              join_fds: list, rulesets: tuple = ()) -> bool:
@@ -196,6 +196,9 @@ class SpareSupply:
         self.parked: dict[int, WarmSpare] = {}  # by socket fd, oldest first
         self.asked = 0
         self.failures = 0
+        #: A session speaking IPython has started here: parked spares
+        #: rehearse its shell too (execpool/tool/spare_wire.py, REHEARSE_SHELL).
+        self.ipython_sessions = False
 
     def want(self, waiting: int) -> Optional[str]:
         """Ask for enough spares to serve ``waiting`` jobs and keep the
@@ -223,9 +226,10 @@ class SpareSupply:
         return spare
 
     def rehearse(self) -> None:
-        """Have every parked spare rehearse (the worker is idle)."""
+        """Have every parked spare rehearse (the worker is idle): its IPython
+        shell too once a session here has spoken IPython."""
         for spare in self.parked.values():
-            spare.rehearse()
+            spare.rehearse(self.ipython_sessions)
 
     def pids(self) -> set:
         """The worker's children that are the template or a parked spare."""
