@@ -350,7 +350,11 @@ class _WorldReadable:
                     break
                 parent = os.path.dirname(parent)
         for directory in self.ancestors:
-            for name in os.listdir(directory):
+            try:
+                names = os.listdir(directory)
+            except OSError:  # gone since it was read: its watch makes the next job look again
+                continue
+            for name in names:
                 path = os.path.join(directory, name)
                 if path not in self.ancestors and path not in self.hidden and not os.path.islink(path):
                     self.granted.add(path)
