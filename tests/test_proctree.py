@@ -5,6 +5,7 @@ import threading
 import time
 import uuid
 
+import helpers
 import psutil
 import pytest
 
@@ -63,7 +64,16 @@ def _all_dead(env):
 
 def _spawn(cmd, env=None, **kwargs):
     kwargs.setdefault("start_new_session", True)
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, **kwargs)
+    return _exec_done(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, **kwargs))
+
+
+def _exec_done(proc):
+    """``proc`` once its new environment can be read. Popen returns as the
+    exec closes its descriptors, a moment before the kernel sets where the
+    new environment lies: a read then finds none (a sweep reads it again
+    next time), and a test reading a marker at once failed under load."""
+    assert helpers.wait_for(lambda: proctree._read_marker(proc.pid)[1] or _is_zombie(proc.pid), 10.0), proc.pid
+    return proc
 
 
 def _is_zombie(pid):
@@ -152,7 +162,8 @@ def test_marker_sweep_neither_reads_nor_kills_what_it_is_told_to_spare(tagged, m
     them was half of a busy worker's CPU). Run as the test's user."""
     marker = f"tok{uuid.uuid4().hex[:8]}/1/secret"
     env = {**tagged, proctree.JOB_MARKER_ENV: marker}
-    spared, swept = (subprocess.Popen(["sleep", "100"], env=env, start_new_session=True) for _ in range(2))
+    spared, swept = (_exec_done(subprocess.Popen(["sleep", "100"], env=env, start_new_session=True))
+                     for _ in range(2))
     read = []
     real_read = proctree._read_marker
     monkeypatch.setattr(proctree, "_read_marker", lambda pid: read.append(pid) or real_read(pid))
