@@ -35,7 +35,7 @@ import subprocess
 import sys
 import threading
 import types
-from typing import Any, Dict, Optional, Protocol
+from typing import Any, Callable, Dict, Optional, Protocol
 
 from IPython.core import interactiveshell
 from IPython.core.displayhook import DisplayHook
@@ -107,6 +107,20 @@ class SessionShell(InteractiveShell):
 
     #: The running cell's outputs; None between cells.
     outputs: Optional[Outputs] = None
+    #: Told True as the cell's own code starts, False as it stops
+    #: (execpool/tool/python_session.py): only then may SIGINT interrupt it,
+    #: never in IPython's hooks around it, which swallow the interrupt.
+    code_gate: Optional[Callable[[bool], None]] = None
+
+    async def run_code(self, code_obj: Any, result: Any = None, *, async_: bool = False) -> Any:
+        gate = self.code_gate
+        if gate is not None:
+            gate(True)
+        try:
+            return await super().run_code(code_obj, result, async_=async_)
+        finally:
+            if gate is not None:
+                gate(False)
 
     def init_ipython_dir(self, ipython_dir: Any) -> None:
         # No ~/.ipython: the template must not write the worker's home, and

@@ -76,11 +76,16 @@ MAX_MIME_CHARS = 8_000_000
 _MAX_FORK_FDS = 5
 
 _in_cell = False
+#: SIGINT came while the cell was open but none of its own code ran (IPython
+#: between two statements, or in its hooks): the next statement is not run.
+_interrupted = False
 
 
 def _on_sigint(_signum: int, _frame: object) -> None:
+    global _interrupted
     if _in_cell:
         raise KeyboardInterrupt
+    _interrupted = True
 
 
 def bundle(obj: Any) -> Dict[str, Any]:
@@ -316,13 +321,30 @@ class Runtime:
         # IPython counts only the cells it runs (not blank ones), as a kernel does.
         self.count = self.count + 1 if shell is None else shell.execution_count
         cell = self.cell = _Cell(self.count)
+        global _interrupted
+        said: List[bool] = []
+        _interrupted = False  # one that came between cells is nobody's
+
+        def gate(running: bool) -> None:
+            """The cell's own code runs (or stops): SIGINT is its interrupt
+            from the start, said once, to the end; one that came while
+            IPython ran between statements ends the cell before the next
+            (IPython shows it as the cell's KeyboardInterrupt)."""
+            global _in_cell, _interrupted
+            if running and not said:
+                said.append(True)
+                self.channel.sendall(started)
+            if running and _interrupted:
+                _interrupted = False
+                raise KeyboardInterrupt
+            _in_cell = running
+
         if shell is not None:
-            shell.outputs = cell
+            shell.outputs, shell.code_gate = cell, gate
         try:
-            _in_cell = True
-            self.channel.sendall(started)
             try:
                 if shell is None:
+                    gate(True)
                     self._execute(source, cell)
                 else:
                     shell.run_cell(source, store_history=True)
@@ -332,7 +354,7 @@ class Runtime:
             cell.error = _error(exc)
         finally:
             if shell is not None:
-                shell.outputs = None
+                shell.outputs, shell.code_gate = None, None
         if shell is None:
             try:
                 self._show_figures(cell)
