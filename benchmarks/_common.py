@@ -430,7 +430,7 @@ def _daemon(body: str, prelude: str = "import os, time\n") -> str:
 
 DAEMON_PYTHON = _daemon("time.sleep(1000)")
 
-#: Hostile jobs from the red team (tests/hostile.py holds the tests' own),
+#: Hostile jobs from the red team (tests/support/hostile.py holds the tests' own),
 #: each printing "ok" when it is done. The system call that ends one thread,
 #: not the process:
 _SYS_EXIT = 'import platform\nSYS_EXIT = {"x86_64": 60, "aarch64": 93}[platform.machine()]\n'

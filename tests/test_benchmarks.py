@@ -23,7 +23,8 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.helpers import REPO
+
 BENCHMARKS = os.path.join(REPO, "benchmarks")
 #: A smoke run takes seconds; one still running after this has hung.
 SMOKE_TIMEOUT_S = 100

@@ -27,7 +27,7 @@ import execpool
 from execpool import drain
 from execpool.drain import accepts_output_callback, drain_queue, stream_tool_execution
 from execpool.shared.output import TOOL_OUTPUT_STREAM_MAX_CHARS
-from helpers import collect
+from tests.support.helpers import collect
 
 CAP = TOOL_OUTPUT_STREAM_MAX_CHARS
 NOTICE = "\n... (further live output not streamed)\n"

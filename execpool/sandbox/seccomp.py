@@ -4,7 +4,7 @@ capability set leave open, refused (execpool/shared/kernel/sandbox.py enters it 
 Shared: built once per process that starts tools, as the kernel's
 ``struct sock_filter`` array, which the C extension installs as it is.
 
-What it refuses, and why (each an attack in tests/hostile.py):
+What it refuses, and why (each an attack in tests/support/hostile.py):
 
 - ``clone3`` (ENOSYS, so libc falls back to ``clone``):
   ``CLONE_INTO_CGROUP`` with an ``O_PATH`` descriptor of a cgroup v2

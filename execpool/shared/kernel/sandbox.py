@@ -10,7 +10,7 @@ fork and in a warm spare, which gets the job's rulesets over its hand-over
 socket.
 
 Why these mechanisms (each measured on the kernel execpool was built on,
-6.18, Landlock ABI 7, as root and as ``nobody``; tests/test_sandbox.py
+6.18, Landlock ABI 7, as root and as ``nobody``; tests/sandbox/test_sandbox.py
 tries every escape below):
 
 - **Landlock** (unprivileged, binds root as well, survives exec and new

@@ -1,0 +1,1 @@
+"""The model-facing layer (execpool/agent/): the tool layer and the tool-calling loop."""

@@ -1,0 +1,1 @@
+"""The command line (execpool/cli/): `execpool run` and `execpool batch`."""

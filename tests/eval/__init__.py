@@ -1,0 +1,1 @@
+"""`execpool eval` (execpool/eval/ and the judge in execpool/tool/)."""

@@ -1,0 +1,1 @@
+"""The lifeline (execpool/lifeline/): nothing outlives the pool's owner."""

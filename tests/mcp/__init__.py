@@ -1,0 +1,1 @@
+"""The MCP server (execpool/mcp/), over stdio and over HTTP."""

@@ -1,0 +1,1 @@
+"""Ray (execpool/ray/): RayPool and `execpool batch --ray` on a real cluster."""

@@ -1,0 +1,1 @@
+"""`execpool serve` (execpool/serve/), the real command over real HTTP."""

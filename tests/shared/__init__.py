@@ -1,0 +1,1 @@
+"""Modules both sides load (execpool/shared/)."""

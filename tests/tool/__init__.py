@@ -1,0 +1,1 @@
+"""The tool process (execpool/tool/): warm Python, sessions and their forks, IPython."""
