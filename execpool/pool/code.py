@@ -115,6 +115,12 @@ class CodeJobs:
         self._remover = ThreadPoolExecutor(1, thread_name_prefix="execpool-code-remove")
         self.checks = Checks(self)
 
+    @property
+    def closing(self) -> bool:
+        """The pool is closing or closed: what is still to do for it is not
+        worth starting (a toolchain's probe, seconds for a JVM's)."""
+        return self._pool.closed
+
     def language(self, name: str) -> languages.Language:
         """The row of ``name`` as this pool runs it: Python is its own."""
         return languages.with_python(languages.get(name), self._python)

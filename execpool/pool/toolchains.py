@@ -136,10 +136,18 @@ class Checks:
             logger.error("execpool: probing the languages' toolchains failed", exc_info=exc)
             self._end_round()
             return
+        if self.jobs.closing:
+            self._end_round()
+            return
         self._next()
 
     def _probe_each(self) -> None:
+        """Probe each row in turn, until the pool closes: its close waits for
+        the probe under way, not for every one left (a round of them took
+        a service's SIGTERM 9 s under load)."""
         for language in table.TABLE:
+            if self.jobs.closing:
+                return
             row = self.jobs.language(language.name)
             toolchain = self.jobs.toolchain(row)
             if not toolchain.runs:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 
 import pytest
 
@@ -325,3 +326,31 @@ def test_a_lone_binary_in_a_home_shows_only_itself(private_home):
         seen = pool.run(CodeJob("perl", program, timeout=30))
     assert perl.runs and perl.roots == (os.path.join(bin_dir, "perl"),), perl
     assert (seen.status, seen.output) == (Status.OK, "perl\nunseen\n"), seen.text
+
+
+def test_closing_a_pool_waits_for_the_probe_under_way_not_for_every_one_left(tmp_path):
+    """Every tool on the pool's PATH stands in for a toolchain whose version
+    takes as long as the test likes; the pool closes while the first one is
+    asked, and nothing is asked after it."""
+    gate, asked = tmp_path / "gate", tmp_path / "asked"
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in {tool for row in table.TABLE for tool in (*row.tools, *row.version[:1])}:
+        stub = tools / os.path.basename(name)
+        stub.write_text(f"#!/bin/sh\necho \"$0\" >> {asked}\nwhile [ ! -e {gate} ]; do sleep 0.01; done\necho 1.0\n")
+        stub.chmod(0o755)
+    pool = ExecPool(workers=1, env={"PATH": f"{tools}:/usr/bin:/bin"})
+    closer = threading.Thread(target=pool.close)
+    try:
+        pool.languages()
+        assert wait_for(lambda: asked.exists(), 30), "no toolchain was probed"
+        closer.start()
+        assert wait_for(lambda: pool.closed, 30)
+    finally:
+        gate.touch()
+        if closer.ident is None:
+            pool.close()
+        else:
+            closer.join(60)
+    assert not closer.is_alive()
+    assert len(asked.read_text().splitlines()) == 1
