@@ -1,5 +1,5 @@
 """RayPool and ``execpool batch --ray`` on a real Ray cluster: the session's
-local one (tests/conftest.py, ``ray_address``) and, for the loss of a node,
+local one (tests/ray/conftest.py, ``ray_address``) and, for the loss of a node,
 a two-node ``ray.cluster_utils.Cluster`` on this machine. Nothing of Ray is
 mocked: jobs run in actors' ExecPools, actors are killed with ``ray.kill``,
 drivers with SIGKILL, nodes by removing them -- and then no tool, escaped
@@ -23,7 +23,7 @@ from execpool.ray import RayPool
 from tests.support.helpers import REPO, all_dead, collect, joined_output, pids_in, remember, wait_for
 from tests.support.leftovers import nothing_left_behind
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = pytest.mark.ray
 
 
 #: The job's shell, and a daemon in a session of its own with an empty
@@ -68,6 +68,7 @@ def test_results_are_those_of_execpool(pool):
     assert stats.jobs[("shell", "timeout")] >= 3 and stats.in_flight == 0
 
 
+@pytest.mark.slow
 def test_a_code_job_compiles_and_runs_on_an_actor(pool):
     program = '#include <cstdio>\nint main() { int a, b; std::scanf("%d %d", &a, &b); std::printf("%d\\n", a + b); }\n'
     results = [pool.submit(CodeJob("cpp", program, stdin=f"{n} 1", timeout=30)).result() for n in range(3)]
@@ -76,6 +77,7 @@ def test_a_code_job_compiles_and_runs_on_an_actor(pool):
     assert results[-1].compile_cached  # the actors' pools kept it
 
 
+@pytest.mark.slow
 def test_misuse_raises_as_with_execpool(pool):
     with pytest.raises(TypeError):
         pool.submit("echo hi")
@@ -85,6 +87,7 @@ def test_misuse_raises_as_with_execpool(pool):
         RayPool(workers=0)
 
 
+@pytest.mark.slow
 def test_a_stream_carries_the_same_events_and_heartbeats(pool):
     job = PythonJob("import time\nfor i in range(3):\n    print(i)\n    time.sleep(0.3)")
     events, result = collect(pool.stream(job, tool_name="python", tool_call_id="c1", heartbeat_interval_s=0.1))
@@ -97,6 +100,7 @@ def test_a_stream_carries_the_same_events_and_heartbeats(pool):
     assert joined_output(events) == result.output == "".join(f"{i}\n" for i in range(20000))
 
 
+@pytest.mark.slow
 def test_astream_is_the_same_for_asyncio(pool):
     async def consume():
         stream = pool.astream(ShellJob("echo a; sleep 0.2; echo b"), heartbeat_interval_s=0.05)
@@ -108,6 +112,7 @@ def test_astream_is_the_same_for_asyncio(pool):
     assert any(e["type"] == "heartbeat" for e in events)
 
 
+@pytest.mark.slow
 def test_closing_a_stream_kills_the_tree_on_its_node(pool, doomed):
     stream = pool.stream(ShellJob(ESCAPE, timeout=None), heartbeat_interval_s=0.1)
     text = ""
@@ -123,6 +128,7 @@ def test_closing_a_stream_kills_the_tree_on_its_node(pool, doomed):
     assert cancel.cancel() and cancel.result().status is Status.CANCELLED
 
 
+@pytest.mark.slow
 def test_tools_see_no_ray_variable_and_run_at_the_pools_niceness(pool, ray_address):
     probe = ShellJob("env | grep -c '^RAY_' ; nice")
     assert pool.run(probe).output == "0\n0\n"  # the Ray worker itself runs at 15, with RAY_* set
@@ -143,6 +149,7 @@ def ray_get(ref):
     return ray.get(ref, timeout=30)
 
 
+@pytest.mark.slow
 def test_ray_kill_of_an_actor_leaves_no_tool_alive_and_its_jobs_run_elsewhere(ray_address, doomed):
     import ray
 
@@ -188,6 +195,7 @@ DRIVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_driver_ends_its_actors_and_their_tools(ray_address, doomed):
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, ray_address, ESCAPE], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, cwd=REPO, text=True,
@@ -216,6 +224,7 @@ def _records(path) -> list:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_batch_on_ray_writes_the_same_records_and_resumes(ray_address, tmp_path):
     lines = [{"id": "a", "shell": "echo a"}, {"id": "b", "python": "exit(3)"}, {"id": "c", "shell": "sleep 5",
              "timeout": 0.3}, {"id": "d", "python": 4}, {"id": 5, "shell": "printf é"}]
@@ -234,6 +243,7 @@ def test_batch_on_ray_writes_the_same_records_and_resumes(ray_address, tmp_path)
     assert len(_records(remote)) == 5
 
 
+@pytest.mark.slow
 def test_eval_on_ray_gives_the_same_verdicts(ray_address, tmp_path):
     """``execpool eval --ray``: the driver keeps OUT, the actors judge, the
     judge preloaded on every node."""
@@ -251,6 +261,7 @@ def test_eval_on_ray_gives_the_same_verdicts(ray_address, tmp_path):
     assert verdicts["ray"] == verdicts["local"] and len(verdicts["ray"]) == 6
 
 
+@pytest.mark.slow
 def test_a_lost_node_reruns_its_jobs_elsewhere_each_id_once(tmp_path, doomed):
     """A second cluster, of two nodes: the batch runs on both; the one that
     is not the head is removed while its jobs run. Its tools die, the jobs

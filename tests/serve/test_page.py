@@ -34,8 +34,7 @@ CHROMIUM = shutil.which("chromium")
 NO_CHROMIUM = "Debian's chromium is not installed (apt-get install chromium; .ci/run installs it)"
 IN_CI = os.environ.get("CI") == "true"
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None and not IN_CI,
-                                                                     reason=NO_CHROMIUM)]
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(CHROMIUM is None and not IN_CI, reason=NO_CHROMIUM)]
 
 #: Nothing the browser is asked for may leave the machine: every host name
 #: but the loopback ones fails to resolve. Root (as in CI containers) needs
@@ -199,12 +198,14 @@ def test_python_output_exit_0_and_duration_and_a_screenshot(ui):
     assert shot.read_bytes().startswith(b"\x89PNG"), shot
 
 
+@pytest.mark.slow
 def test_a_nonzero_exit_shows_its_code(ui):
     ui.run("import sys\nprint('about to fail')\nsys.exit(3)")
     ui.expect_status("exit 3")
     ui.expect_output("about to fail")
 
 
+@pytest.mark.slow
 def test_bash_runs_and_ctrl_enter_starts_it(ui):
     ui.language.select_option(label="Bash")
     ui.code.fill('echo "bash ${BASH_VERSION:+yes}"; echo to-stderr >&2')
@@ -213,6 +214,7 @@ def test_bash_runs_and_ctrl_enter_starts_it(ui):
     ui.expect_output("bash yes\nto-stderr")
 
 
+@pytest.mark.slow
 def test_a_compiled_language_from_the_menu_runs_and_its_compile_error_shows(ui):
     ui.token.blur()  # the server asks for a token: the page lists its languages once it has one
     # A fresh server asks every toolchain its version first (javac, scalac,
@@ -227,6 +229,7 @@ def test_a_compiled_language_from_the_menu_runs_and_its_compile_error_shows(ui):
     ui.expect_output("nope")
 
 
+@pytest.mark.slow
 def test_output_shows_while_the_job_runs(ui, tmp_path):
     ui.run(gated(tmp_path, "print('first', flush=True)\nwait('gate')\nprint('second')"))
     ui.expect_output("first")
@@ -239,6 +242,7 @@ def test_output_shows_while_the_job_runs(ui, tmp_path):
     expect(ui.run_button).to_be_enabled()
 
 
+@pytest.mark.slow
 def test_the_log_follows_the_newest_line_unless_scrolled_up(ui, tmp_path):
     burst = "def burst(name):\n    print('\\n'.join(f'{name} {i}' for i in range(100)), flush=True)\n"
     ui.run(gated(tmp_path, f"{burst}burst('first')\nwait('a')\nburst('second')\nwait('b')\nburst('third')"))
@@ -260,6 +264,7 @@ def test_the_log_follows_the_newest_line_unless_scrolled_up(ui, tmp_path):
     ui.expect_status("exit 0")
 
 
+@pytest.mark.slow
 def test_a_syntax_error_shows_the_error_and_exit_1(ui):
     ui.run("print('never printed')\ndef broken(:\n    pass")
     ui.expect_status("exit 1")
@@ -271,12 +276,14 @@ def test_a_syntax_error_shows_the_error_and_exit_1(ui):
     ("Python", 'print("héllo ✓ 日本語 🙂")'),
     ("Bash", "printf '%s\\n' 'héllo ✓ 日本語 🙂'"),
 ], ids=["Python", "Bash"])
+@pytest.mark.slow
 def test_unicode_output_shows_exactly(ui, language, code):
     ui.run(code, language)
     ui.expect_status("exit 0")
     assert ui.text() == "héllo ✓ 日本語 🙂\n"
 
 
+@pytest.mark.slow
 def test_a_5_mb_flood_keeps_the_page_responsive_and_shows_the_cap(ui, tmp_path):
     ui.page.evaluate("""() => {
         window.longestTaskMs = 0;
@@ -305,6 +312,7 @@ def test_a_5_mb_flood_keeps_the_page_responsive_and_shows_the_cap(ui, tmp_path):
     assert "flood x" not in ui.text()
 
 
+@pytest.mark.slow
 def test_a_timeout_shows_timeout_and_the_output_before_it(ui):
     ui.run("import time\nprint('before', flush=True)\ntime.sleep(30)", timeout="0.5")
     ui.expect_status("timeout")
@@ -312,6 +320,7 @@ def test_a_timeout_shows_timeout_and_the_output_before_it(ui):
     ui.expect_output("timed out after 0.5 seconds")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["Stop button", "Escape key"])
 def test_stop_shows_cancelled_and_kills_the_whole_tree(ui, doomed, how):
     pids = ui.start_tree(doomed)
@@ -323,18 +332,21 @@ def test_stop_shows_cancelled_and_kills_the_whole_tree(ui, doomed, how):
     assert all_dead(pids, TREE_DEADLINE_S), "the job's tree outlived Stop"
 
 
+@pytest.mark.slow
 def test_closing_the_page_kills_the_whole_tree(ui, doomed):
     pids = ui.start_tree(doomed)
     ui.page.close()
     assert all_dead(pids, TREE_DEADLINE_S), "the job's tree outlived its page"
 
 
+@pytest.mark.slow
 def test_a_400_answer_shows_its_detail_and_error(ui):
     ui.run("print('never')", timeout="1000000")
     ui.expect_status("error")
     ui.expect_output(re.compile(r"HTTP 400: .*timeout.*limit"))
 
 
+@pytest.mark.slow
 def test_without_the_token_the_page_shows_401_and_nothing_runs(ui, tmp_path):
     marker = tmp_path / "ran"
     ui.token.fill("")
@@ -348,6 +360,7 @@ def test_without_the_token_the_page_shows_401_and_nothing_runs(ui, tmp_path):
     assert marker.exists()
 
 
+@pytest.mark.slow
 def test_tool_output_is_text_not_html(ui):
     hostile = '<img src=x onerror="document.title=\'pwned\'"><b>bold</b><script>document.title="pwned"</script>'
     ui.run(f"print({hostile!r})")
@@ -358,6 +371,7 @@ def test_tool_output_is_text_not_html(ui):
     assert ui.page.title() == "execpool"
 
 
+@pytest.mark.slow
 def test_the_page_loads_nothing_from_elsewhere(ui, server):
     ui.run("print('ok')")
     ui.expect_status("exit 0")
@@ -384,6 +398,7 @@ def sessions(server):
     return listed
 
 
+@pytest.mark.slow
 def test_keep_state_runs_python_cells_in_one_session_and_off_runs_jobs(ui, sessions):
     expect(ui.keep_state).not_to_be_checked()
     ui.keep_state.check()
@@ -409,6 +424,7 @@ def test_keep_state_runs_python_cells_in_one_session_and_off_runs_jobs(ui, sessi
     assert not sessions()
 
 
+@pytest.mark.slow
 def test_a_python_cell_that_raises_shows_its_traceback_and_error(ui, sessions):
     ui.keep_state.check()
     ui.run("print('before')\n1 / 0")
@@ -422,6 +438,7 @@ def test_a_python_cell_that_raises_shows_its_traceback_and_error(ui, sessions):
     assert len(sessions()) == 1
 
 
+@pytest.mark.slow
 def test_a_python_cell_s_figures_and_displays_show_in_a_notebook_s_order(ui, sessions):
     ui.keep_state.check()
     ui.run("import matplotlib.pyplot as plt\nfrom IPython.display import display\ndisplay('shown first')\n"
@@ -436,6 +453,7 @@ def test_a_python_cell_s_figures_and_displays_show_in_a_notebook_s_order(ui, ses
     assert images.nth(0).evaluate("image => image.naturalWidth") > 0  # drawn: the page's policy lets it
 
 
+@pytest.mark.slow
 def test_keep_state_keeps_a_bash_sessions_directory_and_environment(ui, sessions):
     ui.keep_state.check()
     ui.run("cd /tmp && export A=1", language="Bash")
@@ -458,6 +476,7 @@ def test_keep_state_keeps_a_bash_sessions_directory_and_environment(ui, sessions
     assert again["id"] != session["id"]
 
 
+@pytest.mark.slow
 def test_stop_interrupts_a_cell_and_the_session_lives_on(ui, sessions):
     ui.keep_state.check()
     ui.run("x = 41")
@@ -474,6 +493,7 @@ def test_stop_interrupts_a_cell_and_the_session_lives_on(ui, sessions):
     assert [s["id"] for s in sessions()] == [session["id"]]
 
 
+@pytest.mark.slow
 def test_a_cell_past_its_timeout_shows_timeout_and_the_session_lives_on(ui, sessions):
     ui.keep_state.check()
     ui.run("x = 41\nimport time\nprint('before', flush=True)\ntime.sleep(30)", timeout="0.5")
@@ -486,6 +506,7 @@ def test_a_cell_past_its_timeout_shows_timeout_and_the_session_lives_on(ui, sess
     assert len(sessions()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["switch off", "page closed", "another language"])
 def test_the_page_closes_its_session(ui, sessions, how):
     ui.keep_state.check()
@@ -505,6 +526,7 @@ def test_the_page_closes_its_session(ui, sessions, how):
         assert [s["language"] for s in sessions()] == ["bash"]
 
 
+@pytest.mark.slow
 def test_a_session_gone_behind_the_pages_back_is_opened_again(ui, sessions, server):
     ui.keep_state.check()
     ui.run("x = 1")
@@ -518,6 +540,7 @@ def test_a_session_gone_behind_the_pages_back_is_opened_again(ui, sessions, serv
     assert second["id"] != first["id"]
 
 
+@pytest.mark.slow
 def test_keep_state_is_off_for_languages_without_sessions(ui, sessions):
     ui.token.blur()  # the server asks for a token: the page lists its languages once it has one
     ui.keep_state.check()
