@@ -251,3 +251,7 @@ def plot(path: str | None, figures: dict) -> None:
             ax.set_ylabel(unit)
             ax.grid(True, axis="y", which="both", alpha=0.3)
         axes[0].legend(fontsize=7)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
