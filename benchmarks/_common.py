@@ -119,6 +119,11 @@ def _cell(value: object) -> str:
     return str(value)
 
 
+def is_smoke() -> bool:
+    """Whether this is a ``--smoke`` run, whose figures measure nothing."""
+    return _smoke
+
+
 def emit_json(figures: dict) -> None:
     """The machine-readable result: exactly one JSON object, the last line of
     stdout (NaN and infinities, which JSON lacks, become null)."""

@@ -42,6 +42,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _common as C
+from benchmarks import _plot as P
 from benchmarks.serve import Service
 
 HELLO = {
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=8, help="hello-world requests per language and side")
     parser.add_argument("--tests", type=int, default=TESTS_PER_PROGRAM,
                         help=f"codecontests-shaped tests per program (default {TESTS_PER_PROGRAM})")
+    P.add_option(parser)
     args = C.parse_args(parser, argv, smoke={"languages": "python,bash", "rounds": 2, "tests": 2})
     languages = [name for name in args.languages.split(",") if name]
     unknown = sorted(set(languages) - set(HELLO))
@@ -211,7 +213,44 @@ def main(argv: list[str] | None = None) -> int:
     C.print_targets(targets)
     figures["targets"] = targets
     C.emit_json(figures)
+    plot(args.plot, figures)
     return 0
+
+
+#: The sides a plot shows: (key, label, colour).
+_PLOTTED_SIDES = (("execpool", "execpool serve", "tab:blue"), ("sandbox_fusion", "SandboxFusion", "tab:red"))
+
+
+def plot(path: str | None, figures: dict) -> None:
+    """Per language: requests per second one after another (the same
+    program each time: execpool compiles it once), and the first request's
+    latency (a compile where the language compiles), side by side. A side
+    that answered any request wrong has no bar there, and an x under it."""
+    languages = list(figures["hello"])
+    sides = [side for side in _PLOTTED_SIDES if any(side[0] in f for f in figures["hello"].values())]
+    with P.figure(path, "Hello world through /run_code, per language", figures, panels=2) as axes:
+        width = 0.8 / max(1, len(sides))
+        for n, (side, label, colour) in enumerate(sides):
+            xs = [i + (n - (len(sides) - 1) / 2) * width for i in range(len(languages))]
+            answers = [figures["hello"][language].get(side) for language in languages]
+            right = [bool(a) and not a["wrong"] and bool(a["median_ms"]) for a in answers]
+            axes[0].bar(xs, [1000.0 / a["median_ms"] if ok else 0.0 for a, ok in zip(answers, right, strict=True)],
+                        width, color=colour, label=label)
+            axes[1].bar(xs, [a["first_ms"] if ok else 0.0 for a, ok in zip(answers, right, strict=True)], width,
+                        color=colour, label=label)
+            for ax in axes:
+                for x, a, ok in zip(xs, answers, right, strict=True):
+                    if a and not ok:
+                        ax.annotate("x", (x, 0), xycoords=("data", "axes fraction"), ha="center", va="bottom",
+                                    color=colour, fontweight="bold")
+        for ax, title, unit in ((axes[0], "throughput, after the first request", "requests per second"),
+                                (axes[1], "the first request", "ms")):
+            ax.set_xticks(range(len(languages)), languages, rotation=45, ha="right")
+            P.log_scales(ax, x_base=None)
+            ax.set_title(title)
+            ax.set_ylabel(unit)
+            ax.grid(True, axis="y", which="both", alpha=0.3)
+        axes[0].legend(fontsize=7)
 
 
 if __name__ == "__main__":

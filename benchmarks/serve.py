@@ -82,6 +82,7 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _common as C
+from benchmarks import _plot as P
 from execpool import ExecPool, PythonJob, ShellJob
 from execpool.serve.settings import DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT_S
 
@@ -499,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold", dest="warm", action="store_false",
                         help="cold Python on both sides (serve --cold; warm is the service's default)")
     parser.add_argument("--sandbox-fusion", metavar="URL", help="also send the requests to this SandboxFusion")
+    P.add_option(parser)
     args = C.parse_args(parser, argv, smoke={"concurrency": [1, 4], "requests": 4, "warmup": 1, "workers": 2,
                                              "max_in_flight": 4, "cpu_ms": 10.0})
     for name in ("requests", "workers", "max_in_flight", "max_queue"):
@@ -625,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     if examples:
         print()
     C.print_targets(targets)
-    C.emit_json({
+    result = {
         "benchmark": "serve",
         "workers": args.workers,
         "max_in_flight": args.max_in_flight,
@@ -645,8 +647,43 @@ def main(argv: list[str] | None = None) -> int:
         "load": {"before": load_before, "after": C.load()},
         "workloads": {w.name: {"label": w.label, "levels": figures[w.name]} for w in workloads},
         "targets": targets,
-    })
+    }
+    C.emit_json(result)
+    plot(args.plot, result)
     return 0
+
+
+#: The workloads in the order they run, which a plot keeps.
+_PLOT_ORDER = ("hi", "echo", "cpu")
+#: The sides a plot shows: (key in a level's figures, label, colour).
+_PLOTTED_SIDES = (("http", "execpool serve", "tab:blue"), ("library", "library, in-process", "tab:green"),
+                  ("sandbox_fusion", "SandboxFusion", "tab:red"))
+
+
+def plot(path: str | None, result: dict) -> None:
+    """Latency against concurrency, one panel per workload: each side's
+    median (solid) and p99 (dashed) per request, SandboxFusion's beside
+    execpool's where it was asked."""
+    workloads = result["workloads"]
+    with P.figure(path, "POST /run_code: latency against concurrency", result, panels=len(workloads)) as axes:
+        # The JSON line sorts its keys; the plot keeps the run's order of workloads.
+        names = sorted(workloads, key=lambda name: (_PLOT_ORDER + (name,)).index(name))
+        for ax, workload in zip(axes, [workloads[name] for name in names], strict=True):
+            levels = sorted(workload["levels"].items(), key=lambda item: int(item[0]))
+            for side, label, colour in _PLOTTED_SIDES:
+                points = [(int(c), level[side]) for c, level in levels if side in level]
+                if not points:
+                    continue
+                xs = [c for c, _ in points]
+                ax.plot(xs, [f["ms_median"] for _, f in points], "o-", color=colour, label=f"{label}, median")
+                ax.plot(xs, [f["ms_p99"] for _, f in points], "--", color=colour, alpha=0.6, label=f"{label}, p99")
+            P.log_scales(ax, x_base=2)
+            ax.set_xticks([int(c) for c, _ in levels])
+            ax.set_title(workload["label"])
+            ax.set_xlabel("concurrent clients")
+            ax.set_ylabel("ms per request")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].legend(fontsize=7)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ if __package__ in (None, ""):
 import psutil
 
 from benchmarks import _common as C
+from benchmarks import _plot as P
 from execpool import ExecPool, Status
 from execpool.worker.sessions.family import FAMILY_FORKS
 
@@ -242,6 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--forks", type=int, default=20)
     parser.add_argument("--fork-mb", type=C.positive_ints, default=[1, 100, 1000],
                         help="what the forked sessions hold, comma-separated MB (default 1,100,1000)")
+    P.add_option(parser)
     args = C.parse_args(parser, argv, smoke={"starts": 2, "kernel_starts": 1, "cells": 3, "figures": 1,
                                              "sessions": 2, "forks": 1, "fork_mb": [1]})
     load = C.load()
@@ -282,9 +284,34 @@ def main(argv: list[str] | None = None) -> None:
         targets["fork of 100 MB <= 5 ms"] = C.target(forked["cgroup"]["100mb_fork_ms"], 5, "<=", "ms")
     C.print_targets(targets)
     skipped = {name: why for name, why in (("jupyter", missing), ("ipython", no_ipython)) if why}
-    C.emit_json({"benchmark": "sessions", "sandbox": args.sandbox, "execpool": ours, "plain": plain, "forks": forked,
-                 "jupyter": theirs, "skipped": skipped,
-                 "targets": targets, "load_before": load, "load_after": C.load(), "machine": C.machine()})
+    figures = {"benchmark": "sessions", "sandbox": args.sandbox, "execpool": ours, "plain": plain, "forks": forked,
+               "fork_mb": args.fork_mb, "jupyter": theirs, "skipped": skipped,
+               "targets": targets, "load_before": load, "load_after": C.load(), "machine": C.machine()}
+    C.emit_json(figures)
+    plot(args.plot, figures)
+
+
+#: The kinds of fork a plot shows: (key in "forks", label).
+_PLOTTED_FORKS = (("cgroup", "a cgroup each"), ("no_cgroup", "no cgroup"), ("strict", "strict sandbox"),
+                  ("cgroup_plain", "plain Python, a cgroup each"))
+
+
+def plot(path: str | None, figures: dict) -> None:
+    """Fork time against what the session holds: ``fork()`` alone, and
+    with the copy's first cell, for each kind of session."""
+    held = figures["fork_mb"]
+    with P.figure(path, "Forking a Python session: time against what it holds", figures, panels=2) as axes:
+        for ax, what, title in ((axes[0], "fork", "fork()"),
+                                (axes[1], "fork_and_cell", "fork() and the copy's first cell")):
+            for kind, label in _PLOTTED_FORKS:
+                ax.plot(held, [figures["forks"][kind][f"{mb}mb_{what}_ms"] for mb in held], "o-", label=label)
+            P.log_scales(ax)
+            ax.set_ylim(bottom=1)
+            ax.set_title(title)
+            ax.set_xlabel("MB the session holds (every page written)")
+            ax.set_ylabel("ms, median")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].legend(fontsize=7)
 
 
 if __name__ == "__main__":

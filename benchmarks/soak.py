@@ -123,6 +123,7 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _common as C
+from benchmarks import _plot as P
 from benchmarks import _jobcost
 from benchmarks._leftovers import (KIND_VAR, RUN_VAR, checkpoints_at, kill_leftovers, marked_processes,
                                    rss_baseline, rss_checkpoint, settle, slope, traced_growth, window_drift)
@@ -492,6 +493,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--settle", type=float, default=2.0, help="max seconds to let counts settle (default 2)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the job order (default 1)")
     parser.add_argument("--skip", default="", help="comma-separated kinds to leave out, e.g. cancel_chatty")
+    P.add_option(parser)
     args = C.parse_args(parser, argv, smoke={"jobs": sum(weight for _, weight in KINDS.values()), "warmup": 5,
                                              "checkpoints": 2, "heap_slope_max": -1, "rss_slope_max": -1})
     if args.jobs is None:
@@ -539,7 +541,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for seg in range(segments):
             lo, hi = args.jobs * seg // segments, args.jobs * (seg + 1) // segments
             tally.add(run_batch(soak, kinds[lo:hi], args.concurrency, args.warmup + lo))
-            checkpoints.append({"jobs": hi, **rss_checkpoint()})
+            checkpoints.append({"jobs": hi, "s": round(time.perf_counter() - t0, 2), **rss_checkpoint()})
             if seg in (rss_baseline(checkpoints_at(args.jobs, segments), args.jobs * args.rss_warmup),
                        segments - 1):
                 snapshots.append(tracemalloc.take_snapshot())
@@ -648,7 +650,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"  verdict: {'OK' if ok else 'FAIL'}")
     print()
 
-    C.emit_json({
+    figures = {
         "benchmark": "soak",
         "ok": ok,
         "jobs": args.jobs,
@@ -693,8 +695,44 @@ def main(argv: Optional[list[str]] = None) -> int:
             "rss_slope_kib_per_1000_jobs": C.target(rss_slope, RSS_SLOPE_MAX_KIB_PER_1000, "<=",
                                                      "KiB/1000 jobs (leak only with drift > 2 MiB)"),
         },
-    })
+    }
+    C.emit_json(figures)
+    plot(args.plot, figures)
     return 0 if ok else 1
+
+
+def plot(path: Optional[str], figures: dict) -> None:
+    """This process's memory at each checkpoint against the time into the
+    measured run: RSS as it was and after ``malloc_trim(0)``, and the
+    Python heap tracemalloc sees; a leak is a line that climbs."""
+    points = figures["rss_checkpoints"]
+    seconds = [c["s"] for c in points]
+    title = (f"Soak: the caller's memory over {figures['jobs']} mixed jobs at concurrency {figures['concurrency']} "
+             f"({figures['jobs_per_s']} jobs/s)")
+    with P.figure(path, title, figures, panels=2) as axes:
+        axes[0].plot(seconds, [c["raw_mib"] for c in points], "o-", label="RSS")
+        axes[0].plot(seconds, [c["trimmed_mib"] for c in points], "o-", label="RSS after malloc_trim(0)")
+        axes[0].set_ylabel("MiB")
+        axes[0].set_title("resident set")
+        axes[1].plot(seconds, [c["traced_bytes"] / 2**20 for c in points], "o-", color="tab:purple")
+        axes[1].set_ylabel("MiB")
+        axes[1].set_title("Python heap (tracemalloc)")
+        for ax in axes:
+            ax.set_xlabel("seconds into the measured run")
+            ax.set_xlim(left=0)
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+            jobs = ax.secondary_xaxis("top", functions=(_along(points, "s", "jobs"), _along(points, "jobs", "s")))
+            jobs.set_xlabel("jobs done", fontsize=8)
+        axes[0].legend(fontsize=7)
+
+
+def _along(points: list, given: str, wanted: str) -> Callable:
+    """``given`` (seconds, or jobs done) to ``wanted`` between checkpoints,
+    as a line from the run's start: the two scales of the plot's x axis."""
+    import numpy
+    xs, ys = [0] + [c[given] for c in points], [0] + [c[wanted] for c in points]
+    return lambda value: numpy.interp(value, xs, ys)
 
 
 if __name__ == "__main__":

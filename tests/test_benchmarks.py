@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -46,6 +47,18 @@ def smoke(argv: list[str]) -> dict:
 def benchmark(name: str, *args: str) -> dict:
     figures = smoke([os.path.join(BENCHMARKS, f"{name}.py"), *args])
     assert figures["benchmark"] == name
+    return figures
+
+
+def plotted(name: str, tmp_path) -> dict:
+    """A smoke run with ``--plot``: its figures, once the PNG is checked to
+    be one, of a plot's size (the header's width and height)."""
+    path = tmp_path / f"{name}.png"
+    figures = benchmark(name, "--plot", str(path))
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", f"{path} is not a PNG"
+    width, height = struct.unpack(">II", data[16:24])
+    assert width >= 400 and height >= 300, (width, height)
     return figures
 
 
@@ -123,10 +136,10 @@ def test_big_caller():
 
 
 @pytest.mark.slow
-def test_soak():
+def test_soak(tmp_path):
     """Wrong Results and leaks fail a smoke run too (exit 1): only the
     memory slopes, meaningless over a hundred jobs, are not judged."""
-    figures = benchmark("soak")
+    figures = plotted("soak", tmp_path)
     assert figures["ok"] and figures["wrong"] == 0 and figures["leaks"] == []
     assert {"shell_output", "warm_python", "flood_shell", "daemon_holds_pipe", "zombie_leader",
             "symlink_racer", "marker_forger"} <= set(figures["kinds"])
@@ -143,8 +156,8 @@ def test_chaos():
 
 
 @pytest.mark.slow
-def test_languages():
-    figures = benchmark("languages")
+def test_languages(tmp_path):
+    figures = plotted("languages", tmp_path)
     assert "sandbox_fusion" in figures["skipped"]
     for language in ("python", "bash"):
         assert figures["hello"][language]["execpool"]["wrong"] == 0
@@ -165,8 +178,8 @@ def test_toolchains():
 
 
 @pytest.mark.slow
-def test_serve():
-    figures = benchmark("serve")
+def test_serve(tmp_path):
+    figures = plotted("serve", tmp_path)
     assert "sandbox_fusion" in figures["skipped"] and not figures["service"]["killed"]
     assert set(figures["workloads"]) == {"hi", "echo", "cpu"}
     for workload in figures["workloads"].values():
@@ -178,8 +191,8 @@ def test_serve():
 
 
 @pytest.mark.slow
-def test_sessions():
-    figures = benchmark("sessions")
+def test_sessions(tmp_path):
+    figures = plotted("sessions", tmp_path)
     for side in ("execpool", "plain"):  # IPython (where installed, as the test extra has it) and plain Python
         assert _positive(figures[side]["start_ms"], figures[side]["cell_ms"], figures[side]["figure_ms"])
     assert "ipython" not in figures["skipped"]
