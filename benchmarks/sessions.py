@@ -60,7 +60,7 @@ if __package__ in (None, ""):
 import psutil
 
 from benchmarks import _common as C
-from execpool import ExecPool, Status
+from execpool import ExecPool, Limits, Status
 from execpool.worker.sessions.family import FAMILY_FORKS
 
 
@@ -80,6 +80,12 @@ def _checked(result, want=None):
         raise AssertionError(f"a wrong answer: {result}")
     return result
 
+
+#: What each session may write (``Limits(disk=...)``): its cells write
+#: nothing but matplotlib's font cache. A sandboxed session holds its bound
+#: of the pool's disk budget (half of memory and swap) while it lives, so
+#: at the default 1 GiB a hundred idle sessions could not be open at once.
+SESSION_DISK = 64 << 20
 
 #: A cell that leaves a figure open: each side shows it at the cell's end.
 FIGURE_CELL = "plt.plot([1, 3, 2]);"
@@ -102,7 +108,7 @@ def _shows_a_figure(result):
 
 def sessions(args: argparse.Namespace, ipython: bool) -> dict:
     sandbox = None if args.sandbox == "off" else "strict"
-    with ExecPool(workers=args.workers, sandbox=sandbox) as pool:
+    with ExecPool(workers=args.workers, sandbox=sandbox, limits=Limits(disk=SESSION_DISK)) as pool:
         with pool.session("python", ipython=ipython) as warmup:  # the worker's template and spares exist from here on
             _checked(warmup.run("None"))
         starts = []
@@ -133,7 +139,7 @@ def sessions(args: argparse.Namespace, ipython: bool) -> dict:
 
 def forks(args: argparse.Namespace, cgroups: bool, sandbox: bool = False, ipython: bool | None = None) -> dict:
     figures = {}
-    with ExecPool(workers=1, cgroups=cgroups) as pool:
+    with ExecPool(workers=1, cgroups=cgroups, limits=Limits(disk=SESSION_DISK)) as pool:
         for megabytes in args.fork_mb:
             calls: list = []
             firsts: list = []
