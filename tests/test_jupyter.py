@@ -98,6 +98,10 @@ CORPUS: List[Cell] = [
     Cell("_exit_code"),
     Cell("!ls /no-such-directory"),
     Cell("!sleep 1 &", evalue=False),
+    # the working directory: %cd and its history (_dh) from where each side started
+    Cell("os.makedirs('sub', exist_ok=True)\n%cd -q sub\nos.path.basename(os.getcwd())"),
+    Cell("%cd -q -\nos.getcwd() == str(_dh[0]), len(_dh)"),
+    Cell("%cd -q no-such-directory"),
     # help
     Cell("?len", normalize=_no_file_lines, sandbox_fusion=False),
     Cell("def double(n):\n    'Twice n.'\n    return 2 * n"),
