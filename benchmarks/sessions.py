@@ -16,7 +16,10 @@ sandbox:
 - **start**: from asking for a session (a kernel) to the answer of its
   first cell, ``None``; the median of ``--starts`` starts, one after
   another. Target: the session's at most 1/20 of the kernel's, and 10 ms
-  whether it speaks IPython or not.
+  whether it speaks IPython or not. And the CPU a start costs, the
+  steadier figure on a busy machine: what this process and every process
+  below it spent over those starts (the pool's workers, template, spares
+  and sessions; the kernel and its client), divided by their number.
 - **small cell**: the round trip of ``x = 1`` in a live session (kernel);
   the median of ``--cells``. Target: at most 1/3 of the kernel's.
 - **figure cell**: the round trip of a cell that draws a line and leaves
@@ -61,7 +64,7 @@ import psutil
 
 from benchmarks import _common as C
 from benchmarks import _plot as P
-from execpool import ExecPool, Status
+from execpool import ExecPool, Limits, Status
 from execpool.worker.sessions.family import FAMILY_FORKS
 
 
@@ -76,11 +79,34 @@ def _descendants_uss() -> int:
     return total
 
 
+def _pool_cpu() -> float:
+    """CPU seconds spent so far by this process and every process below it,
+    with what each reaped: the caller's threads, the lifeline, the workers,
+    their templates, the spares and sessions the workers reaped; a kernel
+    and its client's threads."""
+    own = psutil.Process()
+    times = own.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in own.children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
 def _checked(result, want=None):
     if result.status is not Status.OK or (want is not None and result.value != want):
         raise AssertionError(f"a wrong answer: {result}")
     return result
 
+
+#: What each session may write (``Limits(disk=...)``): its cells write
+#: nothing but matplotlib's font cache. A sandboxed session holds its bound
+#: of the pool's disk budget (half of memory and swap) while it lives, so
+#: at the default 1 GiB a hundred idle sessions could not be open at once.
+SESSION_DISK = 64 << 20
 
 #: A cell that leaves a figure open: each side shows it at the cell's end.
 FIGURE_CELL = "plt.plot([1, 3, 2]);"
@@ -103,16 +129,18 @@ def _shows_a_figure(result):
 
 def sessions(args: argparse.Namespace, ipython: bool) -> dict:
     sandbox = None if args.sandbox == "off" else "strict"
-    with ExecPool(workers=args.workers, sandbox=sandbox) as pool:
+    with ExecPool(workers=args.workers, sandbox=sandbox, limits=Limits(disk=SESSION_DISK)) as pool:
         with pool.session("python", ipython=ipython) as warmup:  # the worker's template and spares exist from here on
             _checked(warmup.run("None"))
         starts = []
+        cpu_before = _pool_cpu()
         for _ in range(args.starts):
             began = time.perf_counter()
             session = pool.session("python", ipython=ipython)
             _checked(session.run("None"))
             starts.append(time.perf_counter() - began)
             session.close()
+        start_cpu = (_pool_cpu() - cpu_before) / args.starts
         with pool.session("python", ipython=ipython) as session:
             _checked(session.run("x = 1"))
             cells = _timed(lambda code: _checked(session.run(code)), "x = 1", args.cells)
@@ -127,14 +155,14 @@ def sessions(args: argparse.Namespace, ipython: bool) -> dict:
         finally:
             for session in opened:
                 session.close()
-    return {"start_ms": C.ms(statistics.median(starts)), "cell_ms": C.ms(statistics.median(cells)),
-            "cell_p90_ms": C.ms(C.quantile(cells, 0.9)), "figure_ms": C.ms(statistics.median(figures)),
-            "idle_mib": C.mib(idle)}
+    return {"start_ms": C.ms(statistics.median(starts)), "start_cpu_ms": C.ms(start_cpu),
+            "cell_ms": C.ms(statistics.median(cells)), "cell_p90_ms": C.ms(C.quantile(cells, 0.9)),
+            "figure_ms": C.ms(statistics.median(figures)), "idle_mib": C.mib(idle)}
 
 
 def forks(args: argparse.Namespace, cgroups: bool, sandbox: bool = False, ipython: bool | None = None) -> dict:
     figures = {}
-    with ExecPool(workers=1, cgroups=cgroups) as pool:
+    with ExecPool(workers=1, cgroups=cgroups, limits=Limits(disk=SESSION_DISK)) as pool:
         for megabytes in args.fork_mb:
             calls: list = []
             firsts: list = []
@@ -205,6 +233,7 @@ def kernel_missing() -> str | None:
 
 def kernels(args: argparse.Namespace) -> dict:
     starts = []
+    cpu_before = _pool_cpu()
     for _ in range(args.kernel_starts):
         began = time.perf_counter()
         kernel = _Kernel()
@@ -213,6 +242,7 @@ def kernels(args: argparse.Namespace) -> dict:
             starts.append(time.perf_counter() - began)
         finally:
             kernel.close()
+    start_cpu = (_pool_cpu() - cpu_before) / args.kernel_starts
     kernel = _Kernel()
     try:
         kernel.run("x = 1")
@@ -222,9 +252,9 @@ def kernels(args: argparse.Namespace) -> dict:
         figures = _timed(kernel.show_a_figure, FIGURE_CELL, args.figures)
     finally:
         kernel.close()
-    return {"start_ms": C.ms(statistics.median(starts)), "cell_ms": C.ms(statistics.median(cells)),
-            "cell_p90_ms": C.ms(C.quantile(cells, 0.9)), "figure_ms": C.ms(statistics.median(figures)),
-            "idle_mib": C.mib(idle)}
+    return {"start_ms": C.ms(statistics.median(starts)), "start_cpu_ms": C.ms(start_cpu),
+            "cell_ms": C.ms(statistics.median(cells)), "cell_p90_ms": C.ms(C.quantile(cells, 0.9)),
+            "figure_ms": C.ms(statistics.median(figures)), "idle_mib": C.mib(idle)}
 
 
 def _ratio(theirs: dict | None, ours: dict | None, key: str) -> float | str:
@@ -259,6 +289,7 @@ def main(argv: list[str] | None = None) -> None:
                   [[label, plain[key], None if no_ipython else ours[key], theirs[key] if theirs else None,
                     _ratio(theirs, None if no_ipython else ours, key) if ratio else ""]
                    for label, key, ratio in (("start, median ms", "start_ms", True),
+                                             ("start, CPU ms each", "start_cpu_ms", True),
                                              ("small cell, median ms", "cell_ms", True),
                                              ("small cell, p90 ms", "cell_p90_ms", False),
                                              ("figure cell, median ms", "figure_ms", True),

@@ -73,13 +73,26 @@ OnOutput = Callable[[str], None]
 Claim = Callable[[], Callable[[], None]]
 
 
+#: The displayed types a client gets as images, the first a bundle has:
+#: those a kernel sends base64 (an SVG is text, which the text carries).
+IMAGE_TYPES = ("image/png", "image/jpeg")
+
+
+def _image(bundle: dict) -> Optional[Tuple[str, str]]:
+    """A display's image as (MIME type, base64), or None."""
+    for mime in IMAGE_TYPES:
+        if isinstance(bundle.get(mime), str):
+            return mime, bundle[mime]
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """What a call gives the client: the model-facing text, the PNG images
-    (base64) the code displayed, and whether the call failed."""
+    """What a call gives the client: the model-facing text, the images the
+    code displayed (MIME type, base64), and whether the call failed."""
 
     text: str
-    images: Tuple[str, ...] = ()
+    images: Tuple[Tuple[str, str], ...] = ()
     is_error: bool = False
 
 
@@ -215,7 +228,7 @@ class Runner:
         for note in (hint, RESTARTED_NOTE if restarted else ""):
             if note:
                 text += ("\n" if text.endswith("\n") else "\n\n") + note
-        images = tuple(item["image/png"] for item in result.shown if isinstance(item.get("image/png"), str))
+        images = tuple(image for bundle in result.shown if (image := _image(bundle)) is not None)
         return Outcome(text, images, result.status is not Status.OK)
 
     async def _program(self, call: Call, space: Workspace, on_output: Optional[OnOutput]) -> Outcome:

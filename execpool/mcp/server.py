@@ -82,7 +82,7 @@ def create_server(runner: Runner, catalog: Catalog, workspaces: Workspaces, guar
         else:
             outcome = await guard(ctx, lambda: _safely(call, _run(runner, workspaces, ctx, call)))
         content: list = [types.TextContent(text=outcome.text)]
-        content.extend(types.ImageContent(data=image, mime_type="image/png") for image in outcome.images)
+        content.extend(types.ImageContent(data=image, mime_type=mime) for mime, image in outcome.images)
         return types.CallToolResult(content=content, is_error=outcome.is_error)
 
     return Server(SERVER_NAME, version=_version(), on_list_tools=list_tools, on_call_tool=call_tool)

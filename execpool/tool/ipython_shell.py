@@ -27,9 +27,11 @@ when its frontend takes no input: a session's cells get none.
 from __future__ import annotations
 
 import builtins
+import fnmatch
 import importlib
 import io
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -95,6 +97,23 @@ class _ValueHook(DisplayHook):
         outputs = _running(self.shell)
         if outputs is not None:
             outputs.result(dict(format_dict))
+
+
+class _MemoryStore(dict):
+    """``get_ipython().db`` in memory, for the session's life: what
+    ``%cd`` keeps (its directory history, the bookmarks ``%bookmark``
+    makes and ``%cd -b`` follows) and the rest of IPython that keeps keys
+    in it. A kernel's lives in ``~/.ipython``, which a session has not:
+    the template must not write a home, and a sandboxed session's is its
+    own and fresh."""
+
+    def keys(self, globpat: Optional[str] = None) -> Any:
+        """pickleshare's ``keys``: all, or those matching a glob."""
+        names = list(super().keys())
+        return names if globpat is None else [name for name in names if fnmatch.fnmatch(name, globpat)]
+
+    def uncache(self, *items: Any) -> None:
+        """Nothing is cached apart from the store: it is the store."""
 
 
 class SessionShell(InteractiveShell):
@@ -248,6 +267,7 @@ def _build() -> SessionShell:
     config.HistoryManager.hist_file = ":memory:"  # and so no history thread: a fork copies no thread
     shell = SessionShell(config=config, user_module=types.ModuleType("__main__"), colors="nocolor")
     shell.set_hook("show_in_pager", _page)
+    shell.db = _MemoryStore()
     return shell
 
 
@@ -317,6 +337,11 @@ def take() -> SessionShell:
         if issubclass(cls, InteractiveShell):
             cls._instance = shell  # type: ignore[assignment]  # what SingletonConfigurable.instance() sets
     builtins.__dict__.update(_builtins)
+    # ``_dh`` (``%cd -``, ``%dhist``) starts where the session does, not
+    # where the template built the shell.
+    history = shell.history_manager
+    assert history is not None  # made by the shell's construction
+    history.dir_hist[:] = [pathlib.Path.cwd()]
     shell.init_prompts()
     builtins.input = _no_input
     sys.modules["__main__"] = shell.user_module

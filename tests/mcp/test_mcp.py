@@ -175,6 +175,13 @@ def test_python_keeps_its_state_across_calls_until_reset_and_shows_images():
             figure = await s.call_tool("python", {"code": "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2]);"})
             assert [block.type for block in figure.content] == ["text", "image"]
             assert figure.content[1].mime_type == "image/png" and figure.content[1].data.startswith("iVBOR")
+            photo = await s.call_tool("python", {"code": "import io\nfrom PIL import Image as Picture\n"
+                                                          "from IPython.display import Image\nb = io.BytesIO()\n"
+                                                          "Picture.new('RGB', (2, 2)).save(b, 'JPEG')\n"
+                                                          "Image(data=b.getvalue(), format='jpeg')"})
+            assert [(block.type, getattr(block, "mime_type", None)) for block in photo.content] == [
+                ("text", None), ("image", "image/jpeg")]
+            assert photo.content[1].data.startswith("/9j/")  # a JPEG's first bytes, base64
             assert text(await s.call_tool("python", {"code": "!echo from bash\n%time _ = 1"})).startswith(
                 "from bash\nCPU times:")
             assert not (await s.call_tool("reset", {})).is_error

@@ -98,6 +98,10 @@ CORPUS: List[Cell] = [
     Cell("_exit_code"),
     Cell("!ls /no-such-directory"),
     Cell("!sleep 1 &", evalue=False),
+    # the working directory: %cd and its history (_dh) from where each side started
+    Cell("os.makedirs('sub', exist_ok=True)\n%cd -q sub\nos.path.basename(os.getcwd())"),
+    Cell("%cd -q -\nos.getcwd() == str(_dh[0]), len(_dh)"),
+    Cell("%cd -q no-such-directory"),
     # help
     Cell("?len", normalize=_no_file_lines, sandbox_fusion=False),
     Cell("def double(n):\n    'Twice n.'\n    return 2 * n"),
@@ -347,6 +351,21 @@ def test_a_traceback_shows_the_cells_frames_and_none_of_execpool(pool):
             traceback = "\n".join(result.error["traceback"])
             assert "execpool" not in traceback and "\x1b[" not in traceback, traceback
         assert "Cell In[1], line 2, in inner" in "\n".join(session.run("inner()").error["traceback"])
+
+
+def test_bookmarks_and_directory_history_are_the_session_s_own(pool):
+    """``%bookmark`` and ``%cd`` keep what a kernel keeps in ``~/.ipython``
+    in the session's memory: a fork has the copy, another session none."""
+    with pool.session("python", ipython=True) as session:
+        start = session.run("import os\nos.getcwd()").value
+        session.run("os.makedirs('sub')\n%bookmark there sub")
+        moved = session.run("%cd -b there")
+        assert moved.status is Status.OK and moved.stdout.startswith("(bookmark:there) -> sub\n"), moved.text
+        with session.fork() as copy:
+            assert copy.run("%cd -q -\n%cd -q -b there\nos.path.basename(os.getcwd())").value == "'sub'"
+        with pool.session("python", ipython=True) as other:
+            assert other.run("%bookmark -l").stdout == "Current bookmarks:\n"
+            assert other.run("_dh").value == f"[PosixPath({start})]"
 
 
 def test_exit_leaves_the_session_and_its_state(pool):
