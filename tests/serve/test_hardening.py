@@ -145,7 +145,7 @@ def test_a_sigkilled_server_leaves_no_job_directory_behind(tmp_path):
         s.proc.kill()
         s.proc.wait()
         thread.join(DEADLINE_S)
-        assert all_dead(below, timeout=5.0), [pid for pid in below if alive(pid)]
+        assert all_dead(below, timeout=DEADLINE_S), [pid for pid in below if alive(pid)]
         assert wait_for(lambda: not os.listdir(tmpdir), 5.0), os.listdir(tmpdir)
     finally:
         gate.touch()

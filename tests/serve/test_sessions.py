@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from tests.support.helpers import all_dead, pids_in, wait_for
-from tests.support.servers import Server, b64, metric
+from tests.support.servers import DEADLINE_S, Server, b64, metric
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,10 @@ def open_session(server, **body):
 
 
 def run(server, ident, code, **body):
-    return server.client.post(f"/v1/sessions/{ident}/run", json={"code": code, **body})
+    """A cell's answer, waited for as long as the cell may run and then the
+    tests' deadline (a 120 s cell once outlasted the client's 20 s)."""
+    return server.client.post(f"/v1/sessions/{ident}/run", json={"code": code, **body},
+                              timeout=body.get("timeout", 0) + DEADLINE_S)
 
 
 def test_a_python_session_keeps_its_state_and_files(server):

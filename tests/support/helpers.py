@@ -368,3 +368,15 @@ def runs_here(name: str) -> None:
     if IN_CI:
         pytest.fail(f"{name} does not run here: {row.why_not}", pytrace=False)
     pytest.skip(f"{name} does not run here: {row.why_not}")
+
+
+def pids_cgroup_tier() -> bool:
+    """Whether execpool can put jobs in cgroups here with a pids controller
+    (the tier that caps a job's processes for root, too)."""
+    from execpool.shared.kernel.cgroups import Cgroups
+
+    tier = Cgroups.detect("probe-test")
+    if tier is None:
+        return False
+    tier.close()
+    return "pids" in tier.bases

@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from execpool import CellResult, ExecPool, JobOutput, Limits, SessionClosedError, ShellJob, Status
-from tests.support.helpers import all_dead, owner_killed_leaves_nothing, pids_in, remember, wait_for
+from tests.support.helpers import all_dead, owner_killed_leaves_nothing, pids_cgroup_tier, pids_in, remember, wait_for
 
 #: A daemon in a session of its own, orphaned at once, announcing its pid.
 DAEMON = "setsid sh -c 'sleep 300 </dev/null >/dev/null 2>&1 & echo \"PIDS $!\"'"
@@ -282,8 +282,7 @@ def test_a_cancel_sweeps_until_a_hopping_daemon_is_gone(tmp_path, environment):
     kills, its cgroup's pids.max 0 meanwhile."""
     if shutil.which("gcc") is None:
         pytest.skip("no C compiler here")
-    from test_cgroups import _tier_available
-    if not _tier_available():
+    if not pids_cgroup_tier():
         pytest.skip("no cgroup tier here")
     hopper, survived, hopping = tmp_path / "hopper", tmp_path / "survived", tmp_path / "hopping"
     (tmp_path / "hopper.c").write_text(HOPPER_C)
@@ -551,8 +550,7 @@ def test_a_daemon_a_session_left_dies_with_it_while_the_worker_stays_busy(doomed
     (no job marker) is no one's once its session is gone -- but a session
     has a cgroup of its own where one can be made (root here), and dies
     with it, another session keeping the worker busy meanwhile."""
-    from test_cgroups import _tier_available
-    if not _tier_available():
+    if not pids_cgroup_tier():
         pytest.skip("no cgroup tier here: such a daemon lives until its worker is idle (README)")
     with ExecPool(workers=1, sandbox="strict") as own, own.session("python") as busy:
         assert busy.run("1").ok

@@ -11,18 +11,9 @@ import pytest
 
 from execpool import ExecPool, Limits, PythonJob, ShellJob
 from execpool.shared.kernel.cgroups import Cgroups
-from tests.support.helpers import all_dead, pids_in, wait_for, worker_records
+from tests.support.helpers import all_dead, pids_cgroup_tier, pids_in, wait_for, worker_records
 
-
-def _tier_available() -> bool:
-    tier = Cgroups.detect("probe-test")
-    if tier is None:
-        return False
-    tier.close()
-    return "pids" in tier.bases
-
-
-pytestmark = pytest.mark.skipif(not _tier_available(), reason="no pids cgroup controller execpool may use here")
+pytestmark = pytest.mark.skipif(not pids_cgroup_tier(), reason="no pids cgroup controller execpool may use here")
 
 OWN_PIDS_MAX = ("import os\npath = [l.split(':', 2)[2].strip() for l in open('/proc/self/cgroup') if ':pids:' in l "
                 "or l.startswith('0::')][0]\nroots = ['/sys/fs/cgroup/pids', '/sys/fs/cgroup/unified', '/sys/fs/cgroup']\n"
