@@ -29,8 +29,8 @@ are kept for ``replicas()``: what ``GET /v1/cluster`` asks.
 
 from __future__ import annotations
 
+import importlib
 import random
-import sys
 from typing import Dict, List, Optional, Tuple
 
 from ray.serve._private.common import DeploymentHandleSource
@@ -60,9 +60,10 @@ class SessionRouter(PowerOfTwoChoicesRequestRouter):
 
     def update_replicas(self, replicas: List[RunningReplica]) -> None:
         super().update_replicas(replicas)
-        # Through the module as this process imported it: Ray Serve sends
-        # this class to each process by value, with globals of its own.
-        sys.modules[__name__]._SEEN[f"{self._deployment_id.app_name}#{self._deployment_id.name}"] = [
+        # Through the module as this process imports it: Ray Serve sends
+        # this class to each process by value, with globals of its own
+        # (and a proxy has not imported the module at all).
+        importlib.import_module(__name__)._SEEN[f"{self._deployment_id.app_name}#{self._deployment_id.name}"] = [
             (replica.replica_id.unique_id, replica.node_id) for replica in replicas]
 
     async def choose_replicas(self, candidate_replicas: List[RunningReplica],

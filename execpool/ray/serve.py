@@ -234,10 +234,10 @@ class _Pinned:
             return
         path, method = scope["path"], scope["method"]
         if path == "/v1/cluster" and method == "GET":
-            await _json(send, 200, await self.service.cluster())
+            await send_json(send, 200, await self.service.cluster())
             return
         if path == "/v1/sessions" and method == "GET" and not scope.get(_PASSED):
-            await _json(send, 200, await self._all_sessions(scope))
+            await send_json(send, 200, await self._all_sessions(scope))
             return
         match = _SESSION_PATH.match(path)
         if match is None or "." not in match.group(1) or match.group(1).startswith(f"{self.service.name}."):
@@ -246,7 +246,7 @@ class _Pinned:
         name = routing.owner(match.group(1))
         seen = routing.replicas(self.service._app_name, self.service._deployment)
         if scope.get(_PASSED) or (seen is not None and name not in {known for known, _ in seen}):
-            await _json(send, 404, {"detail": _left(name)})
+            await send_json(send, 404, {"detail": _left(name)})
             return
         body = await self._body(receive, send, scope)
         if body is not None:
@@ -274,10 +274,10 @@ class _Pinned:
             if not await asyncio.wait_for(read(), self.read_timeout):
                 return None
         except OverflowError:
-            await _json(send, 413, {"detail": f"the body is over {self.max_body_bytes >> 20} MiB"})
+            await send_json(send, 413, {"detail": f"the body is over {self.max_body_bytes >> 20} MiB"})
             return None
         except asyncio.TimeoutError:
-            await _json(send, 408, {"detail": f"the body did not arrive within {self.read_timeout:g} s"})
+            await send_json(send, 408, {"detail": f"the body did not arrive within {self.read_timeout:g} s"})
             return None
         return b"".join(chunks)
 
@@ -294,7 +294,7 @@ class _Pinned:
         except ray.exceptions.RayError:
             if started:
                 raise
-            await _json(send, 404, {"detail": _left(routing.owner(ident))})
+            await send_json(send, 404, {"detail": _left(routing.owner(ident))})
         finally:
             answer.cancel()
 
@@ -359,7 +359,8 @@ def _portable(scope: Dict[str, Any]) -> Dict[str, Any]:
     return {key: scope[key] for key in _SCOPE_KEYS if key in scope}
 
 
-async def _json(send: Callable, status: int, obj: Any) -> None:
+async def send_json(send: Callable, status: int, obj: Any) -> None:
+    """A whole JSON answer on an ASGI ``send``."""
     body = json.dumps(obj).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
@@ -394,13 +395,12 @@ def app(options: Optional[Mapping[str, Any]] = None, /, **more: Any) -> Any:
 def application(options: argparse.Namespace, token: Optional[str]) -> Any:
     """The application for ``execpool serve --ray``'s parsed options (and
     its token: None to have each replica read its own)."""
+    check_scale(options)
     admits = (options.max_in_flight or default_max_in_flight()) + options.max_queue
     scale: Dict[str, Any]
     if options.min_replicas is not None or options.max_replicas is not None:
         low = options.min_replicas if options.min_replicas is not None else 1
         high = options.max_replicas if options.max_replicas is not None else max(low, _nodes_with_cpus())
-        if low > high:
-            raise ValueError(f"--min-replicas {low} is over --max-replicas {high}")
         scale = {"autoscaling_config": {"min_replicas": low, "max_replicas": high, "initial_replicas": max(low, 1),
                                         "target_ongoing_requests": options.max_in_flight or default_max_in_flight()}}
     elif options.replicas is not None:
@@ -416,6 +416,15 @@ def application(options: argparse.Namespace, token: Optional[str]) -> Any:
         graceful_shutdown_timeout_s=options.grace + 5.0, health_check_period_s=2.0, health_check_timeout_s=10.0,
         **scale)
     return deployment.bind(options, token)
+
+
+def check_scale(options: argparse.Namespace) -> None:
+    """ValueError for replica counts that contradict each other."""
+    if options.replicas is not None and (options.min_replicas is not None or options.max_replicas is not None):
+        raise ValueError("--replicas is a fixed count: give it or --min-replicas/--max-replicas, not both")
+    if options.min_replicas is not None and options.max_replicas is not None \
+            and options.min_replicas > options.max_replicas:
+        raise ValueError(f"--min-replicas {options.min_replicas} is over --max-replicas {options.max_replicas}")
 
 
 def _nodes_with_cpus() -> int:

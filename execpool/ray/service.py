@@ -24,7 +24,7 @@ import ray
 from ray import serve
 
 from ..serve.command import UsageError, checked
-from .serve import APP_NAME, DEPLOYMENT, application
+from .serve import APP_NAME, DEPLOYMENT, application, check_scale
 
 #: Seconds the replicas have to come up and answer.
 STARTUP_TIMEOUT_S = 300.0
@@ -34,22 +34,19 @@ def main(args: argparse.Namespace) -> int:
     """Exits 0 after the application is deleted, 2 for bad usage."""
     try:
         token = checked(args)
-    except UsageError as exc:
+        check_scale(args)
+    except (UsageError, ValueError) as exc:
         print(f"execpool serve: {exc}", file=sys.stderr)
         return 2
     address = args.ray or os.environ.get("RAY_ADDRESS") or "auto"
     stop = threading.Event()
+    ray.init(address=address, log_to_driver=False)
+    # After ray.init, which puts handlers of its own in their place.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    ray.init(address=address, log_to_driver=False)
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
-        try:
-            built = application(args, token)
-        except ValueError as exc:
-            print(f"execpool serve: {exc}", file=sys.stderr)
-            return 2
-        serve.run(built, name=APP_NAME, route_prefix="/", blocking=False)
+        serve.run(application(args, token), name=APP_NAME, route_prefix="/", blocking=False)
         if not _all_answer(stop):
             return 0 if stop.is_set() else 1
         host = f"[{args.host}]" if ":" in args.host else args.host
