@@ -20,6 +20,7 @@ from typing import Dict, List
 import httpx
 import psutil
 import pytest
+from conftest import nothing_left_behind
 from helpers import wait_for
 
 pytest.importorskip("ray.serve")
@@ -32,6 +33,14 @@ ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"
 #: Each replica: one worker, no sandbox (two nodes share two CPUs here;
 #: the sandbox's own tests are elsewhere), a short grace.
 REPLICA_FLAGS = ["--workers", "1", "--sandbox", "off", "--grace", "2"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def leaves_nothing_behind(request):
+    """No process or thread left; descriptors not counted, as in
+    tests/test_ray.py: the handle test's Ray driver keeps connections
+    to the cluster's processes until its ``ray.shutdown``."""
+    yield from nothing_left_behind(request, descriptors=False)
 
 
 def _free_port() -> int:
@@ -128,10 +137,11 @@ class Command:
         self.url = f"http://127.0.0.1:{self.port}"
         self.lines: List[str] = []
         self.ready = threading.Event()
+        self.reader = threading.Thread(target=self._read, daemon=True)
         self.process = subprocess.Popen(
             [*EXECPOOL, "serve", "--ray", cluster.address, "--port", str(self.port), *REPLICA_FLAGS, *flags],
             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader.start()
         assert self.ready.wait(240), "never ready:\n" + "".join(self.lines[-40:])
 
     def _read(self) -> None:
@@ -149,6 +159,10 @@ class Command:
         except subprocess.TimeoutExpired:
             self.process.kill()
             raise
+        finally:
+            self.reader.join(10)
+            if self.process.stdout is not None:
+                self.process.stdout.close()
 
     def cluster_view(self) -> List[dict]:
         return httpx.get(f"{self.url}/v1/cluster", timeout=30).json()["replicas"]
@@ -272,36 +286,47 @@ def test_sessions_stay_on_their_replica_under_load_on_both_nodes(service):
         assert gone.status_code == 404 and "no such session" in gone.json()["detail"]
 
 
-def test_the_handle_api_needs_no_http_and_prefers_the_callers_node(service, cluster):
-    import ray
+#: A caller on the cluster, in a process of its own (a Ray driver keeps
+#: threads and connections until its process ends): the handle API.
+HANDLE_CALLER = """
+import sys
+import ray
+from execpool.ray import serve as on_ray
 
-    from execpool.ray import serve as on_ray
-
-    ray.init(address=cluster.address, log_to_driver=False)
+ray.init(address=sys.argv[1], log_to_driver=False)
+handle = on_ray.handle()
+mine = ray.get_runtime_context().get_node_id()
+nodes = {handle.describe.remote().result(timeout_s=60)["node_id"] for _ in range(8)}
+assert nodes == {mine}, (nodes, mine)
+answer = handle.run_code.remote({"code": "print(2 + 2)", "language": "python"}).result(timeout_s=60)
+assert answer["status"] == "Success" and answer["run_result"]["stdout"] == "4\\n", answer
+record = handle.run.remote({"code": "echo hi", "language": "bash"}).result(timeout_s=60)
+assert record["status"] == "ok" and record["output"] == "hi\\n", record
+for ident in sys.argv[2:]:
+    print("session", ident, flush=True)
+    for pinned in (handle, handle.options(multiplexed_model_id=ident)):
+        pinned.run_cell.remote(ident, {"code": "k = 5"}).result(timeout_s=60)
+        cell = pinned.run_cell.remote(ident, {"code": "print(k * 2)"}).result(timeout_s=60)
+        assert cell["stdout"] == "10\\n", cell
+    child = handle.fork_session.remote(ident).result(timeout_s=60)
+    assert child["id"].split(".")[0] == ident.split(".")[0], child
+    for closed in (child["id"], ident):
+        handle.close_session.remote(closed).result(timeout_s=60)
     try:
-        handle = on_ray.handle()
-        mine = ray.get_runtime_context().get_node_id()
-        nodes = {handle.describe.remote().result(timeout_s=60)["node_id"] for _ in range(8)}
-        assert nodes == {mine}
-        answer = handle.run_code.remote({"code": "print(2 + 2)", "language": "python"}).result(timeout_s=60)
-        assert answer["status"] == "Success" and answer["run_result"]["stdout"] == "4\n", answer
-        record = handle.run.remote({"code": "echo hi", "language": "bash"}).result(timeout_s=60)
-        assert record["status"] == "ok" and record["output"] == "hi\n"
-        held = _open_on_both(service.url, 1)
-        for ident in (ids[0] for ids in held.values()):
-            for pinned in (handle, handle.options(multiplexed_model_id=ident)):
-                pinned.run_cell.remote(ident, {"code": "k = 5"}).result(timeout_s=60)
-                cell = pinned.run_cell.remote(ident, {"code": "print(k * 2)"}).result(timeout_s=60)
-                assert cell["stdout"] == "10\n", cell
-            child = handle.fork_session.remote(ident).result(timeout_s=60)
-            assert child["id"].split(".")[0] == ident.split(".")[0]
-            for closed in (child["id"], ident):
-                handle.close_session.remote(closed).result(timeout_s=60)
-            with pytest.raises(on_ray.ServiceError) as refused:
-                handle.run_cell.remote(ident, {"code": "1"}).result(timeout_s=60)
-            assert refused.value.status == 404
-    finally:
-        ray.shutdown()
+        handle.run_cell.remote(ident, {"code": "1"}).result(timeout_s=60)
+    except on_ray.ServiceError as exc:
+        assert exc.status == 404, exc
+    else:
+        raise AssertionError("a closed session ran a cell")
+print("handle API: OK")
+"""
+
+
+def test_the_handle_api_needs_no_http_and_prefers_the_callers_node(service, cluster):
+    held = _open_on_both(service.url, 1)
+    done = subprocess.run([sys.executable, "-c", HANDLE_CALLER, cluster.address,
+                           *(ids[0] for ids in held.values())], env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "handle API: OK" in done.stdout, (done.stdout, done.stderr[-1500:])
 
 
 def test_a_node_killed_mid_load_loses_only_its_own(service, cluster):
