@@ -559,13 +559,15 @@ def main(argv: list[str] | None = None) -> int:
     has_sandbox, sandbox = _sandbox()
     if has_sandbox and sandbox is None:
         options += ["--sandbox", "off"]
-    ray_service = None
+    ray_service = service = None
     try:
         service = Service(options)
         if args.ray:
             replicas = [] if args.ray_replicas is None else ["--replicas", str(args.ray_replicas)]
             ray_service = Service([*options, "--ray", args.ray, "--port", str(_free_port()), *replicas], patience=5.0)
     except ServiceFailed as exc:
+        if service is not None:
+            service.stop()  # the one already running goes too
         print(f"execpool serve benchmark: {exc}")
         C.emit_json({"benchmark": "serve", "error": str(exc), "load": {"before": load_before, "after": C.load()}})
         return 2
