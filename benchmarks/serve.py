@@ -67,6 +67,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -162,11 +163,14 @@ class CpuMeter:
     nanosecond, where /proc's user and system times count 10 ms ticks.
     """
 
-    def __init__(self, service_pid: int) -> None:
+    def __init__(self, service_pid: int, ray_pids: tuple = ()) -> None:
         self.pids = (os.getpid(), service_pid)
+        self.ray_pids = ray_pids
 
-    def read(self) -> tuple[float, float]:
-        return tuple(self._seconds(pid) for pid in self.pids)
+    def read(self) -> tuple:
+        """This process's, the service's, and with ``--ray`` the sum over
+        the cluster's proxies, replicas, raylets and GCS."""
+        return (*(self._seconds(pid) for pid in self.pids), sum(self._seconds(pid) for pid in self.ray_pids))
 
     @staticmethod
     def _seconds(pid: int) -> float:
@@ -200,7 +204,8 @@ class Service:
     can block it on a full pipe); stderr goes to a file, shown if it fails.
     """
 
-    def __init__(self, options: list[str]) -> None:
+    def __init__(self, options: list[str], patience: float = 1.0) -> None:
+        self.patience = patience  # times READY_TIMEOUT_S and STOP_TIMEOUT_S (a Ray deployment takes longer)
         self.argv = [sys.executable, "-m", "execpool", "serve", "--port", "0", *options]
         self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(self.argv, cwd=C.REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -210,7 +215,7 @@ class Service:
     def _ready_url(self) -> str:
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read_stdout, args=(lines,), name="bench-serve-stdout", daemon=True).start()
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        deadline = time.monotonic() + READY_TIMEOUT_S * self.patience
         while True:
             try:
                 line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -240,12 +245,33 @@ class Service:
             self.proc.send_signal(signal.SIGTERM)
         killed = False
         try:
-            code = self.proc.wait(STOP_TIMEOUT_S)
+            code = self.proc.wait(STOP_TIMEOUT_S * self.patience)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait()
             killed = True
         return {"exit_code": code, "killed": killed, "stop_s": round(time.perf_counter() - t0, 3)}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ray_server_pids() -> tuple:
+    """The processes of this machine's Ray that serve a request: Ray Serve's
+    proxies and replicas, the raylets and the GCS (not the replicas' pools,
+    whose jobs are the work itself)."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or [])
+        if line.startswith(("ray::ProxyActor", "ray::ServeReplica")) or "/raylet/raylet " in line \
+                or "/gcs/gcs_server " in line:
+            found.append(process.pid)
+    return tuple(found)
 
 
 # --- the sides: what sends one request ---------------------------------------------------
@@ -401,6 +427,7 @@ def summarise(records: list[tuple[float, str, str]], wall_s: float, cpu_s: tuple
         "ms_max": C.ms(max(latencies)) if latencies else None,
         "caller_cpu_ms_per_request": C.ms(cpu_s[0] / per_request),
         "service_cpu_ms_per_request": C.ms(cpu_s[1] / per_request),
+        "ray_cpu_ms_per_request": C.ms(cpu_s[2] / per_request) if len(cpu_s) > 2 else None,
         "examples": [f"{outcome}: {detail}" for _, outcome, detail in records if outcome in (WRONG, LOST)][:3],
     }
 
@@ -435,7 +462,7 @@ async def run_pairs(sends: dict[str, Send], n: int, meter: CpuMeter) -> tuple[di
     differences side - library (s)."""
     names = list(sends)
     records: dict[str, list] = {name: [] for name in names}
-    cpu = {name: [0.0, 0.0] for name in names}
+    cpu = {name: [0.0, 0.0, 0.0] for name in names}
     for i in range(n):
         for name in rotated(names, i):
             before = meter.read()
@@ -501,6 +528,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="cold Python on both sides (serve --cold; warm is the service's default)")
     parser.add_argument("--sandbox-fusion", metavar="URL", help="also send the requests to this SandboxFusion")
     P.add_option(parser)
+    parser.add_argument("--ray", metavar="ADDRESS", help="also execpool serve --ray ADDRESS (a running cluster), "
+                                                          "the same options per replica, as the side 'ray'")
+    parser.add_argument("--ray-replicas", type=int, default=None,
+                        help="with --ray: its --replicas (default: one per node)")
     args = C.parse_args(parser, argv, smoke={"concurrency": [1, 4], "requests": 4, "warmup": 1, "workers": 2,
                                              "max_in_flight": 4, "cpu_ms": 10.0})
     for name in ("requests", "workers", "max_in_flight", "max_queue"):
@@ -530,9 +561,15 @@ def main(argv: list[str] | None = None) -> int:
     has_sandbox, sandbox = _sandbox()
     if has_sandbox and sandbox is None:
         options += ["--sandbox", "off"]
+    ray_service = service = None
     try:
         service = Service(options)
+        if args.ray:
+            replicas = [] if args.ray_replicas is None else ["--replicas", str(args.ray_replicas)]
+            ray_service = Service([*options, "--ray", args.ray, "--port", str(_free_port()), *replicas], patience=5.0)
     except ServiceFailed as exc:
+        if service is not None:
+            service.stop()  # the one already running goes too
         print(f"execpool serve benchmark: {exc}")
         C.emit_json({"benchmark": "serve", "error": str(exc), "load": {"before": load_before, "after": C.load()}})
         return 2
@@ -544,11 +581,14 @@ def main(argv: list[str] | None = None) -> int:
                      "library": LibrarySide(pool, args.warm, client_timeout)}
             if args.sandbox_fusion:
                 sides["sandbox_fusion"] = client(args.sandbox_fusion.rstrip("/"), client_timeout)
-            meter = CpuMeter(service.proc.pid)
+            if ray_service is not None:
+                sides["ray"] = client(ray_service.url, client_timeout)
+            meter = CpuMeter(service.proc.pid, _ray_server_pids() if ray_service is not None else ())
             figures = {w.name: asyncio.run(measure(w, sides, args.concurrency, args.requests, args.warmup, meter))
                        for w in workloads}
     finally:
         stopped = service.stop()
+        ray_stopped = ray_service.stop() if ray_service is not None else None
     elapsed = time.perf_counter() - started
 
     targets = {}
@@ -604,6 +644,19 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     C.print_table("POST /run_code to execpool serve vs pool.submit in-process (ok/s: correct answers per second; "
                   "ms over every request; C=1: interleaved pairs)", header, rows)
+    if ray_service is not None:
+        C.print_table(f"execpool serve --ray ({args.ray_replicas or 'one per node'} replicas) against execpool serve, "
+                      "same run (ok/s; CPU ms per request: the Ray processes -- proxies, replicas, raylets, GCS -- "
+                      "and the single service's process, jobs not included)",
+                      ["workload", "C", "ray ok/s", "serve ok/s", "ray/serve", "ray med", "serve med",
+                       "ray CPU/req", "serve CPU/req", "ray 504", "ray wrong+lost"],
+                      [[w.label, concurrency, level["ray"]["ok_per_s"], level["http"]["ok_per_s"],
+                        round(level["ray"]["ok_per_s"] / level["http"]["ok_per_s"], 3)
+                        if level["http"]["ok_per_s"] else None,
+                        level["ray"]["ms_median"], level["http"]["ms_median"],
+                        level["ray"]["ray_cpu_ms_per_request"], level["http"]["service_cpu_ms_per_request"],
+                        level["ray"]["busy_504"], level["ray"]["wrong"] + level["ray"]["lost"]]
+                       for w in workloads for concurrency, level in figures[w.name].items()])
     C.print_table("CPU per request (ms; the jobs' own processes not included)",
                   ["workload", "C", "serve process", "http client (here)", "library caller (here)"],
                   [[w.label, concurrency, level["http"]["service_cpu_ms_per_request"],
@@ -641,6 +694,8 @@ def main(argv: list[str] | None = None) -> int:
         "sandbox_fusion": args.sandbox_fusion,
         "skipped": {} if args.sandbox_fusion else {"sandbox_fusion": "no --sandbox-fusion URL"},
         "service": {"argv": service.argv[1:], **stopped},
+        "ray": None if ray_service is None else {"argv": ray_service.argv[1:], "replicas": args.ray_replicas,
+                                                 **(ray_stopped or {})},
         "nofile": nofile,
         "elapsed_s": round(elapsed, 2),
         "machine": C.machine(),

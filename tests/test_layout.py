@@ -36,7 +36,8 @@ ALLOWED = {
     # Scoring samples (execpool eval): jobs through the pool's public submit.
     "eval": {"pool", "formats", "shared"},
     "agent": {"pool", "shared"},
-    "ray": {"pool", "shared"},
+    # The service on Ray: each replica is the app of `execpool serve`, made from its parsed options.
+    "ray": {"pool", "shared", "serve", "cli"},
     "serve": {"pool", "formats", "shared", "mcp", "eval"},
     "mcp": {"pool", "agent", "shared"},
     "cli": {"pool", "formats", "shared", "ray", "serve", "mcp", "eval"},

@@ -234,6 +234,28 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "start where the kernel lacks it, unless given off")
     _disk_arguments(parser)
     _tenant_caps(parser)
+    ray = parser.add_argument_group("one service across a Ray cluster (the ray extra; docs/service-on-ray.md); every "
+                                    "other option is each replica's")
+    ray.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                     help="deploy onto the Ray cluster at ADDRESS (default: RAY_ADDRESS, else auto) as a Ray Serve "
+                          "application, behind Ray Serve's HTTP proxy at --host/--port")
+    ray.add_argument("--replicas", type=_count("--replicas"), default=None, metavar="N",
+                     help="replicas, each an ExecPool (default: one per node that has CPUs)")
+    ray.add_argument("--min-replicas", type=_count("--min-replicas", minimum=0), default=None, metavar="N",
+                     help="with --max-replicas: Ray Serve's autoscaling on requests in flight")
+    ray.add_argument("--max-replicas", type=_count("--max-replicas"), default=None, metavar="N")
+
+
+def serve_options(argv: Sequence[str] = ()) -> argparse.Namespace:
+    """``execpool serve``'s options from its command-line words: each Ray
+    replica's (execpool/ray/serve.py), read as the command reads them.
+    ValueError says what is wrong."""
+    parser = argparse.ArgumentParser(prog="execpool serve", add_help=False, exit_on_error=False)
+    _serve_arguments(parser)
+    try:
+        return parser.parse_args(list(argv))
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise ValueError(f"execpool serve {' '.join(argv)}: {exc}") from None
 
 
 def _out_arguments(parser: argparse.ArgumentParser) -> None:
@@ -330,6 +352,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .eval import evaluate_command
 
         return evaluate_command(args)
+    if args.command == "serve" and args.ray is not None:
+        try:
+            from ..ray.service import main as on_ray
+        except ImportError as exc:
+            if exc.name is None or exc.name.split(".")[0] not in ("ray", *settings.STACK):
+                raise
+            print(f"execpool serve --ray: pip install 'execpool[ray,serve]' ({exc})", file=sys.stderr)
+            return 2
+        return on_ray(args)
     extra = _EXTRAS.get(args.command)
     if extra is not None:
         try:

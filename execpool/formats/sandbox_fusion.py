@@ -20,12 +20,16 @@ def encoded(files: Mapping[str, bytes]) -> Dict[str, str]:
     return {path: base64.b64encode(data).decode("ascii") for path, data in files.items()}
 
 
-def answer(result: Result, files: Mapping[str, bytes]) -> Dict[str, Any]:
-    """The ``RunCodeResponse`` for a job's Result. A program with no code is
+def answer(result: Result, files: Mapping[str, bytes], pod: Optional[str] = None) -> Dict[str, Any]:
+    """The ``RunCodeResponse`` for a job's Result, ``executor_pod_name``
+    the replica that ran it (None for a lone server). A program with no code is
     what SandboxFusion makes of it -- an empty file, run: it succeeds. A
     compiled language's compile is ``compile_result``; when it failed (or
     timed out) nothing ran: ``run_result`` null, top ``Failed``."""
-    fetched = encoded(files)
+    return {**_answer(result, encoded(files)), "executor_pod_name": pod}
+
+
+def _answer(result: Result, fetched: Dict[str, str]) -> Dict[str, Any]:
     if result.status is Status.INFRA:
         return sandbox_error(f"execpool could not run the code: {result.error}")
     if result.empty_message is not None:
@@ -76,7 +80,8 @@ RUN_RESULT_SCHEMA = {"type": ["object", "null"], "properties": {
     "return_code": {"type": ["integer", "null"]}, "stdout": {"type": "string"}, "stderr": {"type": "string"}}}
 RESPONSE_SCHEMA = {"type": "object", "properties": {
     "status": {"type": "string", "enum": ["Success", "Failed", "SandboxError"]}, "message": {"type": "string"},
-    "compile_result": RUN_RESULT_SCHEMA, "run_result": RUN_RESULT_SCHEMA, "executor_pod_name": {"type": "null"},
+    "compile_result": RUN_RESULT_SCHEMA, "run_result": RUN_RESULT_SCHEMA,
+    "executor_pod_name": {"type": ["string", "null"]},
     "files": {"type": "object", "additionalProperties": {"type": "string", "contentEncoding": "base64"}}}}
 
 

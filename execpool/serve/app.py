@@ -41,11 +41,13 @@ What it guarantees, with the options of ``execpool serve``:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hmac
 import time
 from typing import Any, AsyncIterator, Callable, Dict, Mapping, Optional, Sequence
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -87,12 +89,26 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 SERVICE_DEFAULTS = Defaults(timeout=DEFAULT_TIMEOUT_S, max_timeout=DEFAULT_MAX_TIMEOUT_S)
 
 
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """Where an app serves as one of several behind a router (the replicas
+    of execpool/ray/serve.py). ``name`` fills SandboxFusion's
+    ``executor_pod_name`` and begins every session id the app gives
+    (``NAME.<the pool's id>``), which is how a request for a session finds
+    the app that holds it; ``middleware`` runs after the guard (host,
+    origin, token) and before the routes: a request is never passed on
+    for someone the guard would refuse."""
+
+    name: str
+    middleware: Sequence[Middleware] = ()
+
+
 def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue: int = DEFAULT_MAX_QUEUE,
                queue_timeout: float = DEFAULT_QUEUE_TIMEOUT_S, token: Optional[str] = None,
                max_body_mb: int = DEFAULT_MAX_BODY_MB, defaults: Defaults = SERVICE_DEFAULTS,
                heartbeat_s: float = DEFAULT_HEARTBEAT_S, read_timeout: float = DEFAULT_READ_TIMEOUT_S,
                allowed_hosts: Optional[Sequence[str]] = None, max_sessions: int = DEFAULT_MAX_SESSIONS,
-               session_idle_timeout: float = DEFAULT_SESSION_IDLE_S) -> Starlette:
+               session_idle_timeout: float = DEFAULT_SESSION_IDLE_S, place: Optional[Place] = None) -> Starlette:
     """The ASGI app around ``pool``, for mounting in your own server. The
     pool stays yours: close it after the app is done (that also removes
     the app's directories). ``defaults`` is what a request does not say
@@ -106,12 +122,14 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
     ``allowed_hosts``: the names (no port) a request's ``Host`` may say;
     ``LOOPBACK_NAMES`` for a server on loopback, None for any.
     ``max_sessions`` and ``session_idle_timeout``: how many sessions may be
-    open at once, and the longest (and default) idle timeout of one."""
+    open at once, and the longest (and default) idle timeout of one.
+    ``place``: where the app serves, when it is one of several (``Place``)."""
     max_body_bytes = max_body_mb << 20
     admission = Admission(max_in_flight or default_max_in_flight(), max_queue, queue_timeout)
     jobs = ServiceJobs(pool, admission, Settings(defaults, heartbeat_s, min(max_body_bytes, DEFAULT_FETCH_MAX_BYTES)))
-    routes = Routes(jobs, max_body_bytes=max_body_bytes, read_timeout=read_timeout)
-    kept = ServiceSessions(jobs, max_sessions, session_idle_timeout)
+    name = None if place is None else place.name
+    routes = Routes(jobs, max_body_bytes=max_body_bytes, read_timeout=read_timeout, pod_name=name)
+    kept = ServiceSessions(jobs, max_sessions, session_idle_timeout, prefix="" if name is None else f"{name}.")
     sessions = SessionRoutes(kept, routes.body)
     metrics = jobs.metrics
 
@@ -162,6 +180,9 @@ def create_app(pool: ExecPool, *, max_in_flight: Optional[int] = None, max_queue
        lifespan=None if mcp is None else lambda app: mcp.running())
     app.state.jobs = jobs
     app.state.mcp = mcp
+    app.state.sessions = kept
+    for layer in reversed(() if place is None else place.middleware):
+        app.add_middleware(layer.cls, *layer.args, **layer.kwargs)
     app.add_middleware(_Guard, metrics=metrics, token=token, allowed_hosts=allowed_hosts)
     return app
 

@@ -40,7 +40,7 @@ import signal
 import socket
 import struct
 import sys
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, Iterator, List, Optional, Tuple
 
 import uvicorn
 import uvloop
@@ -55,7 +55,7 @@ from ..shared.jobs import Limits
 from ..shared.kernel.sandbox import sandbox_support
 from ..supervisor import ExecPool
 from .admission import Reason
-from .app import LOOPBACK_NAMES, create_app
+from .app import LOOPBACK_NAMES, Place, create_app
 from .request_job import ServiceJobs, memory_cap_by_cgroup
 from .settings import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S, default_max_in_flight
 
@@ -75,57 +75,24 @@ _TWINS = {"127.0.0.1": "::1", "::1": "127.0.0.1", "0.0.0.0": "::", "::": "0.0.0.
 _SPARE_FDS = 512
 
 
+class UsageError(Exception):
+    """Options ``execpool serve`` refuses (it exits 2 with the message)."""
+
+
 def main(args: argparse.Namespace) -> int:
     """``execpool serve``: exits 0 after a clean shutdown, 2 for bad usage."""
     try:
-        token = _token(args)
-    except (OSError, ValueError) as exc:
+        token = checked(args)
+        max_connections = _connection_room(args.max_connections)
+        try:
+            sockets = _listen(args.host, args.port)
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    except UsageError as exc:
         print(f"execpool serve: {exc}", file=sys.stderr)
         return 2
-    if token is None and not _loopback(args.host):
-        print(f"execpool serve: refusing to bind {args.host} without a token: anyone who can reach it could run "
-              "code here. Give --token-file PATH or set EXECPOOL_TOKEN.", file=sys.stderr)
-        return 2
-    sandbox = None if args.sandbox == "off" else "strict"
-    if sandbox is not None and not sandbox_support().available:
-        # Failing every job would be a service that answers nothing but
-        # errors; running them unsandboxed, one that says it sandboxes.
-        print(f"execpool serve: {sandbox_support().missing}. Give --sandbox off to serve without it.",
-              file=sys.stderr)
-        return 2
-    max_connections = _connection_room(args.max_connections)
     try:
-        sockets = _listen(args.host, args.port)
-    except OSError as exc:
-        print(f"execpool serve: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
-        return 2
-    if args.timeout > args.max_timeout:
-        print(f"execpool serve: --timeout {args.timeout:g} is over --max-timeout {args.max_timeout:g}",
-              file=sys.stderr)
-        return 2
-    try:
-        # The token is in this process's memory and maybe its environment:
-        # tools running as the same user must not read them through /proc.
-        # Every job in the sandbox (execpool/shared/kernel/sandbox.py).
-        # /v1/eval's judge is in the warm interpreters of the pool's own
-        # Python (another --python may lack execpool: it is imported per job).
-        preload = args.preload if args.python else (*args.preload, JUDGE_MODULE)
-        disk = disk_options(args.disk_mb, args.disk_budget_mb, Limits(processes=args.processes),
-                            jobs_at_once=args.max_in_flight or default_max_in_flight())
-        with ExecPool(workers=args.workers, python=args.python, preload=preload, non_dumpable=True,
-                      sandbox=sandbox, **disk) as pool:
-            limits, by_cgroup = _tenant_limits(pool, args.memory_mb)
-            defaults = Defaults(timeout=args.timeout, max_timeout=args.max_timeout, warm=args.warm,
-                                network=args.network, limits=limits, memory_by_cgroup=by_cgroup)
-            _say_what_fits(pool, args.max_sessions)
-            # Which languages run in this sandbox: checked from now on, in
-            # the background (execpool/pool/toolchains.py); no request waits.
-            pool.languages()
-            app = create_app(pool, max_in_flight=args.max_in_flight, max_queue=args.max_queue,
-                             queue_timeout=args.queue_timeout, token=token, max_body_mb=args.max_body_mb,
-                             defaults=defaults, heartbeat_s=args.heartbeat, read_timeout=args.read_timeout,
-                             allowed_hosts=LOOPBACK_NAMES if _loopback(args.host) else None,
-                             max_sessions=args.max_sessions, session_idle_timeout=args.session_idle_timeout)
+        with service(args, token) as app:
             _InTime.timeout = args.read_timeout
             _InTime.write_timeout = args.write_timeout
             _InTime.dropped = app.state.jobs.metrics.rejected.labels(Reason.WRITE_TIMEOUT)
@@ -134,10 +101,64 @@ def main(args: argparse.Namespace) -> int:
                                     timeout_graceful_shutdown=args.grace + ANSWER_CANCELLED_S)
             # uvloop: the event loop's own share of each request's CPU.
             uvloop.run(_serve(_Server(config), sockets, app, args.grace))
+    except UsageError as exc:
+        print(f"execpool serve: {exc}", file=sys.stderr)
+        return 2
     finally:
         for sock in sockets:
             sock.close()
     return 0
+
+
+def checked(args: argparse.Namespace) -> Optional[str]:
+    """The token, once the options are ones the service can run with; else
+    UsageError saying why."""
+    try:
+        token = _token(args)
+    except (OSError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    if token is None and not _loopback(args.host):
+        raise UsageError(f"refusing to bind {args.host} without a token: anyone who can reach it could run "
+                         "code here. Give --token-file PATH or set EXECPOOL_TOKEN.")
+    if args.timeout > args.max_timeout:
+        raise UsageError(f"--timeout {args.timeout:g} is over --max-timeout {args.max_timeout:g}")
+    return token
+
+
+@contextlib.contextmanager
+def service(args: argparse.Namespace, token: Optional[str], place: Optional[Place] = None) -> Iterator[Starlette]:
+    """The app of ``execpool serve`` with these options, over a pool of its
+    own that is closed as the block ends: the command's one, and each Ray
+    replica's (execpool/ray/serve.py). UsageError where the kernel lacks
+    the sandbox the service runs every job in."""
+    sandbox = None if args.sandbox == "off" else "strict"
+    if sandbox is not None and not sandbox_support().available:
+        # Failing every job would be a service that answers nothing but
+        # errors; running them unsandboxed, one that says it sandboxes.
+        raise UsageError(f"{sandbox_support().missing}. Give --sandbox off to serve without it.")
+    # The token is in this process's memory and maybe its environment:
+    # tools running as the same user must not read them through /proc.
+    # Every job in the sandbox (execpool/shared/kernel/sandbox.py).
+    # /v1/eval's judge is in the warm interpreters of the pool's own
+    # Python (another --python may lack execpool: it is imported per job).
+    preload = args.preload if args.python else (*args.preload, JUDGE_MODULE)
+    disk = disk_options(args.disk_mb, args.disk_budget_mb, Limits(processes=args.processes),
+                        jobs_at_once=args.max_in_flight or default_max_in_flight())
+    with ExecPool(workers=args.workers, python=args.python, preload=preload, non_dumpable=True,
+                  sandbox=sandbox, **disk) as pool:
+        limits, by_cgroup = _tenant_limits(pool, args.memory_mb)
+        defaults = Defaults(timeout=args.timeout, max_timeout=args.max_timeout, warm=args.warm,
+                            network=args.network, limits=limits, memory_by_cgroup=by_cgroup)
+        _say_what_fits(pool, args.max_sessions)
+        # Which languages run in this sandbox: checked from now on, in
+        # the background (execpool/pool/toolchains.py); no request waits.
+        pool.languages()
+        yield create_app(pool, max_in_flight=args.max_in_flight, max_queue=args.max_queue,
+                         queue_timeout=args.queue_timeout, token=token, max_body_mb=args.max_body_mb,
+                         defaults=defaults, heartbeat_s=args.heartbeat, read_timeout=args.read_timeout,
+                         allowed_hosts=LOOPBACK_NAMES if _loopback(args.host) else None,
+                         max_sessions=args.max_sessions, session_idle_timeout=args.session_idle_timeout,
+                         place=place)
 
 
 def _token(args: argparse.Namespace) -> Optional[str]:

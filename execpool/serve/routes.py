@@ -126,8 +126,10 @@ def _record(job_request: JobRequest, result: Result, files: Dict[str, bytes], nu
 class Routes:
     """The route handlers of one app, over its ``ServiceJobs``."""
 
-    def __init__(self, jobs: ServiceJobs, *, max_body_bytes: int, read_timeout: float) -> None:
+    def __init__(self, jobs: ServiceJobs, *, max_body_bytes: int, read_timeout: float,
+                 pod_name: Optional[str] = None) -> None:
         self.jobs = jobs
+        self.pod_name = pod_name
         self.defaults = jobs.settings.defaults
         self.max_body_bytes = max_body_bytes
         self.read_timeout = read_timeout
@@ -168,7 +170,7 @@ class Routes:
                     # The server's shutdown cancelled it: a 504, which its
                     # clients retry, rather than a run that looks killed.
                     return 504, json.dumps({"detail": "execpool is stopping; retry"}).encode()
-                return 200, json.dumps(sandbox_fusion.answer(result, files)).encode()
+                return 200, json.dumps(sandbox_fusion.answer(result, files, self.pod_name)).encode()
 
             status, content = await off_loop(sum(map(len, files.values())), render)
         except BaseException:

@@ -59,8 +59,10 @@ class _Open:
 class ServiceSessions:
     """The sessions of one app."""
 
-    def __init__(self, jobs: ServiceJobs, max_sessions: int, idle_timeout: float) -> None:
+    def __init__(self, jobs: ServiceJobs, max_sessions: int, idle_timeout: float, prefix: str = "") -> None:
         self.jobs = jobs
+        #: Before the pool's id in every id this app gives (``Place.name`` and a dot).
+        self.prefix = prefix
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
         self._open: Dict[str, _Open] = {}
@@ -147,7 +149,7 @@ class ServiceSessions:
 
     def _register(self, session: Session) -> None:
         with self._lock:
-            self._open[session.id] = _Open(session)
+            self._open[self.prefix + session.id] = _Open(session)
         loop = asyncio.get_running_loop()
         session.add_done_callback(lambda ended: _on_loop(loop, self._ended, ended))
 
@@ -175,7 +177,7 @@ class ServiceSessions:
 
     def _ended(self, session: Session) -> None:
         with self._lock:
-            self._open.pop(session.id, None)
+            self._open.pop(self.prefix + session.id, None)
 
     def get(self, ident: str) -> _Open:
         with self._lock:
@@ -197,7 +199,17 @@ class ServiceSessions:
     def listed(self) -> List[Dict[str, Any]]:
         with self._lock:
             entries = list(self._open.values())
-        return [_described(entry.session) for entry in entries]
+        return [self.described(entry.session) for entry in entries]
+
+    def described(self, session: Session) -> Dict[str, Any]:
+        """What a client is told of a session: its id here first."""
+        return {"id": self.prefix + session.id, "language": session.language, "ipython": session.ipython,
+                "created": round(session.created, 3), "last_used": round(session.last_used, 3),
+                "alive": session.alive}
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._open)
 
     # -- cells --------------------------------------------------------------------------------
 
@@ -280,12 +292,6 @@ def _json(body: bytes) -> Any:
         raise BadField(f"the body is not JSON: {exc}") from None
 
 
-def _described(session: Session) -> Dict[str, Any]:
-    return {"id": session.id, "language": session.language, "ipython": session.ipython,
-            "created": round(session.created, 3),
-            "last_used": round(session.last_used, 3), "alive": session.alive}
-
-
 class SessionRoutes:
     """The route handlers of ``/v1/sessions`` and ``/run_jupyter``."""
 
@@ -298,11 +304,11 @@ class SessionRoutes:
         body = await self.body(request)
         values = await off_loop(len(body), lambda: read(_json(body), SESSION, self.sessions.defaults))
         session = await self.sessions.open(values, values.get("session_language", "python"))
-        return JSONResponse(_described(session), status_code=201)
+        return JSONResponse(self.sessions.described(session), status_code=201)
 
     async def fork(self, request: Request) -> Response:
         child = await self.sessions.fork(request.path_params["ident"], request)
-        return JSONResponse(_described(child), status_code=201)
+        return JSONResponse(self.sessions.described(child), status_code=201)
 
     async def listed(self, request: Request) -> Response:
         return JSONResponse(self.sessions.listed())
