@@ -20,8 +20,9 @@ from typing import Dict, List
 import httpx
 import psutil
 import pytest
-from conftest import nothing_left_behind
-from helpers import wait_for
+
+from tests.support.helpers import wait_for
+from tests.support.leftovers import nothing_left_behind
 
 pytest.importorskip("ray.serve")
 
