@@ -928,6 +928,7 @@ def recording_queues(monkeypatch):
     return made
 
 
+@pytest.mark.slow
 def test_producer_cap_bounds_queue_for_million_one_char_chunks(recording_queues):
     def invoke(cb):
         parts = []

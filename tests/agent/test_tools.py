@@ -626,6 +626,7 @@ def test_python_exec_in_a_session_keeps_state_and_files_of_the_conversation(tool
         assert python_exec("r", session=session) == "2"
 
 
+@pytest.mark.slow
 def test_a_conversation_in_a_tool_workspace_has_a_bounded_disk_of_its_own():
     """The tool layer's session directory is bounded per file only; a
     workspace gives the conversation one bound for all it writes."""

@@ -283,6 +283,7 @@ def test_examples_file_gives_every_kind_of_record(tmp_path):
     assert re.search(r"11 records in [\d.]+ s: 8 ok, 2 error, 1 timeout -> ", done.stderr)
 
 
+@pytest.mark.slow
 def test_invalid_lines_become_invalid_records_with_the_reason(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [
         {"id": "good", "python": "print('fine')"},
@@ -332,6 +333,7 @@ def test_invalid_lines_become_invalid_records_with_the_reason(tmp_path):
     assert len(records(default_output_path(src))) == 17
 
 
+@pytest.mark.slow
 def test_huge_numbers_odd_ids_and_deep_nesting_are_invalid_records_and_resume(tmp_path):
     """No line can stop the batch, and what it writes reads back on resume
     whatever the interpreter's int-to-text limit (PYTHONINTMAXSTRDIGITS)."""
@@ -387,6 +389,7 @@ PEAK_RSS_PROBE = ("import sys\nfrom execpool.cli.main import main\ncode = main(s
                   "print(peak[0])\nsys.exit(code)")
 
 
+@pytest.mark.slow
 def test_an_overlong_line_is_an_invalid_record_read_past_in_bounded_memory(tmp_path):
     src = tmp_path / "in.jsonl"
     with open(src, "w") as f:
@@ -419,6 +422,7 @@ def test_a_line_of_exactly_the_longest_length_is_read(tmp_path, monkeypatch):
     assert list(batchlines.input_lines(lines)) == [(1, b"0123456789\n"), (2, None), (4, b"0123456789")]
 
 
+@pytest.mark.slow
 def test_empty_cwd_is_an_invalid_record_not_the_callers_directory(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": "here", "shell": "pwd", "cwd": ""}])
     done = batch(src, "--no-progress", cwd=tmp_path)
@@ -449,6 +453,7 @@ def test_a_long_duplicate_id_is_shown_shortened(tmp_path):
     assert len(done.stderr) < 500, done.stderr[:500]
 
 
+@pytest.mark.slow
 def test_resume_runs_only_the_lines_without_a_record(tmp_path):
     log = tmp_path / "executions.log"
     job = lambda i: {"id": f"job{i}", "shell": f"echo job{i} >> {log}; echo out{i}"}  # noqa: E731
@@ -464,6 +469,7 @@ def test_resume_runs_only_the_lines_without_a_record(tmp_path):
     assert sorted(log.read_text().split()) == [f"job{i}" for i in range(6)], "every job ran exactly once"
 
 
+@pytest.mark.slow
 def test_a_torn_last_line_is_cut_off_and_its_job_runs_again(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "shell": f"echo {i}"} for i in range(4)])
     out = tmp_path / "out.jsonl"
@@ -492,6 +498,7 @@ def _record(ident, status: str, output: str = "") -> str:
                        "error": None if status == "ok" else "Execution error: worker process 1 ..."})
 
 
+@pytest.mark.slow
 def test_a_rerun_retries_infra_records_and_each_id_stays_once(tmp_path):
     """An infra record is execpool's failure, not the job's: a rerun runs
     the job again and its new record replaces the old one."""
@@ -513,6 +520,7 @@ def test_a_rerun_retries_infra_records_and_each_id_stays_once(tmp_path):
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".retry")]
 
 
+@pytest.mark.slow
 def test_no_retry_infra_keeps_infra_records(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "shell": f"echo {i}"} for i in range(2)])
     out = tmp_path / "out.jsonl"
@@ -525,6 +533,7 @@ def test_no_retry_infra_keeps_infra_records(tmp_path):
     assert out.read_text().startswith(before)
 
 
+@pytest.mark.slow
 def test_a_job_whose_worker_is_killed_gets_an_infra_record_that_a_rerun_retries(tmp_path):
     """End to end: the worker under a job is SIGKILLed (the job kills its
     own worker, $PPID); the record says infra; the rerun runs it again."""
@@ -553,6 +562,7 @@ def test_a_damaged_line_in_the_middle_is_refused_not_repaired(tmp_path):
     assert out.read_text() == damaged
 
 
+@pytest.mark.slow
 def test_records_are_written_as_each_job_ends(tmp_path):
     gate = tmp_path / "gate"
     src = write_jsonl(tmp_path / "in.jsonl", [
@@ -628,6 +638,7 @@ def test_ctrl_c_cancels_running_jobs_writes_nothing_partial_and_says_how_to_resu
     assert sorted(by_id(out)) == [f"j{i:03d}" for i in range(60)]
 
 
+@pytest.mark.slow
 def test_sigterm_is_an_interrupt_too(tmp_path):
     started = tmp_path / "started"
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": "long", "shell": f"touch {started}; sleep 30"}])
@@ -642,6 +653,7 @@ def test_sigterm_is_an_interrupt_too(tmp_path):
     assert records(default_output_path(src)) == []
 
 
+@pytest.mark.slow
 def test_output_to_stdout_and_the_progress_bar(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "shell": f"echo {i}"} for i in range(3)])
     done = batch(src, "-o", "-")
@@ -654,6 +666,7 @@ def test_output_to_stdout_and_the_progress_bar(tmp_path):
     assert "ok=3" in forced.stderr and "3/3" in forced.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_WARM, reason="PythonJob(warm=True) is not there yet")
 def test_warm_flag_runs_python_jobs_warm_with_the_same_records(tmp_path):
     programs = {
@@ -703,6 +716,7 @@ def test_bad_batch_arguments_get_a_one_line_error(args):
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("execpool: error:")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, named", [(["--timeout", "1e9"], "--timeout"),
                                           (["--preload", "no_such_module_here"], "no_such_module_here")])
 def test_a_bad_flag_writes_nothing_and_a_rerun_with_a_good_one_runs_every_line(tmp_path, flags, named):

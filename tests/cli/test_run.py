@@ -13,11 +13,13 @@ def execpool(*args: str, **kwargs) -> subprocess.CompletedProcess:
                           timeout=60, **kwargs)
 
 
+@pytest.mark.slow
 def test_run_shell_streams_output_and_exits_with_the_tool_code():
     done = execpool("run", "--shell", "echo hello; exit 3")
     assert done.stdout == "hello\n" and done.returncode == 3
 
 
+@pytest.mark.slow
 def test_run_python_code_and_file(tmp_path):
     assert execpool("run", "--python", "print(6 * 7)").stdout == "42\n"
     script = tmp_path / "job.py"
@@ -27,6 +29,7 @@ def test_run_python_code_and_file(tmp_path):
     assert (tmp_path / "out.txt").read_text() == "x"
 
 
+@pytest.mark.slow
 def test_timeout_exits_124():
     done = execpool("run", "--timeout", "0.3", "--shell", "echo a; sleep 30")
     assert done.returncode == 124 and done.stdout == "a\n"

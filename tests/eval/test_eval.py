@@ -218,6 +218,7 @@ def test_a_special_judge_that_fails_is_an_internal_error_not_the_samples(sandbox
     assert record["verdict"] == "Internal Error" and record["passed"] is None
 
 
+@pytest.mark.slow
 def test_what_execpool_fails_is_retried_then_internal_error_never_scored(sandboxed):
     """A language this machine lacks ends infra: execpool's failure."""
     missing = next((t.name for t in sandboxed.languages(wait=True) if not t.runs), None)

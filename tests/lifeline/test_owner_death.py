@@ -152,6 +152,7 @@ def test_a_worker_in_its_group_gets_its_jobs_groups_beside_it(tmp_path, monkeypa
     assert cgroups.Cgroups.detect("0123abcd") is None
 
 
+@pytest.mark.slow
 @needs_worker_groups
 def test_an_escaped_daemon_dies_with_the_worker_it_killed(doomed):
     with ExecPool(workers=1) as pool:
@@ -218,6 +219,7 @@ OWNER = textwrap.dedent("""
 MARKED_DAEMON = "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo \"PIDS $!\"; sleep 100"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cgroups", [
     pytest.param(True, marks=needs_worker_groups, id="worker-groups"),
     pytest.param(False, id="no-cgroups"),
@@ -275,6 +277,7 @@ def _lifelines(owner: int) -> list:
     return found
 
 
+@pytest.mark.slow
 def test_a_lifeline_a_tool_killed_is_replaced_before_the_owner_dies(tmp_path, doomed):
     """A tool can kill the lifeline (it runs as the tool's user, and it is
     its worker's parent), then keep its worker stopped: the owner's death
@@ -406,6 +409,7 @@ SCRATCH_OWNER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_scratch_directory_goes_with_close_and_with_a_sigkilled_owner(tmp_path, doomed):
     """The service keeps the files of its requests' jobs in scratch
     directories: a SIGKILLed server left them in /tmp (red team)."""

@@ -109,6 +109,7 @@ def server():
 # -- stdio ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_stdio_lists_the_tools_with_their_schemas_and_runs_each(tmp_path):
     async def main() -> None:
         async with stdio() as s:
@@ -128,6 +129,7 @@ def test_stdio_lists_the_tools_with_their_schemas_and_runs_each(tmp_path):
     run(main)
 
 
+@pytest.mark.slow
 def test_bad_calls_are_tool_errors_and_the_server_stays_up():
     async def main() -> None:
         async with stdio() as s:
@@ -151,6 +153,7 @@ def test_bad_calls_are_tool_errors_and_the_server_stays_up():
     run(main)
 
 
+@pytest.mark.slow
 def test_a_timeout_and_a_big_output_read_as_the_tool_layer_writes_them():
     async def main() -> None:
         async with stdio() as s:
@@ -165,6 +168,7 @@ def test_a_timeout_and_a_big_output_read_as_the_tool_layer_writes_them():
     run(main)
 
 
+@pytest.mark.slow
 def test_python_keeps_its_state_across_calls_until_reset_and_shows_images():
     async def main() -> None:
         async with stdio() as s:
@@ -190,6 +194,7 @@ def test_python_keeps_its_state_across_calls_until_reset_and_shows_images():
     run(main)
 
 
+@pytest.mark.slow
 def test_plain_python_is_a_flag_away():
     async def main() -> None:
         async with stdio("--plain-python") as s:
@@ -198,6 +203,7 @@ def test_plain_python_is_a_flag_away():
     run(main)
 
 
+@pytest.mark.slow
 def test_live_output_arrives_in_order_as_progress_and_the_result_is_the_same_without_it():
     async def main() -> None:
         async with stdio() as s:
@@ -226,6 +232,7 @@ async def _call_into(results: list, session: ClientSession, tool: str, arguments
     results.append(await session.call_tool(tool, arguments, progress_callback=printed))
 
 
+@pytest.mark.slow
 def test_a_cancel_kills_the_calls_whole_tree_at_once(doomed):
     async def main() -> None:
         async with stdio("--stateless") as s:
@@ -242,6 +249,7 @@ def test_a_cancel_kills_the_calls_whole_tree_at_once(doomed):
     run(main)
 
 
+@pytest.mark.slow
 def test_a_cancelled_python_cell_dies_with_its_tree_and_the_state_is_kept(doomed):
     async def main() -> None:
         async with stdio() as s:
@@ -257,6 +265,7 @@ def test_a_cancelled_python_cell_dies_with_its_tree_and_the_state_is_kept(doomed
     run(main)
 
 
+@pytest.mark.slow
 def test_a_client_that_goes_away_takes_everything_with_it(doomed):
     """Its stdin closed with calls running: the server cancels them, ends
     the interpreter (and what it started) and exits."""
@@ -281,6 +290,7 @@ def test_a_client_that_goes_away_takes_everything_with_it(doomed):
     assert all_dead(pids, 5.0), pids
 
 
+@pytest.mark.slow
 def test_nothing_outlives_a_sigkilled_server(doomed):
     async def main() -> list:
         async with stdio() as s:
@@ -299,6 +309,7 @@ def test_nothing_outlives_a_sigkilled_server(doomed):
     assert all_dead(run(main), 10.0)
 
 
+@pytest.mark.slow
 def test_a_client_that_closes_the_server_s_stdout_has_gone_too(doomed):
     """Its stdin left open: the first message the server cannot send ends
     it as a closed stdin does -- its calls killed, exit 0 -- not a broken
@@ -337,6 +348,7 @@ def test_a_client_that_closes_the_server_s_stdout_has_gone_too(doomed):
                 pipe.close()
 
 
+@pytest.mark.slow
 def test_a_message_over_the_limit_is_dropped_and_the_server_reads_on():
     """Red team: a line past the reader's limit crashed the server with a
     traceback (after holding a gigabyte of it)."""
@@ -401,6 +413,7 @@ def test_a_client_that_does_not_read_its_answers_has_its_requests_wait():
             pipe.close()
 
 
+@pytest.mark.slow
 def test_fifty_concurrent_calls_from_one_client():
     async def main() -> None:
         async with stdio() as s:
@@ -436,6 +449,7 @@ def _mcp_server_process() -> psutil.Process:
 # -- Streamable HTTP in execpool serve --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_http_runs_the_tools_with_state_per_session_and_many_clients(server):
     async def main() -> None:
         async with http(server) as a, http(server) as b:
@@ -499,6 +513,7 @@ def test_http_a_dropped_stream_kills_its_call(server, doomed):
         client.delete("/mcp", headers=headers)
 
 
+@pytest.mark.slow
 def test_http_a_call_takes_a_slot_and_a_full_service_says_busy():
     busy = Server("--workers", "1", "--max-in-flight", "1", "--max-queue", "1", "--queue-timeout", "0.3",
                   env={"EXECPOOL_TOKEN": TOKEN})
@@ -519,6 +534,7 @@ def test_http_a_call_takes_a_slot_and_a_full_service_says_busy():
         assert busy.stop() == 0
 
 
+@pytest.mark.slow
 def test_http_interpreters_count_with_the_service_s_sessions_against_max_sessions():
     """/mcp's interpreters and /v1/sessions share --max-sessions (each door
     once had its own, so a client could open twice as many)."""
@@ -551,6 +567,7 @@ def test_http_interpreters_count_with_the_service_s_sessions_against_max_session
         assert full.stop() == 0
 
 
+@pytest.mark.slow
 def test_http_mcp_bodies_follow_the_service_s_size_and_time_limits():
     """A 5 MB program is within --max-body-mb (the SDK's own 4 MiB bound
     once answered it 413); a body over the limit is 413, and one that
@@ -618,6 +635,7 @@ def test_each_http_client_has_a_workspace_of_its_own_and_no_path_on_the_server(s
     assert wrote == ["/home/user", "mine.txt"] and looked == ["/home/user"], (wrote, looked)
 
 
+@pytest.mark.slow
 def test_the_call_after_a_cancelled_cell_that_ignored_it_runs_in_a_new_interpreter():
     """A cell that ignores its interrupt is killed with its interpreter; the
     next call, sent at once, waited behind it and once failed with that
@@ -636,6 +654,7 @@ def test_the_call_after_a_cancelled_cell_that_ignored_it_runs_in_a_new_interpret
     run(main)
 
 
+@pytest.mark.slow
 @pytest.mark.hostile
 def test_a_python_call_swapping_names_for_links_cannot_make_run_code_change_a_host_file(tmp_path):
     """Red team, at the defaults: one python call started a thread that

@@ -248,6 +248,7 @@ def execpool(*args: str, **kwargs) -> subprocess.CompletedProcess:
 COST_KEYS = ("cpu_user_s", "cpu_system_s", "max_rss_bytes", "peak_memory_bytes", "processes")
 
 
+@pytest.mark.slow
 def test_run_json_prints_one_record_with_the_cost():
     done = execpool("run", "--json", "--python", run_in_child(BURN_CHILD) + "raise SystemExit(3)")
     assert done.returncode == 3

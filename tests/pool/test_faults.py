@@ -126,6 +126,7 @@ def test_close_is_bounded_and_leaves_nothing_behind():
     assert not [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
 
 
+@pytest.mark.slow
 def test_closing_the_pool_just_after_cancels_finishes_each_job_once(capfd):
     """Red team: a job cancelled just before the pool closed was finished by
     the shutdown before its leader was reaped, and the reap then tried to
@@ -150,6 +151,7 @@ def test_close_twice_and_context_manager_exit():
     pool.close()
 
 
+@pytest.mark.slow
 def test_workers_are_recycled_after_max_jobs():
     with ExecPool(workers=1, max_jobs_per_worker=3) as pool:
         first = pool.worker_pids
@@ -307,6 +309,7 @@ def test_a_job_that_builds_a_very_deep_tree_kills_nothing_and_leaves_nothing():
     assert os.path.isdir("/etc"), "the symlink out was never followed"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("in_flight", [1, REMOVER_IN_FLIGHT])
 def test_remove_tree_removes_any_depth_and_follows_no_symlink(tmp_path, in_flight):
     from execpool.shared.kernel.dirs import remove_tree

@@ -157,6 +157,7 @@ def test_a_compile_error_is_the_compile_s_and_nothing_runs(pool, language):
     assert result.text.startswith(f"Compilation failed (exit code {result.exit_code}):\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("language", _cases(sorted(TEST_RUNNERS)))
 def test_a_test_runner_passes_and_fails(pool, language):
     code, passed, failed = TEST_RUNNERS[language]
@@ -182,6 +183,7 @@ def test_sql_runs_on_a_fresh_database(pool):
     assert broken.status is Status.ERROR and "no such table: missing" in broken.stderr
 
 
+@pytest.mark.slow
 def test_pytest_runs_the_tests_with_the_pool_s_python(pool):
     passing = pool.run(CodeJob("pytest", "def test_one():\n    assert 1 + 1 == 2\n", timeout=60))
     assert passing.status is Status.OK and "1 passed" in passing.output, passing.text
@@ -189,6 +191,7 @@ def test_pytest_runs_the_tests_with_the_pool_s_python(pool):
     assert (failing.status, failing.exit_code) == (Status.ERROR, 1) and "1 failed" in failing.output
 
 
+@pytest.mark.slow
 def test_batch_lines_in_a_language_compile_once(tmp_path):
     lines = [{"id": n, "language": "cpp", "code": _fresh(f"batch {time.time_ns()}"), "stdin": ""} for n in range(2)]
     lines[1]["code"] = lines[0]["code"]
@@ -326,6 +329,7 @@ def test_the_machine_s_failure_is_never_kept_however_often(tmp_path, said):
         cache.settle("k", _artifact(output=said))
     assert cache.claim("k") == (None, None)
 
+@pytest.mark.slow
 @pytest.mark.parametrize("status", [Status.ERROR, Status.OK])
 def test_compiles_keep_a_head_of_their_output_within_a_memory_budget(tmp_path, status):
     """A compile's output is kept in the pool's memory: a head of it, and
@@ -453,6 +457,7 @@ def test_a_compile_that_leaves_too_much_fails_saying_so(pool, monkeypatch):
     assert many.compile_failed and "execpool keeps at most 0 files" in many.error
 
 
+@pytest.mark.slow
 @pytest.mark.nobody
 def test_a_run_directory_the_program_made_unreadable_is_still_removed():
     """The pool's owner is nobody, so only its ownership, not a capability,
@@ -478,6 +483,7 @@ def test_a_run_directory_the_program_made_unreadable_is_still_removed():
     assert done.stdout.split("\n")[0] == "done []", done.stdout
 
 
+@pytest.mark.slow
 def test_removing_a_big_directory_holds_up_no_other_code_job():
     """Two programs leave 20 000 directories each in their run's directory
     (private ones: no sandbox); a cached C program sent as they end gets
@@ -531,6 +537,7 @@ def test_cancelling_a_run_kills_it(pool):
     assert result.status is Status.CANCELLED and result.compile_cached
 
 
+@pytest.mark.slow
 def test_a_job_waiting_for_another_s_compile_can_leave_without_stopping_it(pool):
     code = slow_to_compile(700)
     first = pool.submit(CodeJob("cpp", code, timeout=30))
@@ -565,6 +572,7 @@ def test_closing_the_pool_ends_every_code_job():
     assert all(f.result(timeout=5).status in (Status.INFRA, Status.CANCELLED) for f in futures)
 
 
+@pytest.mark.slow
 def test_a_waiter_gives_up_at_its_own_compile_timeout_and_the_compile_goes_on(pool):
     code = slow_to_compile(1000)
     owner = pool.submit(CodeJob("cpp", code, timeout=30, compile_timeout=120))
@@ -576,6 +584,7 @@ def test_a_waiter_gives_up_at_its_own_compile_timeout_and_the_compile_goes_on(po
     assert owner.result(120).status is Status.OK
 
 
+@pytest.mark.slow
 def test_a_waiter_that_allows_longer_compiles_again_when_the_owner_timed_out(pool):
     """A job sending the same program with a tiny compile_timeout cannot
     make another's compile time out."""
@@ -589,6 +598,7 @@ def test_a_waiter_that_allows_longer_compiles_again_when_the_owner_timed_out(poo
     assert pool.compile_cache.misses - before.misses == 2
 
 
+@pytest.mark.slow
 def test_a_cancelled_waiter_does_not_take_an_uncached_artifact_from_the_others():
     """Past the cache's bytes (here: none kept) a compiled program lives
     as long as its jobs still copy it; a waiter that left is not one."""
@@ -609,6 +619,7 @@ def test_files_cannot_take_the_program_s_own_names_as_directories():
         CodeJob("junit", "public class " + "A" * 300 + "Test { }")
 
 
+@pytest.mark.slow
 def test_the_sandbox_a_compile_had_is_in_its_key():
     """A compile with wider rights may have read what a strict one may not."""
     from execpool import Sandbox
@@ -666,6 +677,7 @@ def test_nothing_a_compile_started_outlives_it(pool, tmp_path, doomed):
             job.cancel()
 
 
+@pytest.mark.slow
 def test_waiters_on_a_first_failure_compile_it_once_more():
     """A failure may be the machine's: the jobs that waited for it do not
     take it from the cache; one of them compiles again, the others wait."""
@@ -694,6 +706,7 @@ def test_closing_the_pool_under_a_compile_others_wait_for_ends_every_job():
     assert not own._code.cache._pending
 
 
+@pytest.mark.slow
 def test_a_waiter_cancelled_as_it_comes_to_wait_is_not_left_counted(pool, monkeypatch):
     """A cancel between the cache counting a job as a waiter and the job
     saying it waits: the job still leaves the count (a count left over

@@ -94,6 +94,7 @@ def test_a_dead_worker_is_replaced_while_the_loop_reads(monkeypatch):
         asyncio.run(main(pool))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("idle_watch_s", [0.0, 60.0], ids=["asleep", "still-watching"])
 def test_the_loop_keeps_the_watchdog_a_stopped_worker_still_times_out(monkeypatch, idle_watch_s):
     monkeypatch.setattr(dispatch, "IDLE_WATCH_S", idle_watch_s)

@@ -82,6 +82,7 @@ def _rows(pool, wait: bool = True) -> dict:
     return {row.name: row for row in pool.languages(wait=wait)}
 
 
+@pytest.mark.slow
 def test_a_toolchain_in_a_private_home_runs_from_its_root_and_nothing_else_of_the_home_is_seen(private_home):
     root, path = _install(private_home)
     program = LOOKS_AROUND.replace("HOME", repr(private_home)).replace("ROOT", repr(root))
@@ -99,6 +100,7 @@ def test_a_toolchain_in_a_private_home_runs_from_its_root_and_nothing_else_of_th
     os.unlink(os.path.join(root, "lib", "new"))
 
 
+@pytest.mark.slow
 @pytest.mark.nobody
 def test_a_toolchain_in_nobody_s_private_home_runs_for_nobody_s_pool():
     done = run_as_nobody(textwrap.dedent(f"""\
@@ -132,6 +134,7 @@ exec cat {home}/config/perl.conf
 """
 
 
+@pytest.mark.slow
 def test_a_toolchain_that_cannot_run_in_the_sandbox_says_why_and_its_jobs_are_refused_at_once(private_home):
     os.mkdir(os.path.join(private_home, "config"))
     with open(os.path.join(private_home, "config", "perl.conf"), "w") as f:
@@ -158,6 +161,7 @@ echo "{hello}"
 """
 
 
+@pytest.mark.slow
 def test_a_check_the_machine_failed_is_not_kept_and_is_done_again_on_the_next_listing(private_home):
     root = os.path.join(private_home, "toolchain")
     _, path = _install(private_home, BUSY_WHEN_RUN.format(root=root, hello=table.HELLO_TEXT))
@@ -204,6 +208,7 @@ echo "{hello}"
 """
 
 
+@pytest.mark.slow
 def test_no_listing_and_no_job_waits_for_the_checks(private_home):
     with Gates() as gates:
         _, path = _install(private_home, HELD.format(wait=gates.shell("checked"), hello=table.HELLO_TEXT))
@@ -231,6 +236,7 @@ def test_a_python_in_a_venv_under_a_private_home_runs_jobs_and_shows_nothing_els
     assert unsandboxed.output == f"{venv} ['secret.txt', 'venv']\n"
 
 
+@pytest.mark.slow
 def test_the_service_lists_checking_then_the_truth_and_refuses_what_does_not_run(private_home):
     os.mkdir(os.path.join(private_home, "config"))
     _, path = _install(private_home, NEEDS_ITS_HOME.format(home=private_home))
@@ -302,6 +308,7 @@ def test_what_a_row_s_tools_run_by_name_is_shown_too(private_home):
                                     "java": f"{jdk}/bin/java"}
 
 
+@pytest.mark.slow
 def test_a_pool_lists_at_once_what_another_with_its_sandbox_checked():
     """Checked once per toolchain for the process: a second pool with the
     same sandbox, limits and tools needs no hello-world to list them."""
@@ -311,6 +318,7 @@ def test_a_pool_lists_at_once_what_another_with_its_sandbox_checked():
     assert not any(row.checking for row in first) and {row.name: row.runs for row in first} == truth
 
 
+@pytest.mark.slow
 def test_a_lone_binary_in_a_home_shows_only_itself(private_home):
     """A tool with no prefix of its own (``cargo install``'s, in
     ``~/.cargo/bin`` beside ``~/.cargo/credentials.toml``) is shown alone."""

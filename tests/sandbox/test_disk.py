@@ -113,6 +113,7 @@ def test_a_compile_the_machine_failed_is_not_cached():
         assert small.compile_cache.misses == 3
 
 
+@pytest.mark.slow
 def test_jobs_wait_for_room_in_the_disk_budget_and_sessions_do_not():
     with ExecPool(workers=1, sandbox="strict", disk_budget=12 * MiB, limits=Limits(disk=8 * MiB)) as small, \
             Gates() as gates:
@@ -184,6 +185,7 @@ def test_jobs_waiting_for_room_end_infra_when_the_pool_closes():
 DAEMON = "setsid bash -c 'env -i /bin/sleep 600 >/dev/null 2>&1 & echo \"PIDS $!\"'"
 
 
+@pytest.mark.slow
 def test_a_sandboxed_jobs_unmarked_daemon_dies_with_it_while_a_session_is_open(doomed):
     """Red team: a stray was swept only when its worker ran no job, and an
     open session (anyone's) is a job for its whole life."""
@@ -236,6 +238,7 @@ NOBODY = textwrap.dedent("""\
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.nobody
 def test_as_nobody_the_bound_and_the_end_of_strays_hold_too():
     """An unprivileged server: no cgroups, its spaces made in its view's

@@ -163,6 +163,7 @@ def test_every_escape_is_refused_and_its_control_is_not(owners, user, attack, la
     assert sandboxed["status"] in ("ok", "error"), sandboxed  # it ran, and was refused
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("user", ["root", pytest.param("nobody", marks=pytest.mark.nobody)])
 def test_the_attacks_left_the_pool_whole_and_wrote_nothing_outside(owners, user):
     owner = owners(user)
@@ -558,6 +559,7 @@ def test_a_sandbox_path_that_cannot_be_opened_fails_the_job_clearly(pool, tmp_pa
     assert pool.run(ShellJob("echo fine", sandbox="strict")).text == "fine\n"
 
 
+@pytest.mark.slow
 def test_a_jobs_sandbox_overrides_its_pools(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("s3cret\n")
@@ -721,6 +723,7 @@ WITHOUT_NAMESPACES = _refusing('{"x86_64": 272, "aarch64": 97}', 1) + textwrap.d
 """)
 
 
+@pytest.mark.slow
 def test_where_namespaces_are_refused_the_view_is_missing_and_can_be_declined(tmp_path):
     marker, secret = tmp_path / "ran", tmp_path / "secret"
     secret.write_text("s3cret\n")
@@ -753,6 +756,7 @@ WITHOUT_INOTIFY = _refusing('{"x86_64": 294, "aarch64": 26}', 24) + textwrap.ded
 """)
 
 
+@pytest.mark.slow
 def test_without_inotify_every_job_builds_the_layer_anew(etc_dir):
     public, made = os.path.join(etc_dir, "plain", "later"), os.path.join(etc_dir, "plain", "made")
     done = subprocess.run([sys.executable, "-c", WITHOUT_INOTIFY, public, made], capture_output=True, text=True,
@@ -806,6 +810,7 @@ def test_execpool_serve_will_not_start_without_the_sandbox_unless_told(tmp_path)
     assert "the sandbox needs Landlock" in refused.stderr and "--sandbox off" in refused.stderr, refused.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [(), ("--sandbox", "off")], ids=["default", "off"])
 def test_execpool_serve_runs_every_job_in_the_sandbox_by_default(tmp_path, flags):
     from tests.support.servers import Server

@@ -308,6 +308,7 @@ print("forged", forged)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.nobody
 def test_a_batch_job_cannot_write_a_record_into_out(unprivileged):
     """``execpool batch`` holds OUT open: a job running as the same user

@@ -60,6 +60,7 @@ def test_no_descriptor_but_stdio_reaches_a_tool_after_spares_were_parked(pool):
                                             "warm": "[0, 1, 2]\n"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("held, open_files", [(1100, None), (100, 64)])
 def test_no_descriptor_reaches_a_tool_above_its_open_files_limit(held, open_files):
     # A worker's channel keeps the descriptor numbers the caller had free:
@@ -161,6 +162,7 @@ def _secret_job(warm: bool, command: str = "") -> tuple[PythonJob, set]:
     return job, {code, env, stdin, output}
 
 
+@pytest.mark.slow
 def test_a_warm_job_finds_nothing_of_other_jobs_in_its_memory():
     # Warm jobs were forks of the worker, or of a template forked from it
     # after it had run jobs: walking the heap found the Start messages and
@@ -218,6 +220,7 @@ def test_stopped_spares_and_template_cost_nobody_anything():
                 _cont(proc)
 
 
+@pytest.mark.slow
 def test_a_spare_killed_before_it_took_its_job_hands_the_job_on():
     # The hand-over is a message the spare has not read yet: a spare killed
     # then ran nothing of the job, which must run whole in another spare. A
@@ -238,6 +241,7 @@ def test_a_spare_killed_before_it_took_its_job_hands_the_job_on():
         assert result.exit_code == 0 and int(result.output) != first.pid, result.text
 
 
+@pytest.mark.slow
 def test_a_template_killed_as_it_starts_fails_the_waiting_warm_jobs_not_the_worker():
     # A tool can kill the template as often as it likes. Warm jobs waiting
     # for a spare must not wait for ever, and warm jobs later must work.

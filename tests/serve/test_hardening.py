@@ -71,6 +71,7 @@ def test_fetching_is_bounded_in_count_and_in_bytes(slow_server):
     assert len(answer["files"]["a"]) == len(b64(b"\0" * 700000))
 
 
+@pytest.mark.slow
 def test_a_client_gone_while_sending_its_body_costs_no_traceback():
     """Red team: each half-sent body logged a ClientDisconnect traceback, a
     log flood anyone could cause."""
@@ -85,6 +86,7 @@ def test_a_client_gone_while_sending_its_body_costs_no_traceback():
     assert "Traceback" not in s.log(), s.log()[-2000:]
 
 
+@pytest.mark.slow
 def test_batches_and_file_lists_past_their_limits_are_refused_before_anything_runs(tmp_path):
     marker = tmp_path / "ran"
     s = Server("--workers", "1", "--sandbox", "off")  # a job that ran would leave its mark outside
@@ -109,6 +111,7 @@ def test_batches_and_file_lists_past_their_limits_are_refused_before_anything_ru
         assert s.stop() == 0
 
 
+@pytest.mark.slow
 def test_a_job_cannot_take_the_services_port_on_the_other_loopback(tmp_path):
     """Red team: the service held 127.0.0.1:PORT only; a job could bind
     [::1]:PORT and answer every client that says ``localhost`` (and read
@@ -127,6 +130,7 @@ def test_a_job_cannot_take_the_services_port_on_the_other_loopback(tmp_path):
         assert s.stop() == 0
 
 
+@pytest.mark.slow
 def test_a_sigkilled_server_leaves_no_job_directory_behind(tmp_path):
     """Red team: the directories of jobs that brought files stayed in /tmp
     after a SIGKILL of the server; they are the pool's now, which its
@@ -213,6 +217,7 @@ def _answers(s: Server) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_web_pages_of_other_origins_and_other_host_names_are_refused(tmp_path):
     """Red team: any web page could POST code to a tokenless server on the
     visitor's loopback (a browser sends a text/plain POST without asking),
@@ -271,6 +276,7 @@ def test_env_and_memory_limits_past_their_bounds_are_refused_not_500(server_any)
     assert sf.status_code == 200 and sf.json()["status"] == "SandboxError" and "memory_limit_MB" in sf.json()["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sandbox", ["strict", "off"])
 def test_a_job_that_moves_the_services_directory_away_does_not_break_later_requests(server_any, tmp_path, sandbox):
     """Red team: ``mv "$(dirname "$PWD")" elsewhere`` made every later
@@ -316,6 +322,7 @@ def test_a_job_cannot_take_the_services_port_in_the_other_family_on_a_wildcard(h
         assert s.stop() == 0
 
 
+@pytest.mark.slow
 def test_every_job_and_session_is_held_to_the_servers_memory_and_process_caps():
     """Red team: the service set no memory or process cap by default, so
     one client's job could take every neighbour's memory or processes; a

@@ -91,6 +91,7 @@ def test_a_language_that_does_not_run_is_a_sandbox_error_saying_why(server, lang
     assert answer["status"] == "SandboxError" and message in answer["message"], answer
 
 
+@pytest.mark.slow
 def test_v1_languages_lists_the_table(server):
     def listed():
         return server.client.get("/v1/languages").json()
@@ -105,6 +106,7 @@ def test_v1_languages_lists_the_table(server):
     assert not by_name["python"]["compiles"]
 
 
+@pytest.mark.slow
 def test_v1_run_takes_a_language_and_records_the_compile(server):
     record = server.client.post("/v1/run", json={"language": "java", "code": PROGRAMS["java"], "stdin": "x",
                                                  "timeout": 30}).json()
@@ -168,6 +170,7 @@ def test_every_language_through_the_sandbox_fusion_client(server, language):
 RUNNERS = dict(TEST_RUNNERS, pytest=("def test_sum():\n    assert 1 + 1 == WANT\n", "1 passed", "1 failed"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("language", _each(RUNNERS))
 def test_every_test_runner_through_the_sandbox_fusion_client(server, language):
     """verl and SandboxFusion's datasets send a test file as the program:

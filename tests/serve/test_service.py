@@ -112,6 +112,7 @@ def test_no_code_is_answered_as_the_library_answers_it_in_each_dialect(server):
     assert answer["status"] == "Success" and answer["run_result"]["return_code"] == 0
 
 
+@pytest.mark.slow
 def test_not_json_and_too_large_bodies(server):
     c = server.client
     assert c.post("/v1/run", content=b"{not json").status_code == 400
@@ -280,6 +281,7 @@ def test_metrics_count_what_ran(server):
 # -- auth, binding -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_token_guards_every_route_but_health_and_a_401_runs_nothing(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("s3cret-token\n")
@@ -305,6 +307,7 @@ def test_a_token_guards_every_route_but_health_and_a_401_runs_nothing(tmp_path):
         assert s.stop() == 0
 
 
+@pytest.mark.slow
 def test_binding_beyond_loopback_without_a_token_is_refused():
     env = {k: v for k, v in os.environ.items() if k != "EXECPOOL_TOKEN"}
     done = subprocess.run([sys.executable, "-m", "execpool", "serve", "--host", "0.0.0.0", "--port", "0"],
@@ -454,6 +457,7 @@ def test_files_that_cannot_be_written_or_fetched_are_answered_not_500(server):
     assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) <= fds + 2, "a fetched directory leaked descriptors"
 
 
+@pytest.mark.slow
 def test_jobs_run_warm_by_default_with_the_interpreter_given(tmp_path):
     """``--python``: the service's jobs run with a runtime of their own,
     warm by default and with ``--cold``; the server keeps its own."""

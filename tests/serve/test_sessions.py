@@ -178,6 +178,7 @@ def test_run_jupyter_past_its_total_timeout_fails_and_a_cell_timeout_interrupts(
     assert bad["status"] == "SandboxError" and '"cells" must be an array' in bad["message"]
 
 
+@pytest.mark.slow
 def test_sessions_opened_at_once_never_pass_max_sessions(server):
     """Each create reserves its place before it writes its files."""
     from concurrent.futures import ThreadPoolExecutor
@@ -195,6 +196,7 @@ def test_sessions_opened_at_once_never_pass_max_sessions(server):
             server.client.delete(f"/v1/sessions/{ident}")
 
 
+@pytest.mark.slow
 def test_fork_over_http(server):
     """A copy is a session of its own, with its parent's state and a copy of
     its files, in the service's sandbox (strict, its default) and without
@@ -236,6 +238,7 @@ def test_fork_over_http(server):
         assert plain.stop() == 0
 
 
+@pytest.mark.slow
 def test_a_fork_whose_client_left_is_closed_and_leaves_no_place_taken(tmp_path):
     """A client that gives up during a slow fork gets no copy: the copy,
     once made, is closed, its place among --max-sessions freed (it was once

@@ -411,6 +411,7 @@ def test_a_pool_whose_python_lacks_ipython_says_which_extra_to_install(tmp_path)
 _IPYTHON_PACKAGES = ("IPython", "traitlets", "pygments", "stack_data", "executing", "asttokens", "pure_eval")
 
 
+@pytest.mark.slow
 @pytest.mark.nobody
 def test_a_session_of_a_pool_run_by_nobody_speaks_ipython():
     done = run_as_nobody(textwrap.dedent("""

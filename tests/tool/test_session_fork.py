@@ -114,6 +114,7 @@ def test_a_given_directory_receives_a_copy_and_a_shared_one_is_shared(pool, tmp_
             assert (mine / "seed.txt").read_text() == "seed"
 
 
+@pytest.mark.slow
 def test_what_cannot_be_forked_says_why_and_the_session_goes_on(pool, tmp_path):
     with pool.session("bash") as shell:
         with pytest.raises(SessionForkError, match="only a Python session"):
@@ -145,6 +146,7 @@ def test_a_copy_that_cannot_start_fails_the_fork_not_the_session(pool, tmp_path)
         assert parent.run("'fine'").value == "'fine'"
 
 
+@pytest.mark.slow
 def test_why_a_copy_could_not_start_is_told_short(pool, tmp_path):
     """Red team: a copy that failed on each of thousands of files said so
     for each, and the fork's error ran to 16 MB."""
@@ -160,6 +162,7 @@ def test_why_a_copy_could_not_start_is_told_short(pool, tmp_path):
         assert parent.run("'fine'").value == "'fine'"
 
 
+@pytest.mark.slow
 def test_a_dead_worker_ends_parent_and_fork_with_infra(doomed):
     with ExecPool(workers=1) as own:
         parent = own.session("python")
@@ -256,6 +259,7 @@ def test_a_copy_whose_process_exits_ends_at_once_and_its_worker_goes_on():
         assert own.run(PythonJob("print('warm')", warm=True)).output == "warm\n"
 
 
+@pytest.mark.slow
 def test_interrupting_a_session_while_it_forks_interrupts_nothing(pool, tmp_path):
     """No cell runs during a fork: ``interrupt()`` says so and the session
     lives (it once was killed, its fork taken for a cell that ignored it)."""
@@ -271,6 +275,7 @@ def test_interrupting_a_session_while_it_forks_interrupts_nothing(pool, tmp_path
         assert parent.run("'alive'").value == "'alive'"
 
 
+@pytest.mark.slow
 def test_a_copy_is_held_to_its_process_cap_where_the_worker_counts(doomed):
     with ExecPool(workers=1, cgroups=False) as own:
         child = own.session("python", limits=Limits(processes=5)).fork()
@@ -279,6 +284,7 @@ def test_a_copy_is_held_to_its_process_cap_where_the_worker_counts(doomed):
         assert not result.alive and "process limit (5)" in result.message, result
 
 
+@pytest.mark.slow
 def test_forks_on_a_retiring_worker_replace_it_once():
     with ExecPool(workers=1, max_jobs_per_worker=3) as own:
         with own.session("python") as parent:
@@ -287,6 +293,7 @@ def test_forks_on_a_retiring_worker_replace_it_once():
             assert len(own.worker_pids) <= 2, own.worker_pids
 
 
+@pytest.mark.slow
 def test_closing_the_pool_while_a_fork_copies_ends_every_session_cleanly(tmp_path):
     """The worker's shutdown once tripped on the copy its parent's end had
     already settled, and left the jobs after it to its crash."""

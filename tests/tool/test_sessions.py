@@ -125,6 +125,7 @@ def test_a_cell_s_output_arrives_live_before_it_ends(pool, tmp_path):
 
 # -- Python: what Jupyter shows ------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_matplotlib_figure_is_shown_as_png_and_closed(plain):
     """Plain Python's own figures (IPython's are matplotlib's inline
     backend, compared with a kernel's in tests/tool/test_jupyter.py)."""
@@ -172,6 +173,7 @@ def test_a_timeout_interrupts_the_cell_and_the_session_keeps_its_state(py):
     assert py.run("kept").value == "'yes'"
 
 
+@pytest.mark.slow
 def test_a_cell_that_ignores_the_interrupt_is_killed_and_the_session_is_gone(py):
     started = time.monotonic()
     result = py.run("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n"
@@ -228,6 +230,7 @@ def test_a_cancelled_cell_takes_what_it_started_and_spares_what_earlier_cells_di
     assert all_dead(kept, 5)  # and the session's end takes them
 
 
+@pytest.mark.slow
 def test_cancelling_a_first_cell_before_its_interpreter_starts_costs_nobody_else():
     """Red team: the cancel of a cell whose session no interpreter had
     taken yet (a fresh worker's template still starting) hit an assertion
@@ -351,6 +354,7 @@ def test_bash_interrupt_ends_the_foreground_command_and_the_shell_lives(sh):
     assert sh.run("echo $KEPT").stdout == "1\n"
 
 
+@pytest.mark.slow
 def test_bash_that_ignores_the_interrupt_is_killed(sh):
     result = sh.run("trap '' INT; sleep 60", timeout=0.3)
     assert (result.status, result.alive) == (Status.TIMEOUT, False)
@@ -389,6 +393,7 @@ def test_a_cell_longer_than_the_idle_timeout_is_not_cut_short(pool):
         assert session.run("import time\ntime.sleep(0.6)\n'done'").value == "'done'"
 
 
+@pytest.mark.slow
 def test_the_pool_s_close_ends_its_sessions_and_their_trees(doomed):
     with ExecPool(workers=1, sandbox="strict") as own:
         session = own.session("python")
@@ -404,6 +409,7 @@ def test_the_pool_s_close_ends_its_sessions_and_their_trees(doomed):
         session.run("1")
 
 
+@pytest.mark.slow
 def test_a_dead_worker_takes_its_sessions_and_their_next_call_says_so(doomed):
     with ExecPool(workers=1, sandbox="strict") as own:
         session = own.session("python")
@@ -466,6 +472,7 @@ def test_a_forged_reply_is_the_cell_s_error_and_more_on_the_socket_ends_the_sess
         py.run("1")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["between cells", "in a cell"])
 def test_a_session_flooding_its_socket_is_killed_and_its_worker_serves_the_others(when, doomed):
     """A thread of the session writes NULs without end on its socket: the
@@ -500,6 +507,7 @@ def test_misuse_is_refused_with_a_precise_error(pool):
             session.run("1", timeout=-2)
 
 
+@pytest.mark.slow
 def test_a_hundred_sessions_at_once_in_bounded_memory(pool):
     """Each idle session is a copy-on-write clone of the warm template: what
     it adds is its own pages, a few MiB, not an interpreter's."""
@@ -529,6 +537,7 @@ def test_a_hundred_sessions_at_once_in_bounded_memory(pool):
             list(closing.map(lambda s: s.close(), sessions))
 
 
+@pytest.mark.slow
 def test_a_cell_says_what_it_cost(py, sh):
     busy = py.run("import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end:\n    pass")
     assert busy.cpu_user_s + busy.cpu_system_s >= 0.2 and busy.max_rss_bytes > 1 << 20
@@ -563,6 +572,7 @@ def test_a_daemon_a_session_left_dies_with_it_while_the_worker_stays_busy(doomed
         assert all_dead(pids) and busy.alive
 
 
+@pytest.mark.slow
 def test_past_the_worker_s_reply_budget_the_largest_holder_goes_not_a_bystander(monkeypatch):
     """Sessions holding unfinished replies past the worker's budget: the
     session holding the most is ended; one whose few bytes tipped the sum

@@ -178,6 +178,7 @@ def test_a_spare_joins_its_jobs_cgroup(spare_pool):
     assert len(parked - {spare.pid for spare in _parked_spares(spare_pool)}) == 1
 
 
+@pytest.mark.slow
 def test_warm_spares_option():
     with ExecPool(workers=1, warm_spares=0) as pool:
         # None parked: each warm job waits for a spare made for it.
@@ -226,6 +227,7 @@ def test_warm_job_state_does_not_leak_into_the_next(warm_pool):
                                    warm=True)).text == "[1] None\n"
 
 
+@pytest.mark.slow
 def test_preload(tmp_path):
     with ExecPool(workers=1, preload=["decimal"]) as pool:
         probe = "import sys\nprint('decimal' in sys.modules)"
@@ -291,6 +293,7 @@ def test_each_warm_job_runs_exactly_once_in_its_spare():
     assert outputs == [f"{i}\n" for i in range(600)]
 
 
+@pytest.mark.slow
 def test_a_warm_job_takes_a_spare_parked_by_the_ones_before():
     with ExecPool(workers=1) as pool:
         pool.run(PythonJob("pass", warm=True))
@@ -309,6 +312,7 @@ def test_a_warm_job_takes_a_spare_parked_by_the_ones_before():
         assert int(result.output) in spares and result.exit_code == 3
 
 
+@pytest.mark.slow
 def test_killed_spares_and_templates_are_replaced():
     with ExecPool(workers=1) as pool:
         probe = PythonJob("import os\nprint(os.getpid())", warm=True)
@@ -330,6 +334,7 @@ def test_killed_spares_and_templates_are_replaced():
         assert pool.run(probe).exit_code == 0
 
 
+@pytest.mark.slow
 def test_pool_close_takes_the_template_and_spares_down():
     pool = ExecPool(workers=1)
     pool.run(PythonJob("pass", warm=True))
@@ -376,6 +381,7 @@ def test_warm_jobs_run_with_the_pools_interpreter_as_cold_ones_do(runtime):
     assert cold.output == warm.output == f"{prefix}\n", (cold.text, warm.text, probe)
 
 
+@pytest.mark.slow
 def test_preload_is_looked_for_in_the_pools_interpreter(runtime):
     """``tqdm`` is in the server's venv, not in the bare runtime: the pool
     says so rather than a template that died."""
@@ -386,6 +392,7 @@ def test_preload_is_looked_for_in_the_pools_interpreter(runtime):
         assert pool.run(PythonJob("import sys\nprint('json' in sys.modules)", warm=True)).output == "True\n"
 
 
+@pytest.mark.slow
 def test_batch_runs_its_jobs_with_the_interpreter_given(runtime, tmp_path):
     import json
     import subprocess
@@ -418,6 +425,7 @@ HUGE_PAGES = ("b = bytearray(64 << 20)\nb[::4096] = b'x' * len(b[::4096])\nimpor
               "print(huge[0] >= 32 << 10, 'GLIBC_TUNABLES' in os.environ, child.stdout.strip())")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_huge_pages_mode() != "madvise",
                     reason="huge pages on request only (the usual setting) tells the template's asking apart")
 def test_warm_interpreters_ask_for_huge_pages_unseen_and_a_pool_s_own_tunables_win():

@@ -65,6 +65,7 @@ def test_cgroup_kill_reaches_a_process_that_left_session_and_cleared_its_environ
     assert all_dead(pids, timeout=1.0)
 
 
+@pytest.mark.slow
 def test_groups_of_a_killed_worker_are_removed():
     with ExecPool(workers=1) as pool:
         token = worker_records(pool)[0].token

@@ -454,6 +454,7 @@ def test_fork_chain_and_pid_hopper_are_killed_whole_by_the_process_cap(busy_pool
 BOMB_LIMIT = 512 * MiB
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_memory_bomb_fails_with_memory_error_and_the_pool_is_fine(pool, warm):
     workers = pool.worker_pids

@@ -172,6 +172,7 @@ RACE = textwrap.dedent("""\
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.hostile
 @pytest.mark.skipif(not sandbox_support().available, reason="the kernel lacks the sandbox")
 @pytest.mark.parametrize("user", ["root", pytest.param("nobody", marks=pytest.mark.nobody)])

@@ -52,6 +52,7 @@ def _jobs_dir_empty(pool) -> bool:
     return os.listdir(jobs_dir) in ([], [".trash"]) and not os.listdir(os.path.join(jobs_dir, ".trash"))
 
 
+@pytest.mark.slow
 def test_a_job_that_filled_its_directory_does_not_hold_up_the_next_job():
     """Red team: five seconds of mkdir left 30-70 thousand directories, which
     the worker removed on its one loop at 1,500 a second: no other job's
@@ -72,6 +73,7 @@ def test_a_job_that_filled_its_directory_does_not_hold_up_the_next_job():
         assert wait_for(lambda: _jobs_dir_empty(pool), DEADLINE_S)
 
 
+@pytest.mark.slow
 def test_a_daemon_whose_first_thread_ended_dies_with_its_job(doomed):
     """Red team: a daemon that ends its first thread with SYS_exit reads as
     Z in /proc/PID/stat; every sweep skipped it, and it ran until the pool
@@ -128,6 +130,7 @@ def test_a_sandboxed_job_s_daemons_count_for_its_process_cap_without_a_marker(do
         assert all_dead(pids)
 
 
+@pytest.mark.slow
 def test_a_job_that_races_its_own_removal_neither_crashes_the_worker_nor_reaches_outside(tmp_path, doomed):
     """Red team: a daemon left swapping a directory and a symlink
     (``renameat2(RENAME_EXCHANGE)``) in its job's directory made the
@@ -173,6 +176,7 @@ def test_removing_a_directory_that_became_a_symlink_raises_nothing(tmp_path):
     assert dirs.remove_tree(str(top)) and not top.exists() and outside.is_dir()
 
 
+@pytest.mark.slow
 def test_a_job_cannot_pass_its_processes_off_as_its_neighbours(doomed):
     """Red team: a job sees its own ``EXECPOOL_JOB`` and ids count up, so it
     started processes carrying its neighbour's marker: the neighbour was
@@ -207,6 +211,7 @@ def test_a_directory_its_job_made_immovable_is_moved_not_removed_as_nobody():
     assert done.stdout == "True 100\n", done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_job_that_breaks_the_trash_still_does_not_hold_up_the_next_job():
     """Red team (no sandbox): a job put a file where the worker's trash was,
     so its directory could not be moved there, and the worker removed its
@@ -257,6 +262,7 @@ def test_a_flood_is_removed_beside_a_busy_job_on_every_cpu(doomed):
                 loop.cancel()
 
 
+@pytest.mark.slow
 def test_a_dead_workers_directory_is_removed_by_its_successor_not_by_the_caller():
     """What a job left when its worker died -- here a flood, then the job
     killed its worker -- was removed by a thread of the caller's process,
