@@ -1,5 +1,5 @@
-"""The package is laid out by process (docs/design.md; the README's "How it
-works"): a module's folder says which process runs it, and what a folder
+"""The package is laid out by process (docs/design.md; the site's "How it
+works", docs/how-it-works.md): a module's folder says which process runs it, and what a folder
 may import is fixed here. The worker's and the lifeline's folders import
 only the shared one; the caller's folders never import theirs. Checked
 twice: statically, from every module's imports, and in fresh interpreters,

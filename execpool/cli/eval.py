@@ -191,7 +191,7 @@ def add_arguments(parser: argparse.ArgumentParser, count: Any, seconds: Any) -> 
                         help="start an interpreter for every Python job (default: warm, a fork of a ready one)")
     parser.add_argument("--no-sandbox", dest="sandbox", action="store_false",
                         help="run samples without the strict sandbox (default: in it; without it a sample can "
-                             "reach its judge and pass: see the README)")
+                             "reach its judge and pass: see docs/batch/evaluation.md)")
     parser.add_argument("--per-problem", action="store_true", help="put pass@k per problem in the summary line")
 
 

@@ -91,7 +91,7 @@ def _interpreter(text: str) -> str:
 
 
 _PYTHON_HELP = ("the interpreter Python jobs run with, warm ones too (default: this one); a venv of the jobs' "
-                "own keeps the server's packages out of them and starts faster (see the README)")
+                "own keeps the server's packages out of them and starts faster (see docs/service/index.md)")
 
 
 def _timeout(text: str) -> Optional[float]:
@@ -113,7 +113,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="print one JSON record (output, status, CPU time, memory, processes) instead of "
                           "streaming the output")
     run.add_argument("--sandbox", action="store_true",
-                     help="run the tool in the strict sandbox: it writes only its directory (see the README)")
+                     help="run the tool in the strict sandbox: it writes only its directory "
+                          "(see docs/sandbox/index.md)")
     source = run.add_mutually_exclusive_group(required=True)
     source.add_argument("--python", metavar="CODE", help="Python code to run")
     source.add_argument("--shell", metavar="CMD", help="shell command to run with bash -c")
@@ -148,7 +149,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="keep the records of jobs that execpool failed to run (status infra) instead of "
                             "running them again")
     batch.add_argument("--sandbox", action="store_true",
-                       help="run every job in the strict sandbox: each writes only its directory (see the README)")
+                       help="run every job in the strict sandbox: each writes only its directory "
+                            "(see docs/sandbox/index.md)")
     _out_arguments(batch)
     evaluation = commands.add_parser(
         "eval", help="judge a model's samples against problems' tests: a verdict per sample, then pass@k (resumable)",
@@ -219,8 +221,8 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default {settings.DEFAULT_HEARTBEAT_S:g})")
     start = parser.add_mutually_exclusive_group()
     start.add_argument("--warm", dest="warm", action="store_true", default=True,
-                       help="run Python jobs warm, in a ready interpreter: the default (see the README for the "
-                            "little that differs from a cold start)")
+                       help="run Python jobs warm, in a ready interpreter: the default (see "
+                            "docs/library/warm.md for the little that differs from a cold start)")
     start.add_argument("--cold", dest="warm", action="store_false",
                        help="start an interpreter for every Python job, as `python -u FILE` would")
     parser.add_argument("--python", type=_interpreter, metavar="PATH", default=None, help=_PYTHON_HELP)
@@ -230,8 +232,8 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="jobs run without network (a network namespace of their own)")
     parser.add_argument("--sandbox", choices=("strict", "off"), default="strict",
                         help="the kernel-enforced sandbox every job runs in (default strict: a job writes only its "
-                             "own directory and reads the system's software; see the README); the service does not "
-                             "start where the kernel lacks it, unless given off")
+                             "own directory and reads the system's software; see docs/sandbox/index.md); the service "
+                             "does not start where the kernel lacks it, unless given off")
     _disk_arguments(parser)
     _tenant_caps(parser)
     ray = parser.add_argument_group("one service across a Ray cluster (the ray extra; docs/service-on-ray.md); every "
@@ -305,8 +307,8 @@ def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pool workers (default: the number of CPUs)")
     parser.add_argument("--sandbox", choices=("strict", "off"), default="strict",
                         help="the kernel-enforced sandbox every call runs in (default strict: a call writes only the "
-                             "connection's directory and reads the system's software; see the README); the server "
-                             "does not start where the kernel lacks it, unless given off")
+                             "connection's directory and reads the system's software; see docs/sandbox/index.md); the "
+                             "server does not start where the kernel lacks it, unless given off")
     parser.add_argument("--stateless", dest="stateful", action="store_false",
                         help="run each python call in a fresh interpreter, as the tool layer's python tool does "
                              "(default: one interpreter per connection keeps variables between calls; reset starts "

@@ -1,5 +1,5 @@
 """``execpool eval``: samples of a model scored against problems' tests --
-verdicts per test, pass@k -- on a pool (the README's "Evaluation").
+verdicts per test, pass@k -- on a pool (docs/batch/evaluation.md).
 
 Runs in the caller's process (the library, the command, the service),
 above the pool's public ``submit``: problems.py reads the problem formats

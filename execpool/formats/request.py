@@ -234,7 +234,7 @@ def _kernel(label: str, value: str, _defaults: Defaults) -> str:
 #: -- and the kind of job each is: python the pool's PythonJob, bash (and
 #: shell) its ShellJob, ``bash -c`` -- half the cost of the table's ``bash
 #: main.sh`` through a directory of its own, and the same for ordinary
-#: scripts (the README says where they differ) -- the others a CodeJob.
+#: scripts (docs/library/languages.md says where they differ) -- the others a CodeJob.
 LANGUAGES = {**{language.name: language.name for language in languages.TABLE}, "bash": "shell", "shell": "shell"}
 
 Rule = Callable[[str, Any, Defaults], Any]

@@ -262,7 +262,7 @@ class Session:
         those queued after. A sandboxed session's copy gets its own home,
         ``/tmp`` and ``/dev/shm``, copies of its parent's, at the same paths
         (a ``cwd`` is refused), within a budget of forks per family (the
-        README's Sessions section says which sandboxed sessions can fork).
+        docs/library/sessions.md says which sandboxed sessions can fork).
         SessionForkError for a bash session or one that cannot be forked,
         or when the copy could not start; SessionClosedError when this
         session is gone; DiskBudgetError when the copy's disk bound does not

@@ -1,4 +1,4 @@
-"""``execpool serve``: one pool behind HTTP (the README's "Service").
+"""``execpool serve``: one pool behind HTTP (docs/service/index.md).
 
 ::
 

@@ -1,4 +1,4 @@
-"""The service's Prometheus metrics (the README's "Service", metrics).
+"""The service's Prometheus metrics (docs/service/index.md, metrics).
 
 Runs in the service's process (execpool/serve/app.py). Each app gets a registry
 of its own, so that two apps in one process do not collide; the figures the

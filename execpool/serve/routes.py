@@ -1,4 +1,4 @@
-"""The service's routes (the README's "Service"): execpool's own (``/v1/run``,
+"""The service's routes (docs/service/index.md): execpool's own (``/v1/run``,
 ``/v1/stream``, ``/v1/batch``), SandboxFusion's ``/run_code``, health,
 metrics, the OpenAPI document and the page.
 
@@ -51,7 +51,7 @@ PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store",
 }
 
-#: The page (the README's "The page"): one file, no build step, no external assets.
+#: The page (docs/service/page.md): one file, no build step, no external assets.
 _PAGE = importlib.resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
 
 

@@ -1,4 +1,4 @@
-"""The service's sessions (the README's "Sessions over HTTP"): ``/v1/sessions`` and
+"""The service's sessions (docs/service/sessions.md): ``/v1/sessions`` and
 SandboxFusion's ``/run_jupyter``.
 
 Runs in the service's process, on its event loop. A session is the pool's

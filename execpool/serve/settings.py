@@ -52,7 +52,7 @@ def default_max_in_flight() -> int:
     return 2 * (os.cpu_count() or 2)
 DEFAULT_QUEUE_TIMEOUT_S = 5.0
 
-#: Sessions open at once (the README's "Sessions over HTTP"), and how long one may go
+#: Sessions open at once (docs/service/sessions.md), and how long one may go
 #: without a cell -- the longest a request may ask, too.
 DEFAULT_MAX_SESSIONS = 64
 DEFAULT_SESSION_IDLE_S = 600.0

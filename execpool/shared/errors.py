@@ -34,7 +34,7 @@ class SessionClosedError(ExecPoolError, RuntimeError):
 
 class SessionForkError(ExecPoolError, RuntimeError):
     """``Session.fork()`` made no copy: the session cannot be forked (a bash
-    session, a sandboxed family that used its forks -- the README says
+    session, a sandboxed family that used its forks -- docs/library/sessions.md says
     which), or the copy could not start. The message says which; the
     session itself goes on."""
 

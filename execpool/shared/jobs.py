@@ -161,7 +161,7 @@ class PythonJob(_Job):
 
     ``warm=True`` runs it in a fork of the worker instead of a new
     interpreter: the same file, ``__main__``, limits, session and exit codes,
-    without the interpreter's start-up (see the README for what can differ).
+    without the interpreter's start-up (docs/library/warm.md says what can differ).
     """
 
     code: str

@@ -3,7 +3,7 @@
 Shared: the job spec (execpool/shared/jobs.py) checks a ``CodeJob``'s
 language against it in the caller's thread; the pool (execpool/pool/code.py)
 runs the steps; the service and the command line list it. It is data --
-a language is a row, and adding one is adding a row (the README says how).
+a language is a row, and adding one is adding a row (docs/library/languages.md says how).
 
 Names and meanings are SandboxFusion's (its ``sandbox/runners``): the same
 file names (``Main.java``: the public class is ``Main``), compile commands

@@ -4,7 +4,7 @@ A tool exiting non-zero, timing out or being cancelled is data; so is a worker
 dying under a job. ``status`` says which of these happened in one field, and
 keeps the program's failures (``ERROR``) apart from execpool's own
 (``INFRA``), because an evaluation must never score a dead worker as a wrong
-answer. ``text`` renders the model-facing string (the README's "Use": ``result.text``), so every
+answer. ``text`` renders the model-facing string (docs/library/jobs.md: ``result.text``), so every
 layer above (tools, loop, CLI, service) says the same thing.
 
 Shared: the worker builds Results, the caller reads them.

@@ -19,7 +19,7 @@ through ``sys.excepthook`` with the runner's own frame cut off,
 ``SystemExit`` codes, waiting for non-daemon threads, atexit handlers,
 flushing.
 
-What can still differ from a cold run (the README lists it for users):
+What can still differ from a cold run (docs/library/warm.md lists it for users):
 modules the template had imported (execpool's own, and the pool's
 ``preload``) are already in ``sys.modules`` -- that is the speed-up -- with
 their state as of its start; ``sys.flags`` and ``sys.orig_argv`` are the

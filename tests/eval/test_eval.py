@@ -1,4 +1,4 @@
-"""``execpool eval``, its library function and ``/v1/eval`` (the README's
+"""``execpool eval``, its library function and ``/v1/eval`` (docs/eval.md,
 "Evaluation"): real pools running real programs -- each verdict, each
 problem format, each checker, pass@k against figures worked by hand,
 resume, the command end to end, the route over HTTP, and the reward hacks
@@ -318,7 +318,7 @@ def test_no_reward_hack_passes(sandboxed):
 
 @pytest.mark.slow
 def test_the_judges_memory_is_out_of_a_samples_reach_in_the_sandbox(sandboxed):
-    """The limit the README states, with its negative control: without the
+    """The limit the docs state, with its negative control: without the
     sandbox a root sample reads the nonce from its judge's memory and
     passes (a non-root one cannot: the judge is non-dumpable)."""
     sample = [{"task_id": "t/add", "completion": HACKS["read_the_judges_memory"]}]

@@ -1,5 +1,4 @@
-"""``Session.fork()`` in the strict sandbox (SPEC §8, the README's Sessions
-section): a copy holds its parent's state and copies of its files, at the
+"""``Session.fork()`` in the strict sandbox (SPEC §8, docs/library/sessions.md): a copy holds its parent's state and copies of its files, at the
 same paths, and from then on reaches nothing of its parent's or its
 siblings' -- not their files (its own /tmp, home, /dev/shm and working
 directory, in a space of its own), not their processes; within a budget of
@@ -288,7 +287,7 @@ def test_a_fork_leaves_out_a_pipe_in_its_parent_s_files(pool, sandbox):
 def test_a_session_that_left_its_user_namespace_is_refused_a_fork(pool):
     """Its copy's spare is cloned and its ids mapped in the user namespace
     the session was given, never in one its cells moved it to -- here its
-    own copy's, which a parent may join (the README says why); the
+    own copy's, which a parent may join (the threat model says why); the
     worker's helper once joined that one, unconfined."""
     with pool.session("python", sandbox="strict") as parent, parent.fork() as copy:
         pid = copy.run("import os\nos.getpid()").value
@@ -418,7 +417,7 @@ def test_a_copy_that_keeps_its_capabilities_sets_no_file_capability(pool):
 
 def test_a_parent_that_joins_its_copy_s_user_namespace_sets_no_file_capability(pool, tmp_path):
     """Red team, as root: a parent may join its copy's user namespace (the
-    README says why), where it holds every capability over root's files:
+    threat model says why), where it holds every capability over root's files:
     it set a file capability on a copy of ``cat`` in its own directory,
     and any local user read /etc/shadow with it."""
     with pool.session("python", sandbox="strict", cwd=tmp_path) as parent, parent.fork() as copy:

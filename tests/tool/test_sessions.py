@@ -560,7 +560,7 @@ def test_a_daemon_a_session_left_dies_with_it_while_the_worker_stays_busy(doomed
     has a cgroup of its own where one can be made (root here), and dies
     with it, another session keeping the worker busy meanwhile."""
     if not pids_cgroup_tier():
-        pytest.skip("no cgroup tier here: such a daemon lives until its worker is idle (README)")
+        pytest.skip("no cgroup tier here: such a daemon lives until its worker is idle (docs/library/sessions.md)")
     with ExecPool(workers=1, sandbox="strict") as own, own.session("python") as busy:
         assert busy.run("1").ok
         session = own.session("bash")

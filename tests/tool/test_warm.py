@@ -94,7 +94,7 @@ def test_warm_output_is_byte_identical_to_cold(warm_pool, name, tmp_path):
 
 
 def test_warm_differs_from_cold_in_stack_depth_alone_as_documented(warm_pool):
-    """What the README says a warm job cannot have as a cold one does: its
+    """What docs/library/warm.md says a warm job cannot have as a cold one does: its
     module runs a few frames deep in the spare (the recursion limit is the
     same; the depth left to the program, and what ``traceback.extract_stack``
     shows below its module, are not)."""

@@ -1,5 +1,5 @@
 """Hostile tools (tests/support/hostile.py) against the pool: each job ends the way the
-SPEC and README say, and no process of it survives.
+SPEC and the docs say, and no process of it survives.
 
 Every job here carries ``EXECPOOL_HOSTILE_RUN=<this run>`` in its
 environment, so :func:`leftovers` finds what it left anywhere on the machine

@@ -62,7 +62,7 @@ tries every escape below):
   and setgid files, extended attributes (a file capability), other system
   call ABIs.
 
-What the sandbox does not cover is in the README's threat model.
+What the sandbox does not cover is in the threat model (docs/sandbox/threat-model.md).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ class Sandbox:
     execute, everything beneath) and ``write`` (every right, everything
     beneath). ``Sandbox()`` is ``"strict"``: the job writes only its
     working directory and a private ``TMPDIR``, and reads the system's
-    software besides (README, "Threat model"). Paths are made absolute
+    software besides (docs/sandbox/threat-model.md). Paths are made absolute
     relative to the caller's working directory, as a job's ``cwd`` is; the
     worker opens them when the job starts, and a job whose path cannot be
     opened ends with an ``Execution error``.

@@ -39,7 +39,7 @@ it -- over the ids mapped there, the parent's own: for a root session,
 root's files in the trees its Landlock domain grants, nothing beyond
 them. A file capability set there would be one on the host, so the
 sandbox's seccomp filter refuses every extended attribute
-(execpool/sandbox/seccomp.py). The README's threat model says so.
+(execpool/sandbox/seccomp.py). The threat model (docs/sandbox/threat-model.md) says so.
 """
 
 from __future__ import annotations
