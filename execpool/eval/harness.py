@@ -22,7 +22,7 @@ import dataclasses
 import json
 import re
 import secrets
-from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple, Union
 
 from ..shared.jobs import CodeJob, Job, Limits, PythonJob
 from ..shared.result import Result, Status
@@ -84,7 +84,10 @@ class EvalOptions:
             raise ValueError(f"batch must be a whole number of at least 1, not {self.batch!r}")
 
 
-Judging = Generator[List[Job], List[Result], Dict[str, Any]]
+#: What a sample's judging yields: jobs, or a check for the judge
+#: (``JudgeTask``), which the scheduler batches.
+Step = Union[Job, "JudgeTask"]
+Judging = Generator[List[Step], List[Result], Dict[str, Any]]
 
 
 def judge(sample: Sample, problem: Problem, options: EvalOptions) -> Judging:
@@ -114,7 +117,7 @@ def _record(verdict: Verdict, tests: List[Dict[str, Any]], results: Sequence[Res
             "tests": tests, "first_failure": failed, **spent}
 
 
-def _run(job: Job, options: EvalOptions) -> Generator[List[Job], List[Result], Result]:
+def _run(job: Job, options: EvalOptions) -> Generator[List[Step], List[Result], Result]:
     """One job's Result, run again while execpool failed it (infra)."""
     for _ in range(options.retries + 1):
         (result,) = yield [job]
@@ -286,7 +289,7 @@ def _compile_error(result: Result, ran: List[Result]) -> Dict[str, Any]:
 
 
 def _test(sample: Sample, problem: Problem, case: Case, result: Result, options: EvalOptions,
-          index: int) -> Generator[List[Job], List[Result], Dict[str, Any]]:
+          index: int) -> Judging:
     """One stdin/stdout test's entry, its output checked."""
     cost = {"time_s": round(result.duration_s, 4), "cpu_s": result.cpu_s,
             "memory_bytes": result.peak_memory_bytes or result.max_rss_bytes}
@@ -313,7 +316,7 @@ def _out_of_memory(result: Result, options: EvalOptions) -> bool:
 
 
 def _check(checker: Checker, case: Case, result: Result,
-           options: EvalOptions) -> Generator[List[Job], List[Result], Tuple[Verdict, Optional[str]]]:
+           options: EvalOptions) -> Generator[List[Step], List[Result], Tuple[Verdict, Optional[str]]]:
     """The checker's verdict on a test's output, and what it said."""
     if result.truncated:
         return Verdict.WRONG_ANSWER, f"the output is over {len(result.output)} characters"

@@ -50,7 +50,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 #: The line the caller looks for: MARKER, the nonce, the verdicts.
 MARKER = "\nEXECPOOL-JUDGE "
@@ -724,7 +724,7 @@ def main(count=1):
         # sandbox set it already; a job without one has not).
         ctypes.CDLL(None).prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         apart = _apart_grants()
-    seats = []
+    seats: List[_Seat] = []
     for index in range(count):
         seats.append(_seat(index, apart, [fd for seat in seats for fd in (seat.spec_w, seat.said_r)]))
     ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
