@@ -54,7 +54,6 @@ class _Running:
 
     waiting: List[Tuple[int, int]]
     seats: int
-    lines: "_Lines"
 
 
 class _Lines:
@@ -85,9 +84,10 @@ def judge_samples(submit: Submit, samples: Iterable[Tuple[Tag, Sample]], problem
                   ) -> Generator[Tuple[Tag, Dict[str, Any]], None, None]:
     """Yield ``(tag, verdict part of the record)`` for each ``(tag,
     sample)`` as its judging ends. ProblemsError for a sample whose
-    problem is not in ``problems``. At most ``max_in_flight`` jobs' worth
+    problem is not in ``problems``. About ``max_in_flight`` jobs' worth
     of samples are judged at once: function- and assert-style samples
-    ``options.batch`` to a job, the rest a job each. ``live``: ``submit``
+    ``options.batch`` to a job (a batch starts when it is full and a seat
+    is free, so up to a batch's worth over), the rest a job each. ``live``: ``submit``
     takes ``on_event`` (an ExecPool's, a RayPool's), so a batch's seats
     are freed sample by sample."""
     if max_in_flight < 1:
@@ -102,21 +102,24 @@ def judge_samples(submit: Submit, samples: Iterable[Tuple[Tag, Sample]], problem
     exhausted = False
     counter = 0
     idents = 0
-    busy = 0  # seats held: by running jobs, and by samples waiting for a batch
+    # Seats held by running jobs. A batch starts once it is full (or the
+    # samples ran out) and a seat is free: at most a batch's worth over.
+    busy = 0
 
     def launch(job: Job, waiting: List[Tuple[int, int]], seats: int, judging_job: bool) -> None:
         nonlocal idents
         idents += 1
-        lines = _Lines(done, idents)
-        future = submit(job, on_event=lines) if live and judging_job else submit(job)
-        running[idents] = _Running(waiting, seats, lines)
+        future = submit(job, on_event=_Lines(done, idents)) if live and judging_job else submit(job)
+        running[idents] = _Running(waiting, seats)
         futures_of[idents] = future
         future.add_done_callback(functools.partial(_tag, done, idents))
 
     def flush() -> None:
+        nonlocal busy
         if pending:
             launch(judge_job([task for _, _, task in pending], options), [(key, index) for key, index, _ in pending],
                    len(pending), True)
+            busy += len(pending)
             pending.clear()
 
     def start(key: int, jobs: List[Any]) -> None:
@@ -126,7 +129,6 @@ def judge_samples(submit: Submit, samples: Iterable[Tuple[Tag, Sample]], problem
         for index, job in enumerate(jobs):
             if isinstance(job, JudgeTask) and not job.alone and options.batch > 1:
                 pending.append((key, index, job))
-                busy += 1
                 if len(pending) >= options.batch:
                     flush()
             elif isinstance(job, JudgeTask):
@@ -161,8 +163,8 @@ def judge_samples(submit: Submit, samples: Iterable[Tuple[Tag, Sample]], problem
                 record = advance(counter, None)
                 if record is not None:
                     yield tag, record
-            if exhausted or busy == len(pending):
-                flush()  # no sample will join it, or none could free a seat for one: it goes as it is
+            if exhausted or busy == 0:
+                flush()  # no sample will join it, or no seat will free for one: it goes as it is
             if not judging:
                 return
             kind, ident, value = done.get()
