@@ -9,9 +9,12 @@ public ``submit``. A Result with status ``infra`` (execpool failed) is run
 again, up to ``EvalOptions.retries`` times, then the verdict is Internal
 Error, which is never scored.
 
-Function-style and assert-style samples run as one job each: the judge
-(execpool/tool/judge.py) in two processes, whose verdict line bears a
-nonce the sample never sees. Stdin/stdout samples run as one job per test
+Function-style and assert-style samples yield a ``JudgeTask``, which the
+scheduler runs with others in one job (a batch, ``EvalOptions.batch``):
+the judge (execpool/tool/judge.py), a process beside each sample's, whose
+verdict line bears a nonce the sample never sees. A sample its batch
+said nothing of (or Internal Error) is judged again in a job of its own.
+Stdin/stdout samples run as one job per test
 (a CodeJob: compiled once by the pool's cache), and a special judge as a
 CodeJob of its own per test.
 """

@@ -5,9 +5,12 @@ and ``/v1/eval``.
 Runs in the caller's process, on the thread that iterates it: like
 ``run_tagged`` (execpool/pool/mapping.py) it owns no thread and no process.
 Each sample is judged by a generator (execpool/eval/harness.py) that
-yields the jobs it needs; their futures, from the pool's public ``submit``
+yields the jobs it needs, or a ``JudgeTask`` that is batched with other
+samples' into one job; their futures, from the pool's public ``submit``
 (an ExecPool's, a RayPool's, a service's), tag themselves onto one queue
-when done, and at most ``max_in_flight`` jobs run at once. Samples are
+when done, and so does each verdict line a batch prints live (which
+frees that sample's seat). About ``max_in_flight`` jobs' worth of samples
+are judged at once. Samples are
 read from their iterable only when there is room. Stopping early (close(),
 an exception, Ctrl-C) cancels every job still running.
 """

@@ -1,37 +1,48 @@
-"""The judge of a function-style sample (``execpool eval``): the program a
-HumanEval-style or assert-style sample runs as, in two processes, so that
-the sample's code and the code that checks it never share one.
+"""The judge of function-style samples (``execpool eval``): the program a
+batch of HumanEval-style or assert-style samples runs as, so that no
+sample's code shares a process with the code that checks it, nor with
+another sample.
 
-Runs as a tool: a warm PythonJob of ``execpool/eval/harness.py`` imports
-it and calls ``main``, with the sample's source as its file ``sample.py``
-and the tests, with a nonce, on its stdin. It imports nothing of execpool.
+Runs as a tool: a warm PythonJob (``execpool/eval/harness.py``
+``judge_job``) imports it and calls ``main(N)``; the N samples' specs --
+each its source, its tests and a nonce -- come as JSON on its stdin.
 
 ::
 
-    the judge (the job's leader)                 the sample (its fork)
-    ----------------------------                 ---------------------
-    imports what it needs, drops the job's       stdin, stdout, stderr: /dev/null
-    directory from sys.path, forks at once  -->  runs sample.py; says "ready" with
-    non-dumpable; reads the tests and the        the names it defines
-    nonce from stdin (the sample never had       answers calls: plain data by value,
-    them: it was forked first)                   anything else as an opaque handle
-    runs the tests; each call of the sample's
-    functions is a message to the fork  <----->  (a length-prefixed pickle each way;
-    prints one line: the marker, the nonce,       each answer with what the call cost)
-    the verdicts as JSON; kills the fork
+    the leader (the job's process)      a judge per sample          its sample
+    ------------------------------      ------------------          ----------
+    forks N judges before it reads  --> own process group; with     stdin, stdout,
+    stdin (none holds a test);          N > 1 its own directory     stderr: /dev/null;
+    non-dumpable; reads the specs;      and Landlock layer      --> gets its source;
+    sends each judge its own, with      (execpool/sandbox/          runs it; says
+    its clock; prints each verdict      rulesets.py); forks its     "ready" with the
+    line as it comes, or kills a        sample, turns non-          names it defines;
+    judge and its sample at its         dumpable, gets its spec,    answers calls:
+    time limit (Time Limit              runs the tests: each call   plain data by value,
+    Exceeded) or says how it died  <--  is a message to the    <--> anything else as
+                                        sample; sends the verdicts  a handle
+                                        up; kills its sample
 
-Why two processes: in one interpreter a sample can end it early with exit
-code 0 (``sys.exit``, ``os._exit``, ``raise SystemExit``), replace
-``check`` or builtins, walk the stack up to the test's frame and read the
-expected values, or print whatever line a harness looks for. Here the
-tests and the nonce live only in the judge, which the sample cannot read
-(the judge is non-dumpable, and under the sandbox no tool holds a
-capability) and whose stdout it has no descriptor of; the caller accepts
-a sample only on the judge's line bearing the nonce, and the judge prints
-it only after the tests ran to their end. Values come back as plain data
-(exact builtin types: a subclass is cast to its base, anything else is a
-handle compared by identity), so an object whose ``__eq__`` always says
-True compares as what it is.
+Why a process for the sample: in one interpreter a sample can end it
+early with exit code 0 (``sys.exit``, ``os._exit``, ``raise SystemExit``),
+replace ``check`` or builtins, walk the stack up to the test's frame and
+read the expected values, or print whatever line a harness looks for.
+Here the tests and the nonce live only in the judges and the leader,
+which the sample cannot read (they are non-dumpable, and under the
+sandbox no tool holds a capability), and whose stdout it has no
+descriptor of; the caller accepts a sample only on the line bearing its
+nonce, printed only after its tests ran to their end. Values come back
+as plain data (exact builtin types: a subclass is cast to its base,
+anything else is a handle compared by identity), so an object whose
+``__eq__`` always says True compares as what it is.
+
+Why a judge per sample, and a layer per judge: samples judged side by
+side must not reach each other. Each pair has its own directory (the
+sample's working directory, HOME and TMPDIR) and a Landlock layer that
+reads the system but nothing of the job's writable places, and scopes
+signals and abstract sockets to the pair -- so a sample may stop or kill
+its own judge (its verdict says so), never a neighbour or the leader;
+and each has its own time limit, kept by the leader.
 """
 
 import builtins
