@@ -146,3 +146,36 @@ def test_batch_is_a_whole_number_of_at_least_one():
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="batch"):
             EvalOptions(batch=bad)
+
+
+#: A leader with one judge that says its verdict at once, then takes its
+#: time to end (as a judge killing and reaping its sample does): the
+#: verdict came within the sample's time, so it is the sample's.
+LATE_ENDING_JUDGE = r'''
+import json, os, struct, sys, time
+from execpool.tool import judge
+
+spec_r, spec_w = os.pipe()
+said_r, said_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(spec_w); os.close(said_r)
+    size = struct.unpack("<Q", os.read(spec_r, 8))[0]
+    os.read(spec_r, size)
+    judge._send_json(said_w, {"failure": None, "tests": [{"verdict": "Accepted"}], "ended": time.monotonic()})
+    time.sleep(30)
+    os._exit(0)
+os.close(spec_r); os.close(said_w)
+judge._leader([judge._Seat(pid, spec_w, said_r)], [{"nonce": "ab" * 16, "timeout": 0.5}])
+'''
+
+
+def test_a_verdict_said_in_time_counts_though_its_judge_ends_after_the_limit():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", LATE_ENDING_JUDGE], capture_output=True, text=True, timeout=60)
+    line = done.stdout.strip().split(" ", 2)
+    assert line[0] == "EXECPOOL-JUDGE" and line[1] == "ab" * 16, done.stdout + done.stderr
+    said = json.loads(line[2])
+    assert said["tests"] == [{"verdict": "Accepted"}] and said["failure"] is None, said

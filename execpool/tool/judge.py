@@ -605,10 +605,11 @@ def _sample_judge(index, apart, spec_r, said_w):
             pass  # the sample is gone already: its greeting says so
         judge = _Judge(pid, calls_write, replies_read)
         failure, tests = _verdicts(judge, spec)
+        ended = time.monotonic()
         judge.ended()
     else:
-        tests = []
-    _send_json(said_w, {"failure": failure, "tests": tests})
+        tests, ended = [], time.monotonic()
+    _send_json(said_w, {"failure": failure, "tests": tests, "ended": ended})
     os.close(said_w)
 
 
@@ -655,26 +656,44 @@ def _leader(seats, specs):
         os.close(seat.spec_w)
     waiting = {seat.said_r: seat for seat in seats}
     while waiting:
-        now = time.monotonic()
-        for seat in [s for s in waiting.values() if s.deadline <= now]:
-            del waiting[seat.said_r]
-            _kill_group(seat.pid)
-            _report(seat, timed_out=True)
-        if not waiting:
-            break
         timeout = max(0.0, min(s.deadline for s in waiting.values()) - time.monotonic())
         ready, _, _ = select.select(list(waiting), [], [], timeout)
         for fd in ready:
-            seat = waiting[fd]
-            chunk = os.read(fd, 1 << 16)
-            if chunk and len(seat.said) + len(chunk) <= MAX_MESSAGE_BYTES:
-                seat.said += chunk
-                continue
-            del waiting[fd]
-            if chunk:  # more than any verdict: a judge that went wrong
+            _take(waiting, waiting[fd])
+        now = time.monotonic()
+        for seat in [s for s in waiting.values() if s.deadline <= now]:
+            # Woken late (a loaded machine): what the judge said is read
+            # first, and counts if its tests ended in time.
+            while seat.said_r in waiting and select.select([seat.said_r], [], [], 0)[0]:
+                _take(waiting, seat)
+            if seat.said_r in waiting:
+                del waiting[seat.said_r]
                 _kill_group(seat.pid)
-                seat.said.clear()
-            _report(seat, timed_out=False)
+                _report(seat, _said(seat), out_of_time=True)
+
+
+def _take(waiting, seat):
+    """Read what a judge sent; at its end, report."""
+    chunk = os.read(seat.said_r, 1 << 16)
+    if chunk and len(seat.said) + len(chunk) <= MAX_MESSAGE_BYTES:
+        seat.said += chunk
+        return
+    del waiting[seat.said_r]
+    if chunk:  # more than any verdict: a judge that went wrong
+        _kill_group(seat.pid)
+        seat.said.clear()
+    _report(seat, _said(seat))
+
+
+def _said(seat):
+    """The judge's whole message, or None."""
+    if len(seat.said) < 8 or struct.unpack("<Q", bytes(seat.said[:8]))[0] != len(seat.said) - 8:
+        return None
+    try:
+        said = json.loads(bytes(seat.said[8:]))
+    except ValueError:
+        return None
+    return said if isinstance(said, dict) else None
 
 
 def _kill_group(pid):
@@ -687,24 +706,22 @@ def _kill_group(pid):
             pass
 
 
-def _report(seat, timed_out):
-    """One sample's verdict line: what its judge said, or how it ended."""
+def _report(seat, said, out_of_time=False):
+    """One sample's verdict line: what its judge said, if its tests ended
+    within the sample's time (by the judge's clock, which is the
+    leader's); else Time Limit Exceeded (``out_of_time``: killed at its
+    deadline, having said nothing), or how the judge ended."""
     os.close(seat.said_r)
     _, status, usage = os.wait4(seat.pid, 0)
     elapsed = time.monotonic() - seat.started
-    said = None
-    if not timed_out and len(seat.said) >= 8:
-        size = struct.unpack("<Q", bytes(seat.said[:8]))[0]
-        if size == len(seat.said) - 8:
-            try:
-                said = json.loads(bytes(seat.said[8:]))
-            except ValueError:
-                said = None
-    if timed_out:
+    ended = said.pop("ended", None) if said is not None else None
+    if said is not None and not (type(ended) is float and ended <= seat.deadline):
+        said, out_of_time = None, True
+    if out_of_time and said is None:
         limit = float(seat.spec["timeout"])
         said = {"failure": None, "tests": [{"verdict": "Time Limit Exceeded", "time_s": round(elapsed, 6),
                                             "message": f"Execution timed out after {limit:g} seconds."}]}
-    elif not isinstance(said, dict):
+    elif said is None:
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) > 0:
             failure = {"verdict": "Internal Error", "message": "the sample's judge failed (its error is in the "
                        "job's output)"}
