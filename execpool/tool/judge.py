@@ -63,6 +63,11 @@ import time
 import traceback
 from typing import Any, Dict, List, Tuple
 
+# Imported here, so that a pool preloading the judge has them in every
+# warm job: how a batch's samples are kept apart.
+from execpool.sandbox.enter import confine_again
+from execpool.sandbox.rulesets import apart_grants, apart_ruleset
+
 #: The line the caller looks for: MARKER, the nonce, the verdicts.
 MARKER = "\nEXECPOOL-JUDGE "
 
@@ -617,9 +622,6 @@ def _keep_apart(own, grants):
     """Enter a Landlock layer of this sample's own (execpool/sandbox/
     rulesets.py): its directory, the system read-only, nothing of the
     job's writable places, no signal out of it."""
-    from execpool.sandbox.enter import confine_again
-    from execpool.sandbox.rulesets import apart_ruleset
-
     layer = apart_ruleset(grants, own)
     try:
         confine_again(layer)
@@ -632,8 +634,6 @@ def _keep_apart(own, grants):
 def _apart_grants():
     """What every sample of a batch may read (opened once, by the
     leader), or the OSError that says they cannot be kept apart here."""
-    from execpool.sandbox.rulesets import apart_grants
-
     try:
         return apart_grants([os.getcwd(), tempfile.gettempdir(), os.environ.get("HOME") or os.getcwd(),
                              "/dev/shm"])
