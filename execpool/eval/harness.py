@@ -9,9 +9,12 @@ public ``submit``. A Result with status ``infra`` (execpool failed) is run
 again, up to ``EvalOptions.retries`` times, then the verdict is Internal
 Error, which is never scored.
 
-Function-style and assert-style samples run as one job each: the judge
-(execpool/tool/judge.py) in two processes, whose verdict line bears a
-nonce the sample never sees. Stdin/stdout samples run as one job per test
+Function-style and assert-style samples yield a ``JudgeTask``, which the
+scheduler runs with others in one job (a batch, ``EvalOptions.batch``):
+the judge (execpool/tool/judge.py), a process beside each sample's, whose
+verdict line bears a nonce the sample never sees. A sample its batch
+said nothing of (or Internal Error) is judged again in a job of its own.
+Stdin/stdout samples run as one job per test
 (a CodeJob: compiled once by the pool's cache), and a special judge as a
 CodeJob of its own per test.
 """
@@ -22,7 +25,7 @@ import dataclasses
 import json
 import re
 import secrets
-from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple, Union
 
 from ..shared.jobs import CodeJob, Job, Limits, PythonJob
 from ..shared.result import Result, Status
@@ -35,10 +38,11 @@ from .verdicts import Verdict, test_entry
 #: preloads it (``ExecPool(preload=[JUDGE_MODULE])``, as ``execpool eval``
 #: does), already in the warm interpreter a job forks from.
 JUDGE_MODULE = "execpool.tool.judge"
-JUDGE_BOOTSTRAP = f"from {JUDGE_MODULE} import main\nmain()\n"
 
-#: The judge's verdict line: its marker, the nonce, the verdicts as JSON.
-_VERDICT_LINE = re.compile(r"\nEXECPOOL-JUDGE ([0-9a-f]+) (\{.*\})\n")
+#: The judge's verdict line: its marker (the judge's ``MARKER``), the
+#: nonce, the verdicts as JSON.
+JUDGE_MARKER = "\nEXECPOOL-JUDGE "
+_VERDICT_LINE = re.compile(re.escape(JUDGE_MARKER) + r"([0-9a-f]+) (\{.*\})\n")
 
 #: What in a failed program's stderr says it ran out of memory, as
 #: Python, C++ and the JVM say it.
@@ -48,6 +52,10 @@ _OUT_OF_MEMORY = ("MemoryError", "std::bad_alloc", "OutOfMemoryError", "Cannot a
 #: not compile.
 _PYTHON_RAN = "Traceback (most recent call last)"
 _PYTHON_COMPILE_ERRORS = ("SyntaxError", "IndentationError", "TabError")
+
+#: Seconds a judging job may run past twice its samples' time limit
+#: before it is ended as execpool's failure: its forks and its start.
+JUDGE_SLACK_S = 10.0
 
 #: Characters of a test's output kept beyond its expected output's length:
 #: an output longer than that is wrong whatever follows.
@@ -61,7 +69,9 @@ class EvalOptions:
     ``all_tests``: run every test, not only up to the first failure;
     ``limits``: the jobs' limits (None: the pool's); ``sandbox``: as a
     job's (None: the pool's); ``warm``: Python in a fork of a ready
-    interpreter; ``retries``: runs again of a job execpool failed."""
+    interpreter; ``retries``: runs again of a job execpool failed;
+    ``batch``: function- and assert-style samples judged in one job, side
+    by side, each kept apart from the others (1: a job each)."""
 
     timeout: float = 3.0
     compile_timeout: float = 60.0
@@ -70,9 +80,17 @@ class EvalOptions:
     sandbox: Any = None
     warm: bool = True
     retries: int = 2
+    batch: int = 8
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            raise ValueError(f"batch must be a whole number of at least 1, not {self.batch!r}")
 
 
-Judging = Generator[List[Job], List[Result], Dict[str, Any]]
+#: What a sample's judging yields: jobs, or a check for the judge
+#: (``JudgeTask``), which the scheduler batches.
+Step = Union[Job, "JudgeTask"]
+Judging = Generator[List[Step], List[Result], Dict[str, Any]]
 
 
 def judge(sample: Sample, problem: Problem, options: EvalOptions) -> Judging:
@@ -86,19 +104,23 @@ def judge(sample: Sample, problem: Problem, options: EvalOptions) -> Judging:
 
 
 def _record(verdict: Verdict, tests: List[Dict[str, Any]], results: Sequence[Result] = (),
-            **details: Any) -> Dict[str, Any]:
-    """The verdict part of a sample's record."""
+            cost: Optional[Dict[str, Any]] = None, **details: Any) -> Dict[str, Any]:
+    """The verdict part of a sample's record; what it cost is its jobs',
+    or ``cost`` as the judge measured the sample where it shared its job."""
     measured = [r for r in results if r.cpu_s is not None]
     failed = next((t for t in tests if t["verdict"] != Verdict.ACCEPTED.value), None)
+    if isinstance(cost, dict):
+        spent = {key: cost.get(key) for key in ("time_s", "cpu_s", "max_rss_bytes")}
+    else:
+        spent = {"time_s": round(sum(r.duration_s for r in results), 4),
+                 "cpu_s": round(sum(r.cpu_s or 0.0 for r in measured), 4) if measured else None,
+                 "max_rss_bytes": max((r.max_rss_bytes or 0 for r in measured), default=None)}
     return {"passed": verdict is Verdict.ACCEPTED if verdict.scored else None, "verdict": verdict.value,
             **{key: value for key, value in details.items() if value is not None},
-            "tests": tests, "first_failure": failed,
-            "time_s": round(sum(r.duration_s for r in results), 4),
-            "cpu_s": round(sum(r.cpu_s or 0.0 for r in measured), 4) if measured else None,
-            "max_rss_bytes": max((r.max_rss_bytes or 0 for r in measured), default=None)}
+            "tests": tests, "first_failure": failed, **spent}
 
 
-def _run(job: Job, options: EvalOptions) -> Generator[List[Job], List[Result], Result]:
+def _run(job: Job, options: EvalOptions) -> Generator[List[Step], List[Result], Result]:
     """One job's Result, run again while execpool failed it (infra)."""
     for _ in range(options.retries + 1):
         (result,) = yield [job]
@@ -112,7 +134,26 @@ def _exit_details(result: Result) -> Dict[str, Any]:
     return {"signal": name} if name else {"exit_code": result.exit_code}
 
 
-# -- function-style and assert-style: one job, the judge -------------------------------------------
+# -- function-style and assert-style: the judge, several samples a job ---------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeTask:
+    """A function- or assert-style sample's check, for the judge
+    (execpool/tool/judge.py): the scheduler (execpool/eval/run.py) runs it
+    in one job with others (:func:`judge_job`), or in one of its own when
+    ``alone``. The Result sent back is that job's."""
+
+    spec: Dict[str, Any]
+    alone: bool = False
+
+
+def judge_job(tasks: Sequence[JudgeTask], options: EvalOptions) -> PythonJob:
+    """One job judging ``tasks`` side by side, each against its own time
+    limit; the job's own timeout only ends a judge that went wrong."""
+    return PythonJob(f"from {JUDGE_MODULE} import main\nmain({len(tasks)})\n",
+                     stdin=json.dumps([task.spec for task in tasks]), timeout=2 * options.timeout + JUDGE_SLACK_S,
+                     limits=options.limits, sandbox=options.sandbox, warm=options.warm)
 
 
 def _function(sample: Sample, problem: Problem, options: EvalOptions) -> Judging:
@@ -120,30 +161,41 @@ def _function(sample: Sample, problem: Problem, options: EvalOptions) -> Judging
     if problem.kind == "function":
         program = problem.prompt + sample.code
         spec: Dict[str, Any] = {"kind": "function", "setup": problem.prompt, "test": problem.test,
-                "entry_point": problem.entry_point}
+                                "entry_point": problem.entry_point}
     else:
         program = problem.setup + "\n" + sample.code
         spec = {"kind": "asserts", "setup": problem.setup, "asserts": list(problem.asserts)}
-    spec.update(nonce=nonce, all=options.all_tests)
-    job = PythonJob(JUDGE_BOOTSTRAP, stdin=json.dumps(spec), files={"sample.py": program.encode("utf-8")},
-                    timeout=options.timeout, limits=options.limits, sandbox=options.sandbox, warm=options.warm)
-    result = yield from _run(job, options)
-    if result.status is Status.INFRA:
-        return _record(Verdict.INTERNAL_ERROR, [], [result], message=result.error)
-    said = _verdict_line(result.output, nonce)
+    spec.update(nonce=nonce, all=options.all_tests, program=program, timeout=options.timeout)
+    alone = options.batch <= 1
+    failed = 0
+    while True:
+        (result,) = yield [JudgeTask(spec, alone)]
+        if result.status is Status.INFRA:
+            failed += 1
+            if failed > options.retries:
+                return _record(Verdict.INTERNAL_ERROR, [], [result], message=result.error)
+            continue
+        said = _verdict_line(result.output, nonce)
+        failure = said.get("failure") if said else None
+        if not alone and (said is None or (failure or {}).get("verdict") == Verdict.INTERNAL_ERROR.value):
+            alone = True  # the batch's judging failed: once more, in a job of its own
+            continue
+        break
     if said is None:
         return _without_verdict(result)
-    failure, tests = said.get("failure"), said.get("tests") or []
+    tests = said.get("tests") or []
     entries = [_judged_test(test) for test in tests]
+    cost = said.get("cost")
     if failure:
         verdict = Verdict(failure["verdict"])
-        return _record(verdict, entries, [result], message=failure.get("message"), trace=failure.get("trace"),
+        return _record(verdict, entries, [result], cost, message=failure.get("message"), trace=failure.get("trace"),
                        signal=failure.get("signal"), exit_code=failure.get("exit_code"))
     ran_all = len(entries) == problem.test_count
     worst = next((e["verdict"] for e in entries if e["verdict"] != Verdict.ACCEPTED.value), None)
     if worst is None and not ran_all:
-        return _record(Verdict.INTERNAL_ERROR, entries, [result], message="the judge ran fewer tests than there are")
-    return _record(Verdict(worst) if worst else Verdict.ACCEPTED, entries, [result])
+        return _record(Verdict.INTERNAL_ERROR, entries, [result], cost,
+                       message="the judge ran fewer tests than there are")
+    return _record(Verdict(worst) if worst else Verdict.ACCEPTED, entries, [result], cost)
 
 
 def _verdict_line(output: str, nonce: str) -> Optional[Dict[str, Any]]:
@@ -240,7 +292,7 @@ def _compile_error(result: Result, ran: List[Result]) -> Dict[str, Any]:
 
 
 def _test(sample: Sample, problem: Problem, case: Case, result: Result, options: EvalOptions,
-          index: int) -> Generator[List[Job], List[Result], Dict[str, Any]]:
+          index: int) -> Judging:
     """One stdin/stdout test's entry, its output checked."""
     cost = {"time_s": round(result.duration_s, 4), "cpu_s": result.cpu_s,
             "memory_bytes": result.peak_memory_bytes or result.max_rss_bytes}
@@ -267,7 +319,7 @@ def _out_of_memory(result: Result, options: EvalOptions) -> bool:
 
 
 def _check(checker: Checker, case: Case, result: Result,
-           options: EvalOptions) -> Generator[List[Job], List[Result], Tuple[Verdict, Optional[str]]]:
+           options: EvalOptions) -> Generator[List[Step], List[Result], Tuple[Verdict, Optional[str]]]:
     """The checker's verdict on a test's output, and what it said."""
     if result.truncated:
         return Verdict.WRONG_ANSWER, f"the output is over {len(result.output)} characters"

@@ -44,10 +44,12 @@ from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Protocol
 
 from ..shared.kernel.linux import open_unlinked
 from ..shared.kernel.sandbox import (
+    MIN_LANDLOCK_ABI,
     SYS_LANDLOCK_CREATE_RULESET,
     SYSTEM_DIRS,
     Sandbox,
     errno_error,
+    landlock_abi,
     prepare,
     sandbox_support,
     syscall,
@@ -554,6 +556,53 @@ class Confiner:
         self._base.clear()
         self._interpreters.clear()
         self._guard.close()
+
+
+def apart_grants(hidden: Sequence[str]) -> List[Tuple[int, int]]:
+    """What each of several samples judged side by side in one job
+    (execpool/tool/judge.py) may read, opened once for all of them, as
+    (descriptor, rights) for :func:`apart_ruleset`: the interpreter's
+    prefix, execpool's code and every entry of ``/`` but those holding a
+    ``hidden`` path (the job's writable places, where the samples'
+    directories are), read and execute; the devices. OSError where the
+    kernel cannot scope signals (Landlock ABI below 6): the samples cannot
+    be kept apart."""
+    abi = landlock_abi()
+    if abi < MIN_LANDLOCK_ABI:
+        raise OSError(f"samples judged in one job are kept apart by Landlock ABI {MIN_LANDLOCK_ABI}, and this "
+                      f"kernel offers {abi}")
+    handled = _FS_RIGHTS_BY_ABI.get(abi, _FS_RIGHTS_LATEST)
+    covered = [os.path.realpath(path) for path in hidden]
+    grants: Dict[str, int] = {}
+    for path in (os.path.join("/", name) for name in os.listdir("/")):
+        if not any(place == path or _beneath(place, path) for place in covered):
+            grants[path] = READ
+    for path in {*python_dirs(sys.executable), PACKAGE_DIR}:
+        grants[path] = READ
+    for path in DEVICES:
+        grants[path] = _DEVICE
+    rules: List[Tuple[int, int]] = []
+    for path, rights in grants.items():
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue  # a dangling link at the root, a device this machine lacks
+        mask = handled if stat.S_ISDIR(os.fstat(fd).st_mode) else handled & _FILE_RIGHTS
+        rules.append((fd, rights & mask))
+    return rules
+
+
+def apart_ruleset(grants: Sequence[Tuple[int, int]], own: str) -> int:
+    """The layer one of those samples and its judge enter before the
+    sample runs: ``grants`` (:func:`apart_grants`), every right on ``own``
+    (its directory), signals and abstract Unix sockets scoped to it."""
+    handled = _FS_RIGHTS_BY_ABI.get(landlock_abi(), _FS_RIGHTS_LATEST)
+    fd = os.open(own, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return build_ruleset(handled, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL,
+                             [rule for rule in (*grants, (fd, handled)) if rule[1]])
+    finally:
+        os.close(fd)
 
 
 def _pruned(grants: Dict[str, int]) -> Dict[str, int]:

@@ -16,7 +16,7 @@ import asyncio
 import json
 import threading
 from concurrent.futures import Future
-from typing import Any, AsyncIterator, Dict, List, Set
+from typing import Any, AsyncIterator, Dict, List, Optional, Set
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -26,6 +26,7 @@ from ..eval.request import EvalRequest, parse_request
 from ..eval.run import judge_samples, sample_record, summarize
 from ..eval.verdicts import ProblemsError
 from ..formats.request import BadField
+from ..pool.future import OnEvent
 from ..shared.jobs import Job
 from ..shared.result import Result
 from .request_job import Route, ServiceJobs, kind_of
@@ -109,17 +110,17 @@ class _Judging:
         self.running: Set[Future] = set()
         self._lock = threading.Lock()
 
-    def submit(self, job: Job) -> "Future[Result]":
+    def submit(self, job: Job, on_event: Optional[OnEvent] = None) -> "Future[Result]":
         """On the judging's thread: wait for a slot, then submit."""
-        return asyncio.run_coroutine_threadsafe(self._start(job), self.loop).result()
+        return asyncio.run_coroutine_threadsafe(self._start(job, on_event), self.loop).result()
 
-    async def _start(self, job: Job) -> "Future[Result]":
+    async def _start(self, job: Job, on_event: Optional[OnEvent]) -> "Future[Result]":
         if self.held.held:
             self.held.take()  # the slot the route took is the first job's
         else:
             await self.jobs.slot(None, bounded=False)
         try:
-            future: Future = self.jobs.pool.submit(job)
+            future: Future = self.jobs.pool.submit(job, on_event=on_event)
         except BaseException:
             self.jobs.admission.release()
             raise
