@@ -1,4 +1,4 @@
-"""``execpool eval``, its library function and ``/v1/eval`` (docs/eval.md,
+"""``execpool eval``, its library function and ``/v1/eval`` (docs/batch/evaluation.md,
 "Evaluation"): real pools running real programs -- each verdict, each
 problem format, each checker, pass@k against figures worked by hand,
 resume, the command end to end, the route over HTTP, and the reward hacks

@@ -5,7 +5,7 @@ order through an execpool session (sandboxed, as the service runs them)
 and through ``ipykernel`` driven by ``jupyter_client``. Each cell must give
 the same stdout and stderr, the same MIME types in the same order (with
 the same text, and images of the same size), and the same error name;
-what differs for a reason is normalised here, each reason in docs/jupyter.md
+what differs for a reason is normalised here, each reason in docs/library/ipython-sessions.md
 (the differences from a kernel)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``execpool eval``'s batches (docs/eval.md, "Batches"): several
+"""``execpool eval``'s batches (docs/batch/evaluation.md, "Batches"): several
 function- or assert-style samples judged in one job, each beside a judge
 of its own, in a directory and a Landlock layer of its own, against its
 own time limit -- and none of them able to reach another: read its
