@@ -595,12 +595,17 @@ def apart_grants(hidden: Sequence[str]) -> List[Tuple[int, int]]:
 def apart_ruleset(grants: Sequence[Tuple[int, int]], own: str) -> int:
     """The layer one of those samples and its judge enter before the
     sample runs: ``grants`` (:func:`apart_grants`), every right on ``own``
-    (its directory), signals and abstract Unix sockets scoped to it."""
-    handled = _FS_RIGHTS_BY_ABI.get(landlock_abi(), _FS_RIGHTS_LATEST)
+    (its directory), signals and abstract Unix sockets scoped to it, and
+    no TCP bind or connect: batch-mates share the job's network, and one
+    that served sums on loopback passed another that asked it. UDP stays
+    open to them (Landlock has no rule for it)."""
+    abi = landlock_abi()
+    handled = _FS_RIGHTS_BY_ABI.get(abi, _FS_RIGHTS_LATEST)
     fd = os.open(own, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         return build_ruleset(handled, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL,
-                             [rule for rule in (*grants, (fd, handled)) if rule[1]])
+                             [rule for rule in (*grants, (fd, handled)) if rule[1]],
+                             NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0)
     finally:
         os.close(fd)
 

@@ -353,7 +353,7 @@ class _Judge:
             raise SampleGone("its process ended") from None
         try:
             reply = _receive(self.replies, self.unpickler)
-        except (pickle.UnpicklingError, EOFError, ValueError, struct.error) as exc:
+        except Exception as exc:  # noqa: BLE001 - the sample's bytes, as for its greeting
             raise SampleGone(f"it sent what is not a reply ({exc})") from None
         if type(reply) is tuple and len(reply) == 3 and reply[0] == "value":
             self.count(reply[2])
@@ -460,18 +460,24 @@ def _namespace(judge, spec, functions, modules):
     except Exception as exc:  # noqa: BLE001 - the problem's, not the sample's: never scored
         raise ProblemError(f"the problem's own code failed: {type(exc).__name__}: {_cut(str(exc))}") from None
     for name, module in modules:
-        # The standard library's only: importing what the sample names runs
-        # that module's code here.
-        if name not in namespace and module.partition(".")[0] in sys.stdlib_module_names:
+        # The standard library's only, and never a ``__main__``: importing
+        # what the sample names runs that module's code here. Whatever that
+        # import does (``venv.__main__`` raised SystemExit, which killed the
+        # judge: an Internal Error the sample chose, never scored) leaves
+        # the name undefined.
+        if (name not in namespace and module.partition(".")[0] in sys.stdlib_module_names
+                and "__main__" not in module.split(".")):
             try:
                 namespace[name] = importlib.import_module(module)
-            except Exception:  # noqa: BLE001 - a module the judge cannot import stays undefined
+            except BaseException:  # noqa: BLE001 - see above
                 pass
     if spec["kind"] == "function":
         namespace[spec["entry_point"]] = _Remote(judge, spec["entry_point"])
         return namespace
     for name in functions:
-        if name not in namespace:
+        # Never a builtin's name: ``assert set(f(x)) == set(y)`` would call
+        # the sample's ``set`` on both sides and pass whatever ``f`` says.
+        if name not in namespace and not hasattr(builtins, name):
             namespace[name] = _Remote(judge, name)
     return namespace
 
@@ -480,7 +486,7 @@ def _verdicts(judge, spec):
     """A failure before any test (or None), and each test's verdict."""
     try:
         hello = _receive(judge.replies, judge.unpickler)
-    except (SampleGone, pickle.UnpicklingError, EOFError, ValueError, struct.error) as exc:
+    except Exception as exc:  # noqa: BLE001 - the sample's bytes: whatever fails to read them is its failure
         return {"verdict": "Runtime Error", "message": f"the sample ended before its tests ran ({exc})",
                 **_status_fields(judge.ended())}, []
     if type(hello) is tuple and len(hello) == 3 and hello[0] == "compile":
