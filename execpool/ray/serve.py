@@ -97,6 +97,13 @@ class ServiceError(Exception):
         self.status = status
         self.detail = detail
 
+    def __reduce__(self) -> Any:
+        # Made again from what it was made of: Ray pickles a replica's
+        # exception to its caller, and by default would call
+        # ``ServiceError(message)``, which fails (the caller got Ray's
+        # UnserializableException instead).
+        return ServiceError, (self.status, self.detail)
+
 
 @serve.ingress()
 class Service:

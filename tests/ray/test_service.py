@@ -267,7 +267,7 @@ def test_sessions_stay_on_their_replica_under_load_on_both_nodes(service):
                     cell = httpx.post(f"{url}/v1/sessions/{ident}/run", json={"code": "n += 1; print(n)"},
                                       timeout=120).json()
                     assert cell["stdout"] == f"{round_}\n", (ident, cell)
-            for ident in sessions:
+            for ident in list(sessions):  # the originals: each copy is appended as it is made
                 forked = httpx.post(f"{url}/v1/sessions/{ident}/fork", timeout=120)
                 assert forked.status_code == 201, forked.text
                 child = forked.json()
@@ -380,6 +380,19 @@ def test_a_node_killed_mid_load_loses_only_its_own(service, cluster):
 def _head(cluster: Cluster) -> str:
     """The head node's id: the one whose raylet started first."""
     return min(cluster.raylets, key=lambda node: cluster.raylets[node].create_time())
+
+
+def test_a_refusal_reaches_a_handle_caller_whole():
+    """Ray pickles a replica's exception to its caller: a ServiceError
+    that could not be made again from its pickle reached a caller as Ray's
+    UnserializableException, never as the 404 it was."""
+    import pickle
+
+    from execpool.ray.serve import ServiceError
+
+    again = pickle.loads(pickle.dumps(ServiceError(404, "no such session")))
+    assert isinstance(again, ServiceError) and (again.status, again.detail) == (404, "no such session")
+    assert str(again) == "404: no such session"
 
 
 def test_replica_flags_are_checked():
