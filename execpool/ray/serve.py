@@ -120,7 +120,9 @@ class Service:
         self._stack = contextlib.ExitStack()
         place = Place(self.name, [Middleware(_Pinned, service=self, max_body_bytes=options.max_body_mb << 20,
                                              read_timeout=options.read_timeout)])
-        self._asgi = self._stack.enter_context(service(options, self._token, place))
+        # Jobs at niceness 0, as RayPool's: a Ray worker, and so this
+        # replica, runs at 15 (execpool/ray/pool.py says what that needs).
+        self._asgi = self._stack.enter_context(service(options, self._token, place, niceness=0))
         runtime = ray.get_runtime_context()
         self.node_id = runtime.get_node_id()
         self.address = ray.util.get_node_ip_address()

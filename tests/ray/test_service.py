@@ -323,6 +323,21 @@ print("handle API: OK")
 """
 
 
+def test_jobs_run_at_niceness_zero_not_the_ray_workers(service):
+    """A replica is a Ray worker, at niceness 15; its pool's jobs were
+    too, until the replicas' pools were given niceness 0 as RayPool's are."""
+    assert os.getpriority(os.PRIO_PROCESS, 0) <= 0, "this test needs to run at niceness 0 or below"
+    names = {replica["replica"] for replica in service.cluster_view()}
+    seen = set()
+    for _ in range(40):  # until each replica has answered
+        answer = _sf_run(service.url, "import os; print(os.nice(0))")
+        assert answer.run_result.stdout == "0\n", answer
+        seen.add(answer.executor_pod_name)
+        if seen == names:
+            break
+    assert seen == names, (seen, names)
+
+
 def test_the_handle_api_needs_no_http_and_prefers_the_callers_node(service, cluster):
     held = _open_on_both(service.url, 1)
     done = subprocess.run([sys.executable, "-c", HANDLE_CALLER, cluster.address,
