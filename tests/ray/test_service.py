@@ -79,7 +79,10 @@ class Cluster:
         """Everything of this cluster's: its daemons, and what the raylets started."""
         found = {}
         for process in psutil.process_iter(["cmdline"]):
-            if any(self.temp_dir in arg for arg in process.info["cmdline"] or []):
+            # Ray's client server names the cluster by its GCS address only
+            # (the port is this cluster's while it runs), and is left to init.
+            if any(self.temp_dir in arg or (arg.startswith("--address=") and arg.endswith(f":{self.port}"))
+                   for arg in process.info["cmdline"] or []):
                 found[process.pid] = process
         for raylet in self.raylets.values():
             try:
