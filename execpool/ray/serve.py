@@ -46,7 +46,7 @@ import asyncio
 import contextlib
 import json
 import re
-from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple
 
 import ray
 from ray import serve
@@ -97,6 +97,13 @@ class ServiceError(Exception):
         self.status = status
         self.detail = detail
 
+    def __reduce__(self) -> Any:
+        # Made again from what it was made of: Ray pickles a replica's
+        # exception to its caller, and by default would call
+        # ``ServiceError(message)``, which fails (the caller got Ray's
+        # UnserializableException instead).
+        return ServiceError, (self.status, self.detail)
+
 
 @serve.ingress()
 class Service:
@@ -113,7 +120,9 @@ class Service:
         self._stack = contextlib.ExitStack()
         place = Place(self.name, [Middleware(_Pinned, service=self, max_body_bytes=options.max_body_mb << 20,
                                              read_timeout=options.read_timeout)])
-        self._asgi = self._stack.enter_context(service(options, self._token, place))
+        # Jobs at niceness 0, as RayPool's: a Ray worker, and so this
+        # replica, runs at 15 (execpool/ray/pool.py says what that needs).
+        self._asgi = self._stack.enter_context(service(options, self._token, place, niceness=0))
         runtime = ray.get_runtime_context()
         self.node_id = runtime.get_node_id()
         self.address = ray.util.get_node_ip_address()
@@ -151,12 +160,17 @@ class Service:
                 "sessions_open": len(self._asgi.state.sessions), "jobs_served": jobs.pool.stats().jobs_total,
                 "ready": True}
 
-    async def cluster(self) -> Dict[str, Any]:
-        """Every replica, as the routers here know them, each asked apart."""
+    async def known(self) -> List[Tuple[str, str]]:
+        """(name, node id) of every replica, as the routers here know them."""
         seen = routing.replicas(self._app_name, self._deployment)
         if seen is None:
             await self.own.options(multiplexed_model_id=f"{self.name}.").describe.remote()
             seen = routing.replicas(self._app_name, self._deployment) or []
+        return seen
+
+    async def cluster(self) -> Dict[str, Any]:
+        """Every replica, as the routers here know them, each asked apart."""
+        seen = await self.known()
 
         async def asked(name: str, node: str) -> Dict[str, Any]:
             try:
@@ -299,19 +313,24 @@ class _Pinned:
             answer.cancel()
 
     async def _all_sessions(self, scope: Dict[str, Any]) -> List[Dict[str, Any]]:
-        """Every replica's ``GET /v1/sessions``, one list."""
-        listed = await self.service.cluster()
+        """Every replica's ``GET /v1/sessions``, one list. Each replica is
+        asked for as long as it takes, not as ``GET /v1/cluster`` asks: a
+        replica slow to answer under load is still there, and its sessions
+        were left out of the list; only one that is gone lists none."""
+        names = [name for name, _ in await self.service.known()]
 
         async def of(name: str) -> List[Dict[str, Any]]:
             call = self.service.own.options(multiplexed_model_id=f"{name}.", stream=True)
             status, found = 500, []
-            async for messages in call.forward.remote(_portable(scope), b""):
-                for message in messages:
-                    status = message.get("status", status)
-                    found.append(message.get("body", b""))
+            try:
+                async for messages in call.forward.remote(_portable(scope), b""):
+                    for message in messages:
+                        status = message.get("status", status)
+                        found.append(message.get("body", b""))
+            except ray.exceptions.RayError:
+                return []
             return json.loads(b"".join(found)) if status == 200 else []
-        ready = [replica["replica"] for replica in listed["replicas"] if replica["ready"]]
-        return [session for sessions in await asyncio.gather(*map(of, ready)) for session in sessions]
+        return [session for sessions in await asyncio.gather(*map(of, names)) for session in sessions]
 
 
 async def _asgi_call(asgi: Callable, scope: Dict[str, Any], body: bytes) -> AsyncIterator[List[Dict[str, Any]]]:

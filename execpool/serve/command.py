@@ -126,11 +126,13 @@ def checked(args: argparse.Namespace) -> Optional[str]:
 
 
 @contextlib.contextmanager
-def service(args: argparse.Namespace, token: Optional[str], place: Optional[Place] = None) -> Iterator[Starlette]:
+def service(args: argparse.Namespace, token: Optional[str], place: Optional[Place] = None,
+            niceness: Optional[int] = None) -> Iterator[Starlette]:
     """The app of ``execpool serve`` with these options, over a pool of its
     own that is closed as the block ends: the command's one, and each Ray
     replica's (execpool/ray/serve.py). UsageError where the kernel lacks
-    the sandbox the service runs every job in."""
+    the sandbox the service runs every job in. ``niceness``: the
+    workers' (and so the tools'), None for this process's own."""
     sandbox = None if args.sandbox == "off" else "strict"
     if sandbox is not None and not sandbox_support().available:
         # Failing every job would be a service that answers nothing but
@@ -145,7 +147,7 @@ def service(args: argparse.Namespace, token: Optional[str], place: Optional[Plac
     disk = disk_options(args.disk_mb, args.disk_budget_mb, Limits(processes=args.processes),
                         jobs_at_once=args.max_in_flight or default_max_in_flight())
     with ExecPool(workers=args.workers, python=args.python, preload=preload, non_dumpable=True,
-                  sandbox=sandbox, **disk) as pool:
+                  sandbox=sandbox, niceness=niceness, **disk) as pool:
         limits, by_cgroup = _tenant_limits(pool, args.memory_mb)
         defaults = Defaults(timeout=args.timeout, max_timeout=args.max_timeout, warm=args.warm,
                             network=args.network, limits=limits, memory_by_cgroup=by_cgroup)
