@@ -31,7 +31,6 @@ The last line of stdout is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys

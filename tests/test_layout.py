@@ -163,6 +163,18 @@ def test_every_benchmark_imports_what_it_uses():
     subprocess.run([sys.executable, "-c", code, *names], check=True, timeout=120, cwd=os.path.dirname(PACKAGE))
 
 
+def test_the_code_names_only_what_it_defines_or_imports():
+    """A test's ``except psutil.Error`` without ``import psutil`` waited for
+    the rare run that reached it, to fail there with a NameError: the
+    package passes the project's whole lint, the tests, the benchmarks
+    and the docs' hooks pyflakes' checks."""
+    root = os.path.dirname(PACKAGE)
+    for args in (["execpool"], ["--select", "F", "tests", "benchmarks", "docs"]):
+        linted = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format", "concise", *args],
+                                cwd=root, capture_output=True, text=True, timeout=120)
+        assert linted.returncode == 0, linted.stdout + linted.stderr
+
+
 def test_a_worker_loads_only_its_folder_the_tools_and_the_shared_one():
     """What a worker process imports: it starts tools, so it has their code."""
     loaded = _loaded_by("execpool.worker.event_loop")

@@ -106,14 +106,16 @@ class Endpoint:
         ended, leave = anyio.Event(), anyio.Event()
         scope[ENDED] = ended
         self._exchanges.add(leave)
-        status = []
 
         async def sent(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                status.append(message["status"])
+            if message["type"] == "http.response.start" and message["status"] < 300:
                 given = _header(message, SESSION_HEADER)
-                if given is not None and message["status"] < 300:
+                if given is not None:
                     self._given.setdefault(given, time.monotonic())
+                if scope.get("method") == "DELETE":
+                    # Answered once its workspace is gone: a client that
+                    # opens the next at once finds the room this one held.
+                    await self._end(_header(scope, SESSION_HEADER))
             await send(message)
 
         try:
@@ -121,8 +123,6 @@ class Endpoint:
         finally:
             ended.set()
             self._exchanges.discard(leave)
-        if scope.get("method") == "DELETE" and status and status[0] < 300:
-            await self._end(_header(scope, SESSION_HEADER))
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:

@@ -42,13 +42,17 @@ class DiskBudget:
     """``total`` bytes, handed out to tenants as they start and taken back
     as they end. Tenants that may live for hours -- sessions, workspaces --
     never hold its last ``kept`` bytes: jobs, which wait for room, must
-    find some, or a client's idle sessions would hold every job back."""
+    find some, or a client's idle sessions would hold every job back. Jobs
+    fill that reserve first: jobs in flight leave the lasting tenants their
+    room as long as they fit in it (the service's own checks, outside its
+    --max-in-flight, once left a new server room for one MCP client)."""
 
     def __init__(self, total: int, kept: int = 0) -> None:
         self.total = total
         self.kept = kept
         self._lock = threading.Lock()
         self._taken = 0
+        self._lasting = 0
         self._waiting: Deque[_Waiting] = collections.deque()
         self._closed = False
 
@@ -83,12 +87,15 @@ class DiskBudget:
         return waiting
 
     def try_acquire(self, size: int) -> bool:
-        """``size`` taken now if it fits now beside what is kept for jobs
-        (no waiting): a session's, a workspace's."""
+        """``size`` taken now, for a lasting tenant (a session, a
+        workspace), if it fits now beside the other lasting ones and what
+        is kept for jobs, and beside the jobs alive; no waiting. Given back
+        with ``release(size, lasting=True)``."""
         with self._lock:
-            if self._waiting or self._taken + size > self.total - self.kept:
+            if self._waiting or self._lasting + size > self.total - self.kept or self._taken + size > self.total:
                 return False
             self._taken += size
+            self._lasting += size
             return True
 
     def leave(self, token: object) -> bool:
@@ -101,10 +108,12 @@ class DiskBudget:
         self._admit()
         return True
 
-    def release(self, size: int) -> None:
+    def release(self, size: int, *, lasting: bool = False) -> None:
         if size:
             with self._lock:
                 self._taken -= size
+                if lasting:
+                    self._lasting -= size
             self._admit()
 
     def _admit(self) -> None:
@@ -128,4 +137,5 @@ class DiskBudget:
     def describe(self) -> str:
         with self._lock:
             return (f"{self._taken} of {self.total} bytes are held by the spaces of sandboxed jobs and sessions "
-                    f"alive, and sessions and workspaces leave the last {self.kept} to jobs")
+                    f"alive, {self._lasting} of them by sessions and workspaces, which leave the last {self.kept} "
+                    "to jobs")

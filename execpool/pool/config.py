@@ -108,8 +108,8 @@ class PoolConfig:
     #: Bytes of ``disk_budget`` that sessions and workspaces, which may
     #: live for hours, leave to jobs: past ``disk_budget - disk_kept_for_jobs``
     #: they are refused (``DiskBudgetError``), so that jobs always find room
-    #: once the jobs before them end. ``execpool serve`` keeps its slots'
-    #: worth (``--max-in-flight`` times ``--disk-mb``).
+    #: once the jobs before them end. Jobs in flight fill it first. ``execpool
+    #: serve`` keeps its slots' worth (``--max-in-flight`` times ``--disk-mb``).
     disk_kept_for_jobs: int = 0
     tool_env: Mapping[str, str] = field(init=False, repr=False, compare=False)
 

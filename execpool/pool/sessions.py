@@ -197,7 +197,7 @@ class Session:
     def _give_back(self) -> None:
         with self._lock:
             size, self._reserved = self._reserved, 0
-        self._engine.disk_budget.release(size)
+        self._engine.disk_budget.release(size, lasting=True)
 
     # -- the caller's calls ------------------------------------------------------
 

@@ -58,7 +58,7 @@ class Workspace:
         try:
             self.worker: "WorkerProcess" = engine.hold_workspace(self.id)
         except BaseException:
-            budget.release(disk or 0)
+            budget.release(disk or 0, lasting=True)
             raise
         self.worker.send(worker_wire.OpenWorkspace(self.id, disk))
 
@@ -106,7 +106,7 @@ class Workspace:
                 return
             self._closed = True
         self._engine.let_go_workspace(self.worker, self.id)
-        self._engine.disk_budget.release(self.disk or 0)
+        self._engine.disk_budget.release(self.disk or 0, lasting=True)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -27,7 +27,7 @@ from ..formats.request import Defaults, Job, JobRequest
 from ..pool.future import JobFuture
 from ..shared.errors import ExecPoolError
 from ..shared.files import File
-from ..shared.jobs import CodeJob, Limits, ShellJob
+from ..shared.jobs import CodeJob, ShellJob
 from ..shared.kernel.cgroups import MEMORY_NEEDS_CGROUP
 from ..shared.result import Result, Status
 from ..supervisor import ExecPool
@@ -82,8 +82,10 @@ def memory_cap_by_cgroup(pool: ExecPool) -> Optional[bool]:
     controller. None when it cannot tell now -- the job could not start
     for want of a process or memory (a tenant may hold them all): taken
     for an answer, that would turn every later client's cap into a mere
-    address-space limit for the service's life."""
-    probe = pool.run(ShellJob("true", timeout=10, limits=Limits(memory=256 << 20)))
+    address-space limit for the service's life. The probe keeps the pool's
+    other limits: its disk bound must fit the pool's disk budget."""
+    limits = dataclasses.replace(pool.config.limits, memory=256 << 20)
+    probe = pool.run(ShellJob("true", timeout=10, limits=limits))
     if probe.status is Status.OK:
         return True
     if MEMORY_NEEDS_CGROUP in (probe.error or ""):

@@ -132,7 +132,7 @@ def test_a_slow_sample_frees_its_batchs_other_seats(sandboxed):
 def test_a_batch_that_says_nothing_of_a_sample_is_judged_again_alone():
     """A batch's judging that failed (no verdict line for the sample) is
     never the sample's verdict: it runs again in a job of its own."""
-    (tag, sample), = [(1, parse_sample({"task_id": "probe", "completion": "    return []\n"}, "s"))]
+    sample = parse_sample({"task_id": "probe", "completion": "    return []\n"}, "s")
     steps = judge(sample, load_problems([PROBE])["probe"], EvalOptions(batch=4))
     (first,) = next(steps)
     assert isinstance(first, JudgeTask) and not first.alone

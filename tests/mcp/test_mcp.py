@@ -102,6 +102,7 @@ class Printed:
 @pytest.fixture(scope="module")
 def server():
     s = Server("--workers", "2", "--max-in-flight", "8", env={"EXECPOOL_TOKEN": TOKEN})
+    s.client.headers["Authorization"] = f"Bearer {TOKEN}"
     yield s
     assert s.stop() == 0
 
@@ -633,6 +634,21 @@ def test_each_http_client_has_a_workspace_of_its_own_and_no_path_on_the_server(s
             return [text(wrote).split(), text(looked).split()]
     wrote, looked = run(main)
     assert wrote == ["/home/user", "mine.txt"] and looked == ["/home/user"], (wrote, looked)
+
+
+def test_a_deleted_http_session_has_ended_its_interpreter_when_the_delete_is_answered(server):
+    """A session's workspace -- its interpreter, its disk bound -- used to
+    end after the DELETE was answered, so a client quick enough found it
+    still held (a whole run's next test was once refused for the disk
+    budget it held)."""
+    async def main() -> List[int]:
+        still_open = []
+        for turn in range(3):
+            async with http(server) as client:
+                assert text(await client.call_tool("python", {"code": f"print({turn})"})) == f"{turn}\n"
+            still_open.append(await anyio.to_thread.run_sync(metric, server, "execpool_sessions_open"))
+        return still_open
+    assert run(main) == [0, 0, 0]
 
 
 @pytest.mark.slow

@@ -156,6 +156,25 @@ def test_sessions_leave_what_is_kept_for_jobs_so_jobs_never_wait_on_idle_session
         ExecPool(disk_budget=8 * MiB, disk_kept_for_jobs=9 * MiB)
 
 
+def test_jobs_in_flight_fill_what_is_kept_for_them_before_the_sessions_room():
+    """A job in flight took its share out of the sessions' room, not out
+    of the reserve kept for jobs: a new server's checks of its languages
+    left room for one MCP client of the four its budget had room for."""
+    with ExecPool(workers=1, sandbox="strict", disk_budget=24 * MiB, disk_kept_for_jobs=8 * MiB,
+                  limits=Limits(disk=8 * MiB)) as small, Gates() as gates:
+        held = small.submit(ShellJob(gates.shell() + "; echo held"))
+        assert wait_for(lambda: small.disk_budget.taken == 8 * MiB, 10.0)
+        with small.session("python") as session, small.workspace() as space:
+            assert small.disk_budget.taken == 24 * MiB
+            with pytest.raises(DiskBudgetError, match="16777216 of them by sessions and workspaces"):
+                small.workspace()
+            assert session.run("1").value == "1"
+            assert space.run(ShellJob("echo in the workspace", timeout=30)).output == "in the workspace\n"
+            gates.open()
+            assert held.result(30).output == "held\n"
+        assert wait_for(lambda: small.disk_budget.taken == 0, 10.0)
+
+
 def test_a_job_that_keeps_its_daemons_keeps_its_share_until_the_pool_closes(doomed):
     """Red team: a job with keep_background gave its share of the budget
     back at its end while its daemon kept its space, memory, alive."""

@@ -14,6 +14,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import psutil
 import pytest
 
 from execpool.formats.request import HTTP_JOB, RUN_CODE

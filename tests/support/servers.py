@@ -76,7 +76,9 @@ def b64(data: bytes) -> str:
 
 def metric(server: Server, name: str) -> float:
     """The value of one of the server's metrics (0 while it has none)."""
-    found = re.search(rf"^{re.escape(name)} (\S+)$", server.client.get("/metrics").text, re.MULTILINE)
+    answer = server.client.get("/metrics")
+    answer.raise_for_status()  # a refusal is no metric of 0
+    found = re.search(rf"^{re.escape(name)} (\S+)$", answer.text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
 
 
