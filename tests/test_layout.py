@@ -102,6 +102,17 @@ def _imports(module: str, path: str, typing: bool = True) -> set[str]:
     return found
 
 
+#: The most lines a module of the package may have: past it, it does more
+#: than one job (the eval judge grew to 774 before anyone noticed).
+MAX_MODULE_LINES = 700
+
+
+def test_no_module_is_over_the_most_lines_a_module_may_have():
+    long = {module: n for module, path in _modules().items()
+            if (n := sum(1 for _ in open(path, encoding="utf-8"))) > MAX_MODULE_LINES}
+    assert not long, long
+
+
 def test_every_module_is_in_a_folder_of_its_process():
     modules = _modules()
     top = {os.path.basename(path)[:-3] for path in modules.values() if os.path.dirname(path) == PACKAGE}
