@@ -6,9 +6,12 @@ Run from the repository root::
     python benchmarks/toolchains.py                 # or: python -m benchmarks.toolchains
     python benchmarks/toolchains.py --trials 5
 
-Each trial is a fresh interpreter (``--trial``): the outcomes of the checks
-are kept for the life of a process, so a second pool in the same one would
-list everything at once. In it, a pool in the strict sandbox (as the
+Each trial is a fresh interpreter (``--trial``) with a cache directory of
+its own and empty: the outcomes of the checks are kept for the life of a
+process, and those that ran are recorded for the user's next processes
+(execpool/pool/toolchains.py), so a second pool would list everything at
+once. One more start, after the trials, reads the last trial's record: a
+restart's cost. In each, a pool in the strict sandbox (as the
 service runs jobs) starts; its first ``languages()`` call starts the checks
 -- a hello-world of each language whose toolchain is here, compiled and
 run in the sandbox, two at a time -- and is timed (it must not wait);
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import threading
 import time
 
@@ -36,6 +40,7 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 
 from benchmarks import _common as C
 from execpool import CodeJob, ExecPool, PythonJob
+from execpool.pool.toolchains import CACHE_DIR_ENV
 from execpool.shared.languages import HELLO
 
 FIRST_LISTING_TARGET_MS = 50.0
@@ -89,14 +94,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=3, help="pool starts, each in a fresh interpreter")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--trial", action="store_true", help=argparse.SUPPRESS)  # one trial, in this process
+    parser.add_argument("--trial", metavar="CACHE_DIR", help=argparse.SUPPRESS)  # one trial, in this process
     args = C.parse_args(parser, argv, {"trials": 1})
     if args.trial:
+        os.environ[CACHE_DIR_ENV] = args.trial
         C.emit_json(trial(args.workers))
         return 0
     load_before = C.load()
-    trials = [C.run_child("toolchains", ["--trial", "--workers", str(args.workers)], TRIAL_TIMEOUT_S)
-              for _ in range(args.trials)]
+    with tempfile.TemporaryDirectory(prefix="execpool-bench-toolchains-") as caches:
+        dirs = [os.path.join(caches, str(n)) for n in range(args.trials)]
+        trials = [C.run_child("toolchains", ["--trial", cache, "--workers", str(args.workers)], TRIAL_TIMEOUT_S)
+                  for cache in dirs]
+        recorded = C.run_child("toolchains", ["--trial", dirs[-1], "--workers", str(args.workers)], TRIAL_TIMEOUT_S)
     first_ms = C.median([t["first_listing_ms"] for t in trials])
     known_s = C.median([t["all_known_s"] for t in trials])
     during = C.median([t["job_during_ms_median"] for t in trials])
@@ -112,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     C.print_table("Per pool start", ["trial", "first listing ms", "rows checking then", "all known s",
                                      "jobs during", "job during ms (median)", "job after ms (median)"],
-                  [[n + 1, t["first_listing_ms"], t["checking_at_first"], t["all_known_s"], t["jobs_during"],
-                    t["job_during_ms_median"], t["job_after_ms_median"]] for n, t in enumerate(trials)])
+                  [[n, t["first_listing_ms"], t["checking_at_first"], t["all_known_s"], t["jobs_during"],
+                    t["job_during_ms_median"], t["job_after_ms_median"]]
+                   for n, t in [*enumerate(trials, 1), ("after a recorded one", recorded)]])
     C.print_table("Languages", ["language", "runs", "why not"],
                   [[name, True, ""] for name in trials[-1]["runs"]]
                   + [[name, False, why] for name, why in trials[-1]["why_not"].items()])
@@ -124,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         "workers": args.workers,
         "first_listing_ms_median": first_ms,
         "all_known_s_median": known_s,
+        "recorded": recorded,
+        "all_known_s_recorded": recorded["all_known_s"],
         "runs": trials[-1]["runs"],
         "machine": C.machine(),
         "load": {"before": load_before, "after": C.load()},

@@ -2,12 +2,28 @@
 tools, processes a test must not leave, and the check that a module left
 nothing behind."""
 
+import os
+import shutil
+import tempfile
+
 import psutil
 import pytest
 
 from execpool import ExecPool
+from execpool.pool.toolchains import CACHE_DIR_ENV
 from tests.support.helpers import SPAWN_PARAMS, runs_here, wait_for
 from tests.support.leftovers import LEFTOVER_GRACE_S, nothing_left_behind
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _checks_recorded_for_this_run():
+    """The record of the languages' checks (execpool/pool/toolchains.py) is
+    this run's, in every pool and server it starts: the first server's
+    checks serve the rest, and the user's own record is neither read nor
+    written."""
+    os.environ[CACHE_DIR_ENV] = cache = tempfile.mkdtemp(prefix="execpool-tests-cache-")
+    yield
+    shutil.rmtree(cache, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

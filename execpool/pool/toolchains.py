@@ -24,16 +24,33 @@ is known, and a CodeJob of a language being checked runs as it would have.
 A check the machine failed -- the pool closed under it, a timeout, out of
 memory or processes (``MACHINE_FAILURE``) -- is not kept: the row says so
 and the next listing checks it again.
+
+A hello-world that ran is also written down for the user's next processes
+(``RECORD_FILE`` in the user's cache directory, for ``RECORD_KEPT_S``): a
+round of checks compiles with every JVM compiler on the machine, about
+twenty CPU-seconds, which every start of ``execpool serve`` paid again.
+The record holds only digests of what a check depended on (see
+``CodeJobs.check_key``) and when it ran: the row listed is always the one
+probed now, so a record someone else wrote can make a language listed
+that does not run (its jobs then fail as they would), never change how
+a job runs. A failed check is not written down: the next process checks
+it again, in case the toolchain was mended.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
+import os
 import shlex
+import tempfile
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from importlib import metadata
 from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Tuple, Union
 
 from ..shared import languages as table
@@ -64,10 +81,87 @@ _outcomes: Dict[tuple, table.Toolchain] = {}
 _outcomes_lock = threading.Lock()
 
 
+#: Where the record of hello-worlds that ran is kept: this variable's
+#: directory, else the user's cache directory (XDG's).
+CACHE_DIR_ENV = "EXECPOOL_CACHE_DIR"
+RECORD_FILE = "toolchains.json"
+#: How long a record is believed: a toolchain that broke without its
+#: version changing is found out within a day.
+RECORD_KEPT_S = 24 * 3600.0
+
+
 def known(key: tuple) -> Optional[table.Toolchain]:
-    """The checked row for ``key`` (``CodeJobs.check_key``), if checked."""
+    """The checked row for ``key`` (``CodeJobs.check_key``), if checked:
+    in this process, or, where it ran, by one before it."""
     with _outcomes_lock:
-        return _outcomes.get(key)
+        found = _outcomes.get(key)
+    if found is None and _digest(key) in _recorded():
+        found = dataclasses.replace(key[1], checking=False)
+        with _outcomes_lock:
+            _outcomes.setdefault(key, found)
+    return found
+
+
+def keep(key: tuple, outcome: table.Toolchain) -> None:
+    """``outcome`` kept for the process, and written down where it ran."""
+    with _outcomes_lock:
+        _outcomes[key] = outcome
+    if outcome.runs:
+        _record(_digest(key))
+
+
+def cache_dir() -> str:
+    chosen = os.environ.get(CACHE_DIR_ENV)
+    if chosen:
+        return chosen
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "execpool")
+
+
+def _digest(key: tuple) -> str:
+    """What the outcome depended on, and this release of execpool's way of
+    checking, as one digest."""
+    try:
+        release = metadata.version("execpool")
+    except metadata.PackageNotFoundError:
+        release = "?"
+    return hashlib.sha256(f"{release}\n{key!r}".encode()).hexdigest()
+
+
+def _recorded() -> Dict[str, float]:
+    """The record's digests still believed, with when each ran; empty
+    where there is none or it cannot be read as one."""
+    try:
+        with open(os.path.join(cache_dir(), RECORD_FILE), encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    now = time.time()
+    return {digest: at for digest, at in record.items()
+            if isinstance(digest, str) and type(at) is float and now - RECORD_KEPT_S < at <= now}
+
+
+def _record(digest: str) -> None:
+    """Add ``digest`` to the record, replacing the file whole: a reader
+    never sees half of one, and of two writers at once the last wins (what
+    the other wrote is checked again next time). Nothing where the cache
+    directory cannot be written."""
+    directory = cache_dir()
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        record = {**_recorded(), digest: time.time()}
+        fd, temporary = tempfile.mkstemp(prefix=".toolchains-", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(record, f)
+            os.replace(temporary, os.path.join(directory, RECORD_FILE))
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    except OSError as exc:
+        logger.debug("execpool: the languages' checks are not recorded in %s: %s", directory, exc)
 
 
 class Checks:
@@ -181,8 +275,7 @@ class Checks:
         """A check's outcome: the row, kept for the process when it says
         something about the toolchain rather than the machine."""
         if lasting:
-            with _outcomes_lock:
-                _outcomes[key] = outcome
+            keep(key, outcome)
         self._set(outcome)
         with self._lock:
             counted = self._round  # else the pool closed, and the round was ended with it

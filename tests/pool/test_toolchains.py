@@ -15,6 +15,7 @@ in for a tool that works outside the sandbox and not inside it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -316,6 +317,75 @@ def test_a_pool_lists_at_once_what_another_with_its_sandbox_checked():
     with ExecPool(workers=1, sandbox="strict") as pool:
         first = pool.languages()
     assert not any(row.checking for row in first) and {row.name: row.runs for row in first} == truth
+
+
+#: A process with a pool of its own whose tools' PATH has a perl of its
+#: own and nothing else: the languages that run once every row is known,
+#: and how many jobs (hello-worlds) the pool ran to know them.
+CHECKED_IN_A_PROCESS = """
+import json, sys
+from execpool import ExecPool
+with ExecPool(workers=1, sandbox="strict", env={"PATH": sys.argv[1]}) as pool:
+    runs = sorted(row.name for row in pool.languages(wait=True) if row.runs)
+    print(json.dumps([runs, pool.stats().jobs_total]))
+"""
+
+
+def _checked_in_a_process(cache: str, tools: str) -> list:
+    done = subprocess.run([sys.executable, "-c", CHECKED_IN_A_PROCESS, tools], capture_output=True, text=True,
+                          timeout=180, env={**os.environ, toolchains.CACHE_DIR_ENV: cache})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_process_knows_at_once_what_one_before_it_checked(private_home, tmp_path):
+    """Each start of ``execpool serve`` compiled every language's hello-world
+    again: about twenty CPU-seconds, with every JVM compiler. What ran is
+    recorded for the user's next processes; a record that cannot be read
+    as one is not believed."""
+    tools = os.path.join(private_home, "bin")
+    os.mkdir(tools)
+    shutil.copy2(os.path.realpath(PERL), os.path.join(tools, "perl"))
+    cache = str(tmp_path / "cache")
+    runs, checks = _checked_in_a_process(cache, tools)
+    assert "perl" in runs and checks >= 1, (runs, checks)
+    assert _checked_in_a_process(cache, tools) == [runs, 0]
+    record = os.path.join(cache, toolchains.RECORD_FILE)
+    assert oct(os.stat(cache).st_mode & 0o777) == "0o700" and oct(os.stat(record).st_mode & 0o777) == "0o600"
+    with open(record, "w") as f:
+        f.write("{not json")
+    assert _checked_in_a_process(cache, tools) == [runs, checks]
+
+
+def test_a_record_is_believed_for_a_day_and_only_for_what_it_names(tmp_path, monkeypatch):
+    monkeypatch.setenv(toolchains.CACHE_DIR_ENV, str(tmp_path))
+    row = table.TABLE[0]
+    ran = table.Toolchain(row.name, True, row.compiles, "a version", None, checking=True)
+    key = (row, ran, "/usr/bin:/bin", "a sandbox", "some limits")
+    toolchains.keep(key, dataclasses.replace(ran, checking=False))
+    monkeypatch.setattr(toolchains, "_outcomes", {})
+    assert toolchains.known(key) == dataclasses.replace(ran, checking=False)
+    assert toolchains.known((*key[:4], "other limits")) is None
+    path = tmp_path / toolchains.RECORD_FILE
+    written = path.read_text()
+    failed = dataclasses.replace(ran, runs=False, why_not="a hello-world failed", checking=False)
+    toolchains.keep((*key[:4], "failing limits"), failed)
+    assert path.read_text() == written, "a failed check was recorded"
+    monkeypatch.setattr(toolchains, "_outcomes", {})
+    path.write_text(json.dumps({digest: at - toolchains.RECORD_KEPT_S - 1
+                                for digest, at in json.loads(written).items()}))
+    assert toolchains.known(key) is None
+
+
+def test_a_cache_directory_that_cannot_be_written_records_nothing_and_fails_nothing(tmp_path, monkeypatch):
+    blocked = tmp_path / "a file, not a directory"
+    blocked.write_text("")
+    monkeypatch.setenv(toolchains.CACHE_DIR_ENV, str(blocked / "cache"))
+    row = table.TABLE[0]
+    ran = table.Toolchain(row.name, True, row.compiles, "a version", None)
+    toolchains.keep((row, ran, "", "", ""), ran)
+    assert blocked.read_text() == ""
 
 
 @pytest.mark.slow
