@@ -417,8 +417,8 @@ async def handed_over():
     left.future.cancel()
     router._fulfill_next_pending_request(a, left.metadata)
     assert not waiting.future.done(), "A went to the request pinned to B"
-    assert not router._pending_requests_to_fulfill or all(
-        request is to_a or request is waiting for request in router._pending_requests_to_fulfill)
+    # What was handed over (or left) is out of the queue: only the waiting are in it.
+    assert [id(request) for request in router._pending_requests_to_fulfill] == [id(to_a), id(waiting)]
 
 asyncio.run(handed_over())
 print("router: OK", flush=True)
