@@ -45,7 +45,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import re
 from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple
 
 import ray
@@ -78,9 +77,6 @@ DESCRIBE_TIMEOUT_S = 5.0
 #: The key a replica puts in the ASGI scope of a request it was passed: its
 #: session's replica is gone when the request reaches another.
 _PASSED = "execpool.passed_on"
-
-#: ``/v1/sessions/{id}`` and what follows it.
-_SESSION_PATH = re.compile(r"^/v1/sessions/([^/]+)(?:/(?:run|stream|fork))?$")
 
 #: What an ASGI scope carries between replicas (the rest is the server's).
 _SCOPE_KEYS = ("type", "asgi", "http_version", "method", "scheme", "path", "raw_path", "root_path",
@@ -253,14 +249,14 @@ class _Pinned:
         if path == "/v1/sessions" and method == "GET" and not scope.get(_PASSED):
             await send_json(send, 200, await self._all_sessions(scope))
             return
-        match = _SESSION_PATH.match(path)
+        match = routing.SESSION_PATH.match(path)
         if match is None or "." not in match.group(1) or match.group(1).startswith(f"{self.service.name}."):
             await self.app(scope, receive, send)
             return
         name = routing.owner(match.group(1))
         seen = routing.replicas(self.service._app_name, self.service._deployment)
         if scope.get(_PASSED) or (seen is not None and name not in {known for known, _ in seen}):
-            await send_json(send, 404, {"detail": _left(name)})
+            await send_json(send, 404, {"detail": routing.left(name)})
             return
         body = await self._body(receive, send, scope)
         if body is not None:
@@ -308,7 +304,7 @@ class _Pinned:
         except ray.exceptions.RayError:
             if started:
                 raise
-            await send_json(send, 404, {"detail": _left(routing.owner(ident))})
+            await send_json(send, 404, {"detail": routing.left(routing.owner(ident))})
         finally:
             answer.cancel()
 
@@ -384,11 +380,6 @@ async def send_json(send: Callable, status: int, obj: Any) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
-
-
-def _left(name: str) -> str:
-    return (f"no such session: its replica ({name}) is gone from the cluster -- its node left the cluster, or the "
-            "service was redeployed")
 
 
 def app(options: Optional[Mapping[str, Any]] = None, /, **more: Any) -> Any:
