@@ -399,6 +399,19 @@ def sessions(server):
 
 
 @pytest.mark.slow
+def test_the_controls_stay_put_as_languages_arrive(ui):
+    """The menu grew with each language listed, moving the switch beside it:
+    a click made as a listing came in (a loaded machine) landed where the
+    switch had been, and Keep state stayed off."""
+    before = ui.keep_state.bounding_box()
+    ui.page.evaluate("""() => {
+        const option = document.createElement("option");
+        option.value = option.textContent = "a_language_with_a_long_name";
+        document.getElementById("language").appendChild(option);
+    }""")
+    assert ui.keep_state.bounding_box() == before
+
+
 def test_keep_state_runs_python_cells_in_one_session_and_off_runs_jobs(ui, sessions):
     expect(ui.keep_state).not_to_be_checked()
     ui.keep_state.check()
