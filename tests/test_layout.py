@@ -36,8 +36,9 @@ ALLOWED = {
     # Scoring samples (execpool eval): jobs through the pool's public submit.
     "eval": {"pool", "formats", "shared"},
     "agent": {"pool", "shared"},
-    # The service on Ray: each replica is the app of `execpool serve`, made from its parsed options.
-    "ray": {"pool", "shared", "serve", "cli"},
+    # The service on Ray: each replica is the app of `execpool serve`, made from its parsed options;
+    # the proxies' router answers a lost replica's requests in the service's formats.
+    "ray": {"pool", "shared", "serve", "cli", "formats"},
     "serve": {"pool", "formats", "shared", "mcp", "eval"},
     "mcp": {"pool", "agent", "shared"},
     "cli": {"pool", "formats", "shared", "ray", "serve", "mcp", "eval"},
