@@ -26,14 +26,17 @@ hello-world (execpool/pool/toolchains.py).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import errno
 import os
 import re
 import shutil
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, replace
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from .kernel.sandbox import beneath_system, homes, too_wide
 
@@ -314,6 +317,24 @@ _TRANSIENT_ERRNOS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.E
 _probed: Dict[Tuple[Language, str], Toolchain] = {}
 _probe_lock = threading.Lock()
 
+#: Whether the caller of the probes in this context has stopped wanting
+#: them (see ``given_up_when``).
+_given_up: contextvars.ContextVar[Callable[[], bool]] = contextvars.ContextVar("given_up", default=lambda: False)
+#: How often a probe under way looks at whether its caller gave up.
+_GIVE_UP_POLL_S = 0.05
+
+
+@contextlib.contextmanager
+def given_up_when(predicate: Callable[[], bool]) -> Iterator[None]:
+    """Probes made in this block are killed once ``predicate`` says so, and
+    say so (asked again next time): a closing pool waited for a JVM's
+    version, seconds under load, before ``execpool serve`` could exit."""
+    token = _given_up.set(predicate)
+    try:
+        yield
+    finally:
+        _given_up.reset(token)
+
 
 class _Transient(Exception):
     """A probe the machine failed (out of processes, memory, time): said
@@ -359,16 +380,28 @@ def _said(language: Language, argv: Tuple[str, ...], path: str) -> str:
         return _Transient(Toolchain(language.name, False, language.compiles, None,
                                     f"{why}; asked again on the next listing"))
 
+    given_up = _given_up.get()
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=VERSION_TIMEOUT_S,
-                              env={"PATH": path, "LC_ALL": "C.UTF-8"}, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise transient(f"{argv[0]} did not answer within {VERSION_TIMEOUT_S:g} s") from None
+        done = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+                                env={"PATH": path, "LC_ALL": "C.UTF-8"}, stdin=subprocess.DEVNULL)
     except OSError as exc:
         if exc.errno in _TRANSIENT_ERRNOS:
             raise transient(f"{argv[0]} could not start: {exc.strerror}") from None
         raise ValueError(f"{argv[0]} could not start: {exc}") from None
-    said = (done.stdout + done.stderr).strip()
+    deadline = time.monotonic() + VERSION_TIMEOUT_S
+    with done:
+        while True:
+            try:
+                stdout, stderr = done.communicate(timeout=_GIVE_UP_POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                late, unwanted = time.monotonic() > deadline, given_up()
+                if late or unwanted:
+                    done.kill()
+                    done.communicate()
+                    raise transient(f"{argv[0]} did not answer within {VERSION_TIMEOUT_S:g} s" if late
+                                    else f"asking {argv[0]} was given up") from None
+    said = (stdout + stderr).strip()
     if done.returncode != 0:
         failed = f"{' '.join(argv)} failed (exit {done.returncode}): {' '.join(said.split())[:200]}"
         if MACHINE_FAILURE.search(said):

@@ -23,18 +23,14 @@ import pytest
 from execpool import CodeJob, ExecPool, Result, ShellJob, Status, languages
 from execpool.shared import languages as table
 from tests.support.helpers import IN_CI, language_cases, needs, run_as_nobody, toolchains, wait_for
-from tests.support.programs import BROKEN, CRASH_EXIT, PROGRAMS, SLOW, TEST_RUNNERS, slow_to_compile
+from tests.support.programs import BROKEN, CRASH_EXIT, PROGRAMS, TEST_RUNNERS, slow_to_compile
 
 #: SandboxFusion's language names (its sandbox/runners), and the two added.
 SANDBOX_FUSION_NAMES = ("python", "pytest", "cpp", "go", "go_test", "java", "junit", "nodejs", "typescript", "jest",
                         "php", "csharp", "bash", "sql", "rust", "lua", "R", "perl", "D_ut", "ruby", "scala", "julia",
                         "kotlin_script", "verilog", "lean", "swift", "racket")
 
-def _cases(names, heavy=SLOW):
-    return language_cases(names, heavy)
-
-
-LANGUAGES = _cases(PROGRAMS)
+LANGUAGES = language_cases(PROGRAMS)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +90,7 @@ def test_a_bad_code_job_is_refused_where_it_is_built(kwargs, message):
     assert str(caught.value).startswith(message)
 
 
-@pytest.mark.parametrize("language", _cases(PROGRAMS, heavy=()))
+@pytest.mark.parametrize("language", LANGUAGES)
 def test_hello_in_unicode_from_stdin(pool, language):
     result = pool.run(CodeJob(language, PROGRAMS[language], stdin="wörld\n", timeout=30, separate_stderr=True))
     assert result.status is Status.OK, result.text
@@ -121,7 +117,7 @@ def test_a_runtime_error(pool, language):
 HANG_TIMEOUT_S = {"kotlin_script": 20.0, "scala": 8.0, "racket": 6.0, "java": 6.0, "junit": 6.0, "csharp": 6.0}
 
 
-@pytest.mark.parametrize("language", _cases(PROGRAMS, heavy=set(HANG_TIMEOUT_S)))
+@pytest.mark.parametrize("language", LANGUAGES)
 def test_a_tree_that_ignores_sigterm_dies_at_the_timeout(pool, language):
     result = pool.run(CodeJob(language, PROGRAMS[language], stdin="hang\n",
                               timeout=HANG_TIMEOUT_S.get(language, 1.5), separate_stderr=True))
@@ -147,7 +143,7 @@ int main(void) {
     assert wait_for(lambda: not os.path.exists(f"/proc/{daemon}"), 5)
 
 
-@pytest.mark.parametrize("language", _cases(sorted(BROKEN)))
+@pytest.mark.parametrize("language", language_cases(sorted(BROKEN)))
 def test_a_compile_error_is_the_compile_s_and_nothing_runs(pool, language):
     result = pool.run(CodeJob(language, BROKEN[language], timeout=30))
     assert result.status is Status.ERROR and result.compile_status is Status.ERROR
@@ -158,7 +154,7 @@ def test_a_compile_error_is_the_compile_s_and_nothing_runs(pool, language):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("language", _cases(sorted(TEST_RUNNERS)))
+@pytest.mark.parametrize("language", language_cases(sorted(TEST_RUNNERS)))
 def test_a_test_runner_passes_and_fails(pool, language):
     code, passed, failed = TEST_RUNNERS[language]
     good = pool.run(CodeJob(language, code.replace("WANT", "2"), timeout=60, separate_stderr=True))

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.support.helpers import language_cases, toolchains, wait_for
-from tests.support.programs import CRASH_EXIT, PROGRAMS, SLOW, TEST_RUNNERS, slow_to_compile
+from tests.support.programs import CRASH_EXIT, PROGRAMS, TEST_RUNNERS, slow_to_compile
 from tests.support.servers import Server, b64, metric
 
 RUNS_HERE = {name for name, row in toolchains().items() if row.runs}
@@ -144,7 +144,7 @@ CLIENT_NAMES = set(PROGRAMS) - {"c", "javascript"}
 
 
 def _each(names):
-    return language_cases(sorted(names), SLOW)
+    return language_cases(sorted(names))
 
 
 @pytest.mark.parametrize("language", _each(CLIENT_NAMES))

@@ -412,6 +412,7 @@ def test_the_controls_stay_put_as_languages_arrive(ui):
     assert ui.keep_state.bounding_box() == before
 
 
+@pytest.mark.slow
 def test_keep_state_runs_python_cells_in_one_session_and_off_runs_jobs(ui, sessions):
     expect(ui.keep_state).not_to_be_checked()
     ui.keep_state.check()

@@ -344,11 +344,18 @@ def toolchains() -> dict:
     return {row.name: row for row in languages()}
 
 
-def language_cases(names: Iterable[str], heavy: Iterable[str] = ()) -> list:
+#: The languages whose cases stay in the fast tier: an interpreter, the
+#: shell, a compiler under both the names it is asked by. Every other row
+#: of the table is as much code of execpool's (its row), and its cases run
+#: in the whole suite, which CI runs.
+FAST_LANGUAGES = frozenset({"python", "bash", "c", "cpp"})
+
+
+def language_cases(names: Iterable[str]) -> list:
     """``names`` as test parameters, each needing its language
-    (``toolchain``); ``heavy`` ones marked slow."""
-    heavy = set(heavy)
-    return [pytest.param(name, marks=[pytest.mark.toolchain(name), *([pytest.mark.slow] if name in heavy else [])])
+    (``toolchain``), and slow unless in FAST_LANGUAGES."""
+    return [pytest.param(name, marks=[pytest.mark.toolchain(name),
+                                      *([] if name in FAST_LANGUAGES else [pytest.mark.slow])])
             for name in names]
 
 

@@ -205,9 +205,6 @@ BROKEN = {"c": "int main(void) { return }\n", "cpp": "int main() { undeclared();
           "verilog": "module tb; initial begin $display(; end endmodule\n",
           "junit": "public class MyTest { void f( }\n", "csharp": "class P { static void Main() { x = ; } }\n"}
 
-#: Languages whose every start costs seconds here (a JVM that compiles a
-#: script, a big runtime): only the slow tier runs all their cases.
-SLOW = {"scala", "kotlin_script", "racket"}
 
 #: Test runners: a passing and a failing test, and how each ends.
 TEST_RUNNERS = {

@@ -272,6 +272,7 @@ int main(int argc, char **argv) {
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("environment", ["cleared", "marked"])
 def test_a_cancel_sweeps_until_a_hopping_daemon_is_gone(tmp_path, environment):
     """Red team: one pass of the cancel's kill missed processes that fork

@@ -72,6 +72,17 @@ CORPUS = {
 }
 
 
+#: The programs whose every comparison stays in the fast tier: there, the
+#: rest of the corpus is compared once, warm against cold (the whole suite
+#: compares each every way).
+FAST_CORPUS = frozenset({"print", "unicode", "traceback", "exit_int", "stdin", "segfault"})
+
+
+def _corpus(fast) -> list:
+    """The corpus's names as parameters, slow unless in ``fast``."""
+    return [pytest.param(name, marks=[] if name in fast else [pytest.mark.slow]) for name in sorted(CORPUS)]
+
+
 def normalized(result) -> tuple:
     """Each run's file has a name of its own; nothing else may differ."""
     return (re.sub(r"\.execpool-\w+\.py", "JOB.py", result.output),
@@ -84,7 +95,7 @@ def warm_pool():
         yield pool
 
 
-@pytest.mark.parametrize("name", sorted(CORPUS))
+@pytest.mark.parametrize("name", _corpus(set(CORPUS) - {"huge_output"}))
 def test_warm_output_is_byte_identical_to_cold(warm_pool, name, tmp_path):
     code = CORPUS[name]
     cold = warm_pool.run(PythonJob(code, cwd=str(tmp_path), stdin="line one\nline two\n"))
@@ -107,7 +118,7 @@ def test_warm_differs_from_cold_in_stack_depth_alone_as_documented(warm_pool):
     assert 0 < cold[1] - warm[1] <= 16 and 0 < warm[2] - cold[2] <= 16, (cold, warm)
 
 
-@pytest.mark.parametrize("name", sorted(CORPUS))
+@pytest.mark.parametrize("name", _corpus(FAST_CORPUS))
 def test_warm_output_is_byte_identical_to_cold_in_the_sandbox(warm_pool, name):
     """The service's default: strict, each job in a private directory of
     its own (no ``cwd``)."""
@@ -120,7 +131,7 @@ def test_warm_output_is_byte_identical_to_cold_in_the_sandbox(warm_pool, name):
     assert (warm.output_chars, warm.output_bytes) == (cold.output_chars, cold.output_bytes)
 
 
-@pytest.mark.parametrize("name", sorted(CORPUS))
+@pytest.mark.parametrize("name", _corpus(FAST_CORPUS))
 def test_warm_streams_kept_apart_are_byte_identical_to_cold(warm_pool, name, tmp_path):
     """With ``separate_stderr`` a spare's fd 2 is a pipe of its own, as a
     cold start's is: tracebacks, ``SystemExit`` messages and stderr prints
@@ -144,7 +155,7 @@ def spare_pool():
         yield pool
 
 
-@pytest.mark.parametrize("name", sorted(CORPUS))
+@pytest.mark.parametrize("name", _corpus(FAST_CORPUS))
 def test_warm_output_in_a_spare_is_byte_identical_to_cold(warm_pool, spare_pool, name, tmp_path):
     code = CORPUS[name]
     parked = {spare.pid for spare in _parked_spares(spare_pool)}
