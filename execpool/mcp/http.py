@@ -45,13 +45,16 @@ from ..supervisor import ExecPool
 from .calls import Claim, Outcome, Runner, Workspace
 from .catalog import Catalog
 from .server import Busy, Context, create_server
-from .settings import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_TIMEOUT_S, DEFAULT_TIMEOUT_S
+from .settings import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_TIMEOUT_S,
+    DEFAULT_TIMEOUT_S,
+    SESSION_HEADER,
+)
 
 #: The ASGI scope key of an exchange's end (an ``anyio.Event``), for the call it carries.
 ENDED = "execpool.mcp.ended"
-
-#: The header that names a client's MCP session.
-SESSION_HEADER = "mcp-session-id"
 
 #: A slot for one call, given the time its request arrived (``time.monotonic``,
 #: or None); raises ``execpool.mcp.server.Busy`` when there is none to give.

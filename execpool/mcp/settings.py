@@ -26,6 +26,9 @@ DEFAULT_MAX_BODY_BYTES = 4 << 20
 #: server stops waiting (the kill itself is the pool's, and at once).
 CANCEL_WAIT_S = 5.0
 
+#: The header that names a client's MCP session over HTTP.
+SESSION_HEADER = "mcp-session-id"
+
 #: What the server says its name is in the MCP handshake.
 SERVER_NAME = "execpool"
 

@@ -27,7 +27,9 @@ accepts it, and after a second of waiting sends it anywhere -- to a
 replica that does not hold the session. Nor its two-choices router's
 handing out of replicas (``SessionRouter._fulfill_next_pending_request``
 says why). Replica names and nodes seen here are kept for ``replicas()``:
-what ``GET /v1/cluster`` asks.
+what ``GET /v1/cluster`` asks; and every name ever seen, for ``heard()``:
+an ``Mcp-Session-Id`` that begins with none of them is one a client made
+up, not one of a replica that went.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import json
 import pickle
 import random
 import re
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ray.exceptions import RayActorError
 from ray.serve._private.common import DeploymentHandleSource, RequestMetadata, RunningReplicaInfo
@@ -52,6 +54,9 @@ from ..shared.result import Result, Status
 #: The replicas each deployment's routers in this process last heard of:
 #: (name, node id), by ``app#deployment``.
 _SEEN: Dict[str, List[Tuple[str, str]]] = {}
+
+#: The name of every replica they ever heard of, gone ones too.
+_HEARD: Dict[str, Set[str]] = {}
 
 
 def owner(key: str) -> str:
@@ -72,6 +77,12 @@ def replicas(app: str, deployment: str) -> Optional[List[Tuple[str, str]]]:
     return None if seen is None else list(seen)
 
 
+def heard(app: str, deployment: str) -> Set[str]:
+    """The names of the deployment's replicas this process's routers ever
+    heard of, those gone included."""
+    return set(_HEARD.get(f"{app}#{deployment}", ()))
+
+
 class SessionRouter(PowerOfTwoChoicesRequestRouter):
     """The deployment's ``request_router_class`` (see the module docstring)."""
 
@@ -85,8 +96,10 @@ class SessionRouter(PowerOfTwoChoicesRequestRouter):
         # Through the module as this process imports it: Ray Serve sends
         # this class to each process by value, with globals of its own
         # (and a proxy has not imported the module at all).
-        importlib.import_module(__name__)._SEEN[f"{self._deployment_id.app_name}#{self._deployment_id.name}"] = [
-            (replica.replica_id.unique_id, replica.node_id) for replica in replicas]
+        module = importlib.import_module(__name__)
+        key = f"{self._deployment_id.app_name}#{self._deployment_id.name}"
+        module._SEEN[key] = [(replica.replica_id.unique_id, replica.node_id) for replica in replicas]
+        module._HEARD.setdefault(key, set()).update(replica.replica_id.unique_id for replica in replicas)
 
     async def choose_replicas(self, candidate_replicas: List[RunningReplica],
                               pending_request: Optional[PendingRequest] = None) -> List[List[RunningReplica]]:

@@ -19,7 +19,8 @@ A replica is the same app as ``execpool serve``'s, made by the same code
 means what it means there, per replica: admission (503/504), limits,
 auth, sessions. What it adds is a name -- Ray Serve's for the replica --
 which fills SandboxFusion's ``executor_pod_name`` and begins every session
-id it gives, and ``_Pinned`` before its routes: a request for a session of
+id it gives (``/v1/sessions``' and, in the ``Mcp-Session-Id`` header,
+``/mcp``'s), and ``_Pinned`` before its routes: a request for a session of
 another replica is passed on to that one (``forward``, through a handle
 pinned by the router) and its answer streamed back; one for a session
 whose replica is gone is a 404 saying its node left the cluster.
@@ -45,15 +46,17 @@ import argparse
 import asyncio
 import contextlib
 import json
-from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 import ray
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
+from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 
 from ..cli.main import serve_options
+from ..mcp.settings import SESSION_HEADER
 from ..serve.app import Place
 from ..serve.command import checked, service
 from ..serve.settings import default_max_in_flight
@@ -77,6 +80,9 @@ DESCRIBE_TIMEOUT_S = 5.0
 #: The key a replica puts in the ASGI scope of a request it was passed: its
 #: session's replica is gone when the request reaches another.
 _PASSED = "execpool.passed_on"
+
+#: The MCP session's header as ASGI names it.
+_SESSION_KEY = SESSION_HEADER.encode()
 
 #: What an ASGI scope carries between replicas (the rest is the server's).
 _SCOPE_KEYS = ("type", "asgi", "http_version", "method", "scheme", "path", "raw_path", "root_path",
@@ -164,6 +170,11 @@ class Service:
             seen = routing.replicas(self._app_name, self._deployment) or []
         return seen
 
+    async def heard(self) -> Set[str]:
+        """The name of every replica the routers here heard of, gone ones too."""
+        await self.known()
+        return routing.heard(self._app_name, self._deployment)
+
     async def cluster(self) -> Dict[str, Any]:
         """Every replica, as the routers here know them, each asked apart."""
         seen = await self.known()
@@ -229,8 +240,9 @@ class Service:
 
 class _Pinned:
     """Between the guard and the routes of each replica's app: a request
-    for another replica's session is passed on to it; ``GET /v1/cluster``
-    and ``GET /v1/sessions`` are answered for the whole cluster."""
+    for another replica's session (of ``/v1/sessions`` or ``/mcp``) is
+    passed on to it; ``GET /v1/cluster`` and ``GET /v1/sessions`` are
+    answered for the whole cluster."""
 
     def __init__(self, app: Callable, service: Service, max_body_bytes: int, read_timeout: float) -> None:
         self.app = app
@@ -249,18 +261,52 @@ class _Pinned:
         if path == "/v1/sessions" and method == "GET" and not scope.get(_PASSED):
             await send_json(send, 200, await self._all_sessions(scope))
             return
+        if path == "/mcp":
+            await self._mcp(scope, receive, send)
+            return
         match = routing.SESSION_PATH.match(path)
         if match is None or "." not in match.group(1) or match.group(1).startswith(f"{self.service.name}."):
             await self.app(scope, receive, send)
             return
-        name = routing.owner(match.group(1))
+        await self._elsewhere(match.group(1), scope, receive, send, _no_session)
+
+    async def _mcp(self, scope: Dict[str, Any], receive: Callable, send: Callable) -> None:
+        """``/mcp``, whose sessions the MCP SDK names in a header: each id
+        it gives out leaves as ``NAME.<the SDK's id>`` and comes back in
+        without ``NAME.``, so the SDK (and the endpoint's workspaces) see
+        their own ids, and a session's requests find its replica as those
+        of ``/v1/sessions`` do. An id that names no replica ever heard of
+        (one a client of the sessionless protocol made up) goes to the SDK
+        as it is."""
+        ident = Headers(scope=scope).get(SESSION_HEADER)
+        mine = f"{self.service.name}."
+        if ident is not None and ident.startswith(mine):
+            scope = {**scope, "headers": [(key, value[len(mine):] if key == _SESSION_KEY else value)
+                                          for key, value in scope["headers"]]}
+        elif ident is not None and "." in ident and routing.owner(ident) in await self.service.heard():
+            await self._elsewhere(ident, scope, receive, send, _no_mcp_session)
+            return
+
+        async def named(message: Dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [
+                    (key, mine.encode() + value if key.lower() == _SESSION_KEY else value)
+                    for key, value in message.get("headers", ())]}
+            await send(message)
+        await self.app(scope, receive, named)
+
+    async def _elsewhere(self, ident: str, scope: Dict[str, Any], receive: Callable, send: Callable,
+                         refuse: Callable[[Callable, str], Awaitable[None]]) -> None:
+        """A request for session ``ident`` of another replica, passed on to
+        it; ``refuse(send, detail)`` answers it when that replica is gone."""
+        name = routing.owner(ident)
         seen = routing.replicas(self.service._app_name, self.service._deployment)
         if scope.get(_PASSED) or (seen is not None and name not in {known for known, _ in seen}):
-            await send_json(send, 404, {"detail": routing.left(name)})
+            await refuse(send, routing.left(name))
             return
         body = await self._body(receive, send, scope)
         if body is not None:
-            await self._pass_on(match.group(1), scope, body, send)
+            await self._pass_on(ident, scope, body, send, refuse)
 
     async def _body(self, receive: Callable, send: Callable, scope: Dict[str, Any]) -> Optional[bytes]:
         """The request's body under the app's own limits (413, 408)."""
@@ -291,7 +337,8 @@ class _Pinned:
             return None
         return b"".join(chunks)
 
-    async def _pass_on(self, ident: str, scope: Dict[str, Any], body: bytes, send: Callable) -> None:
+    async def _pass_on(self, ident: str, scope: Dict[str, Any], body: bytes, send: Callable,
+                       refuse: Callable[[Callable, str], Awaitable[None]]) -> None:
         """The request on the session's replica, its answer sent as it comes."""
         call = self.service.own.options(multiplexed_model_id=ident, stream=True)
         answer = call.forward.remote(_portable(scope), body)
@@ -304,7 +351,7 @@ class _Pinned:
         except ray.exceptions.RayError:
             if started:
                 raise
-            await send_json(send, 404, {"detail": routing.left(routing.owner(ident))})
+            await refuse(send, routing.left(routing.owner(ident)))
         finally:
             answer.cancel()
 
@@ -368,6 +415,16 @@ async def _asgi_call(asgi: Callable, scope: Dict[str, Any], body: bytes) -> Asyn
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(task), 5.0)
             task.cancel()
+
+
+async def _no_session(send: Callable, detail: str) -> None:
+    await send_json(send, 404, {"detail": detail})
+
+
+async def _no_mcp_session(send: Callable, detail: str) -> None:
+    """404, as the MCP SDK answers an id it does not know (the client then
+    opens a new session): a JSON-RPC error, "Invalid Request"."""
+    await send_json(send, 404, {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": detail}})
 
 
 def _portable(scope: Dict[str, Any]) -> Dict[str, Any]:

@@ -29,7 +29,7 @@ from execpool.mcp.stdio import LINE_LIMIT
 from execpool.tools import MAX_OUTPUT_CHARS
 from tests.support.helpers import REPO, Gates, all_dead, pids_in, remember, wait_for
 from tests.support.hostile import SETSID_DAEMON
-from tests.support.servers import DEADLINE_S, Server, metric, raw, read_all
+from tests.support.servers import DEADLINE_S, Server, metric, raw, read_all, sessionless_call
 
 TOKEN = "mcp-test-token"
 
@@ -593,32 +593,13 @@ def test_http_mcp_bodies_follow_the_service_s_size_and_time_limits():
         assert s.stop() == 0
 
 
-def _sessionless_call(server, code: str, session_id: str) -> dict:
-    """A tools/call of the sessionless protocol revision (2026-07-28): no
-    handshake, and a ``Mcp-Session-Id`` header the client made up."""
-    version = "2026-07-28"
-    headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {TOKEN}",
-               "mcp-protocol-version": version, "mcp-method": "tools/call", "mcp-name": "python",
-               "mcp-session-id": session_id}
-    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-            "params": {"name": "python", "arguments": {"code": code},
-                       "_meta": {"io.modelcontextprotocol/protocolVersion": version,
-                                 "io.modelcontextprotocol/clientCapabilities": {}}}}
-    answer = httpx.post(server.url + "/mcp", json=body, headers=headers, timeout=DEADLINE_S)
-    assert answer.status_code == 200, answer.text
-    lines = [line[5:] for line in answer.text.splitlines() if line.startswith("data:")]
-    messages = [json.loads(line) for line in lines] if lines else [answer.json()]
-    (result,) = [message["result"] for message in messages if "result" in message]
-    return result
-
-
 def test_http_a_made_up_session_id_keeps_no_interpreter(server):
     """An id the server never gave out names no lasting workspace: each such
     call gets a fresh interpreter, closed after it (made-up ids once kept an
     interpreter each, past --max-sessions, until their idle timeout)."""
     made_up = "made-up-" + secrets.token_hex(8)
-    assert _sessionless_call(server, "kept = 1", made_up)["isError"] is False
-    second = _sessionless_call(server, "kept", made_up)
+    assert sessionless_call(server.url, "kept = 1", made_up, TOKEN)["isError"] is False
+    second = sessionless_call(server.url, "kept", made_up, TOKEN)
     assert second["isError"] is True and "NameError" in second["content"][0]["text"]
 
 

@@ -18,12 +18,15 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List
 
+import anyio
 import httpx
+import httpx2
 import psutil
 import pytest
 
 from tests.support.helpers import wait_for
 from tests.support.leftovers import nothing_left_behind
+from tests.support.servers import sessionless_call
 
 pytest.importorskip("ray.serve")
 
@@ -301,6 +304,105 @@ def test_sessions_stay_on_their_replica_under_load_on_both_nodes(service, cluste
         assert gone.status_code == 404 and "no such session" in gone.json()["detail"], gone.text
 
 
+def _mcp_post(entry: str, on: str, message: dict, session: str | None = None) -> httpx.Response:
+    """One JSON-RPC message to ``/mcp`` through ``entry``'s proxy, to replica ``on``."""
+    headers = {"Accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-11-25",
+               "serve_multiplexed_model_id": f"{on}."}
+    if session is not None:
+        headers["mcp-session-id"] = session
+    return httpx.post(f"{entry}/mcp", json=message, headers=headers, timeout=60)
+
+
+class _Crossing(httpx2.AsyncBaseTransport):
+    """The transport of one MCP client whose requests go, in turn, through
+    each node's proxy to each replica (Ray Serve's header names the replica:
+    the proxy's two choices would spread them, but by chance): half of
+    them reach the replica that does not hold the client's session, and
+    its GET (the stream of the server's messages) always does. It keeps
+    the session id the service gave, and what each request was answered."""
+
+    def __init__(self, routes: List[tuple], start: int) -> None:
+        self.inner = httpx2.AsyncHTTPTransport()
+        self.names = sorted({name for _, name in routes})
+        self.turns = itertools.islice(itertools.cycle(routes), start, None)
+        self.met: set = set()
+        self.answered: List[tuple] = []  # (method, status)
+        self.session = ""
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        proxy, name = next(self.turns)
+        if request.method == "GET":
+            name = next(other for other in self.names if other != self.session.split(".")[0])
+        request.url = request.url.copy_with(port=httpx2.URL(proxy).port)
+        request.headers["serve_multiplexed_model_id"] = f"{name}."
+        self.met.add((proxy, name))
+        answer = await self.inner.handle_async_request(request)
+        self.answered.append((request.method, answer.status_code))
+        self.session = answer.headers.get("mcp-session-id", self.session)
+        return answer
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_mcp_sessions_stay_on_their_replica_through_both_nodes(service, cluster):
+    """Two MCP clients (the SDK's), each keeping Python state across its
+    calls, every call through the next of both proxies and both replicas:
+    each session lives on the replica its handshake reached, its requests
+    reaching it wherever they enter, and its DELETE ends it there. The
+    sessionless protocol revision's calls (a made-up id, a workspace per
+    call) are served wherever they land."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    names = sorted(replica["replica"] for replica in service.cluster_view())
+    assert len(names) == 2, names
+    proxies = [service.url, f"http://127.0.0.1:{cluster.worker_proxy_port}"]
+    routes = list(itertools.product(proxies, names))  # the replica changes at each turn, the proxy every two
+    calls = 8
+
+    async def client(start: int, mark: str) -> tuple:
+        crossing = _Crossing(routes, start)
+        printed = []
+        async with httpx2.AsyncClient(transport=crossing, timeout=120) as http, \
+                streamable_http_client(f"{service.url}/mcp", http_client=http) as streams, \
+                ClientSession(streams[0], streams[1]) as session:
+            await session.initialize()
+            opened = crossing.session
+            assert not (await session.call_tool("python", {"code": f"mine = {mark!r}; n = 0"})).is_error
+            for _ in range(calls):
+                printed.append((await session.call_tool("python", {"code": "n += 1; print(mine, n)"})).content[0].text)
+        return opened, printed, crossing
+
+    async def both() -> list:
+        found: list = [None, None]
+
+        async def one(index: int) -> None:
+            found[index] = await client(index, "AB"[index])
+        with anyio.fail_after(600):
+            async with anyio.create_task_group() as tasks:
+                for index in range(2):
+                    tasks.start_soon(one, index)
+        return found
+
+    for (opened, printed, crossing), mark, name in zip(anyio.run(both), "AB", names, strict=True):
+        assert opened.split(".")[0] == name, (opened, name)
+        assert printed == [f"{mark} {n}\n" for n in range(1, calls + 1)], printed
+        assert crossing.met == set(routes), crossing.met
+        assert all(status < 300 for _, status in crossing.answered), crossing.answered
+        assert {"GET", "DELETE"} <= {method for method, _ in crossing.answered}, crossing.answered
+        # Its DELETE (the client's, on leaving) reached its replica: the id is unknown everywhere.
+        for proxy, through in routes:
+            gone = _mcp_post(proxy, through, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, opened)
+            assert gone.status_code == 404, (proxy, through, gone.text)
+    made_up = "made.up-" + os.urandom(8).hex()  # a dot, as in the service's own ids
+    for proxy, through in routes:
+        on = {"serve_multiplexed_model_id": f"{through}."}
+        assert sessionless_call(proxy, "kept = 1", made_up, headers=on)["isError"] is False
+        second = sessionless_call(proxy, "kept", made_up, headers=on)
+        assert second["isError"] is True and "NameError" in second["content"][0]["text"], second
+
+
 #: A caller on the cluster, in a process of its own (a Ray driver keeps
 #: threads and connections until its process ends): the handle API.
 HANDLE_CALLER = """
@@ -444,9 +546,10 @@ def test_a_node_killed_mid_load_loses_only_its_own(service, cluster):
     where it was Ray Serve's proxy's bare 500; what came in through the lost
     node's own proxy loses its connection; everything else is served on the
     other node, its sessions kept, and nothing of the lost replica's pool is
-    left. Requests are pinned to a replica by Ray Serve's header, and enter
-    through the node chosen: which replica and proxy each meets is the
-    test's, not chance's."""
+    left; an MCP session of the lost node answers 404, a JSON-RPC error
+    saying why. Requests are pinned to a replica by Ray Serve's header, and
+    enter through the node chosen: which replica and proxy each meets is
+    the test's, not chance's."""
     url = service.url
     lost_url = f"http://127.0.0.1:{cluster.worker_proxy_port}"  # the doomed node's proxy
     held = _open_on_both(url, 2)
@@ -466,6 +569,10 @@ def test_a_node_killed_mid_load_loses_only_its_own(service, cluster):
             return exc
 
     doomed_session = held[doomed_name][0]
+    doomed_mcp = _mcp_post(url, doomed_name, {
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    }).headers["mcp-session-id"]
     long, short = "import time; time.sleep(60)", "import time; time.sleep(3)"
     calls = {  # what, and the replica's jobs in flight it makes
         "lost run_code": (url, doomed_name, "/run_code", {"code": long, "language": "python"}),
@@ -503,6 +610,8 @@ def test_a_node_killed_mid_load_loses_only_its_own(service, cluster):
     for ident in held[doomed_name]:
         gone = httpx.post(f"{url}/v1/sessions/{ident}/run", json={"code": "1"}, timeout=60)
         assert gone.status_code == 404 and "left the cluster" in gone.json()["detail"], gone.text
+    gone = _mcp_post(url, kept_name, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, doomed_mcp)
+    assert gone.status_code == 404 and "left the cluster" in gone.json()["error"]["message"], gone.text
     for ident in held[kept_name]:
         ran = httpx.post(f"{url}/v1/sessions/{ident}/run", json={"code": "print(3)"}, timeout=60).json()
         assert ran["stdout"] == "3\n"

@@ -4,6 +4,7 @@ share: a raw socket to it, its metrics, how a tool process is told apart."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import signal
@@ -68,6 +69,28 @@ class Server:
             self.proc.stdout.close()
             self.logged = self.log()
             self.stderr.close()
+
+
+def sessionless_call(url: str, code: str, session_id: str, token: str | None = None,
+                     headers: dict | None = None) -> dict:
+    """A tools/call to ``url``'s ``/mcp`` of the sessionless protocol
+    revision (2026-07-28): no handshake, and a ``Mcp-Session-Id`` header
+    the client made up; its result."""
+    version = "2026-07-28"
+    sent = {"Accept": "application/json, text/event-stream", "mcp-protocol-version": version,
+            "mcp-method": "tools/call", "mcp-name": "python", "mcp-session-id": session_id, **(headers or {})}
+    if token is not None:
+        sent["Authorization"] = f"Bearer {token}"
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "python", "arguments": {"code": code},
+                       "_meta": {"io.modelcontextprotocol/protocolVersion": version,
+                                 "io.modelcontextprotocol/clientCapabilities": {}}}}
+    answer = httpx.post(url + "/mcp", json=body, headers=sent, timeout=DEADLINE_S * 3)
+    assert answer.status_code == 200, answer.text
+    lines = [line[5:] for line in answer.text.splitlines() if line.startswith("data:")]
+    messages = [json.loads(line) for line in lines] if lines else [answer.json()]
+    (result,) = [message["result"] for message in messages if "result" in message]
+    return result
 
 
 def b64(data: bytes) -> str:
