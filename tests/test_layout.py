@@ -37,8 +37,9 @@ ALLOWED = {
     "eval": {"pool", "formats", "shared"},
     "agent": {"pool", "shared"},
     # The service on Ray: each replica is the app of `execpool serve`, made from its parsed options;
-    # the proxies' router answers a lost replica's requests in the service's formats.
-    "ray": {"pool", "shared", "serve", "cli", "formats"},
+    # the proxies' router answers a lost replica's requests in the service's formats; the replicas
+    # pass an MCP session's requests on by the header that names it.
+    "ray": {"pool", "shared", "serve", "cli", "formats", "mcp"},
     "serve": {"pool", "formats", "shared", "mcp", "eval"},
     "mcp": {"pool", "agent", "shared"},
     "cli": {"pool", "formats", "shared", "ray", "serve", "mcp", "eval"},
