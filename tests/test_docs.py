@@ -27,7 +27,6 @@ from typing import List
 
 import pytest
 
-pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -115,6 +114,7 @@ def test_the_pages_have_runnable_examples_of_both_kinds():
     assert len({example.page for example in EXAMPLES}) >= 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", EXAMPLES, ids=str)
 def test_a_runnable_example_prints_what_its_page_says(example: Example, tmp_path: Path):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
@@ -142,6 +142,7 @@ def site(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_the_site_builds_strict_with_every_part(site: Path):
     for page in ("index.html", "api/index.html", "service/reference/index.html", "service/openapi/index.html",
                  "service/openapi.json", "operating/index.html", "design/index.html", "benchmarks/index.html"):
@@ -166,6 +167,7 @@ class _Fetched(html.parser.HTMLParser):
             self.urls.append(attrs["href"])
 
 
+@pytest.mark.slow
 def test_the_site_fetches_nothing_from_other_sites(site: Path):
     remote = re.compile(r"^(https?:)?//", re.I)
     fetched = []
@@ -180,6 +182,7 @@ def test_the_site_fetches_nothing_from_other_sites(site: Path):
     assert not fetched, fetched
 
 
+@pytest.mark.slow
 def test_every_metric_the_pages_name_is_one_the_service_has(site: Path):
     reference = (site / "service/reference/index.html").read_text()
     exposed = set(re.findall(r"<code>(execpool_\w+)</code></td>", reference))

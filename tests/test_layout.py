@@ -15,6 +15,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import execpool
 
 PACKAGE = os.path.dirname(os.path.abspath(execpool.__file__))
@@ -167,6 +169,7 @@ def test_every_documented_import_path_still_works():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_every_benchmark_imports_what_it_uses():
     """benchmarks/serve.py imported a constant from where it no longer
     lived, and nothing ran it: each benchmark is at least imported here."""
@@ -276,3 +279,17 @@ def test_the_package_cites_only_files_of_the_repository():
                 missing += [f"{where}: {hit}" for hit in cited.findall(text)
                             if not os.path.exists(os.path.join(root, hit))]
     assert not missing, "\n".join(sorted(set(missing)))
+
+
+@pytest.mark.slow
+def test_every_test_module_keeps_a_test_in_the_fast_tier():
+    """The fast tier exercises every module: a module whose tests all went
+    to the slow tier would break unseen until a whole run."""
+    root = os.path.dirname(PACKAGE)
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "not slow",
+                             "-p", "no:cacheprovider", "tests"], cwd=root, capture_output=True, text=True, timeout=300)
+    fast = {line.split("::", 1)[0] for line in listed.stdout.splitlines() if "::" in line}
+    modules = {os.path.relpath(os.path.join(folder, name), root)
+               for folder, _dirs, files in os.walk(os.path.join(root, "tests"))
+               for name in files if name.startswith("test_") and name.endswith(".py")}
+    assert modules and not modules - fast, sorted(modules - fast)

@@ -490,7 +490,7 @@ def test_error_after_a_tool_round_keeps_the_messages_so_far(fake):
 # --------------------------------------------------------------------------- heartbeats
 
 
-@pytest.mark.parametrize("where", ["before_headers", "before_first_chunk"])
+@pytest.mark.parametrize("where", ["before_headers", pytest.param("before_first_chunk", marks=pytest.mark.slow)])
 def test_heartbeats_while_the_model_is_silent(fake, where):
     reply = text_reply("late")
     if where == "before_headers":

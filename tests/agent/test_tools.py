@@ -154,7 +154,8 @@ def test_exact_result_strings(tool_pool, kind, source, expected):
     assert run_tool(kind, source, tool_pool) == expected
 
 
-@pytest.mark.parametrize("kind, source", [("python", "import time; time.sleep(5)"), ("terminal", "sleep 5")])
+@pytest.mark.parametrize("kind, source", [("python", "import time; time.sleep(5)"),
+                                          pytest.param("terminal", "sleep 5", marks=pytest.mark.slow)])
 def test_timeout_string(tool_pool, kind, source):
     assert run_tool(kind, source, tool_pool, timeout=0.3) == "Execution timed out after 0.3 seconds."
 
@@ -336,7 +337,8 @@ def test_hint_not_added_when_the_habit_path_is_only_printed(tool_pool):
 
 STREAM_CASES = [
     ("python", "print('hello')\nimport sys\nprint('err', file=sys.stderr)\nsys.exit(3)", {}),
-    ("python", "import time\nprint('start', flush=True)\ntime.sleep(5)", {"timeout": 0.3}),
+    pytest.param("python", "import time\nprint('start', flush=True)\ntime.sleep(5)", {"timeout": 0.3},
+                 marks=pytest.mark.slow),
     ("python", "print('x' * 50_000)", {}),
     ("python", "print('z' * 30_000)\nopen('/mnt/data/x.csv')", {}),
     ("python", "open('/mnt/data/out.txt', 'w').write('1')\nprint(open('/mnt/data/out.txt').read())", {}),
@@ -344,7 +346,7 @@ STREAM_CASES = [
     ("python", "", {}),
     ("terminal", "printf 'a\\r\\nb\\rc\\xff'; echo é", {}),
     ("terminal", "ls /mnt/data/x; echo after", {}),
-    ("terminal", "sleep 5", {"timeout": 0.3}),
+    pytest.param("terminal", "sleep 5", {"timeout": 0.3}, marks=pytest.mark.slow),
 ]
 
 

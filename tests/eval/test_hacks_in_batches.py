@@ -45,7 +45,6 @@ def run(pool, samples, batch=8, timeout=3.0):
     return evaluate(pool, samples, PROBLEMS, ks=(1,), options=options, max_in_flight=1)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("batch", [8, 1])
 def test_a_wrong_sample_cannot_make_itself_unscored(pool, batch):
     # Found: the judge imports whatever stdlib module the sample's greeting

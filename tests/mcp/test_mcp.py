@@ -441,9 +441,16 @@ def test_mcp_without_its_extra_says_what_to_install():
 
 
 def _mcp_server_process() -> psutil.Process:
-    """This test's ``execpool mcp`` process (the SDK's client started it)."""
-    (found,) = [child for child in psutil.Process().children()
-                if child.cmdline()[1:4] == ["-m", "execpool", "mcp"]]
+    """This test's ``execpool mcp`` process (the SDK's client started it),
+    among this process's children -- some of which may be zombies whose
+    command line cannot be read (ZombieProcess failed a whole run)."""
+    def command(child: psutil.Process) -> list:
+        try:
+            return child.cmdline()
+        except psutil.Error:
+            return []
+
+    (found,) = [child for child in psutil.Process().children() if command(child)[1:4] == ["-m", "execpool", "mcp"]]
     return found
 
 

@@ -248,7 +248,8 @@ def test_a_stopped_worker_does_not_stall_a_later_timed_job(doomed):
             os.kill(worker, signal.SIGCONT)
 
 
-@pytest.mark.parametrize("idle_watch_s", [0.0, 60.0], ids=["asleep", "still-watching"])
+@pytest.mark.parametrize("idle_watch_s", [0.0, pytest.param(60.0, marks=pytest.mark.slow)],
+                         ids=["asleep", "still-watching"])
 def test_a_job_sent_to_a_stopped_idle_worker_still_times_out(monkeypatch, idle_watch_s):
     """After its last job the dispatcher keeps watching for a while and
     then sleeps until a message comes; a stopped worker sends none, so the

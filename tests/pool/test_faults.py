@@ -397,6 +397,7 @@ NO_DESCRIPTORS_OWNER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_pool_whose_last_worker_cannot_be_replaced_for_a_while_recovers(tmp_path):
     """Red team: a job exhausted the server's descriptors and killed the
     workers; the failed respawn marked the pool broken for good (every later

@@ -117,7 +117,7 @@ def test_a_runtime_error(pool, language):
 HANG_TIMEOUT_S = {"kotlin_script": 20.0, "scala": 8.0, "racket": 6.0, "java": 6.0, "junit": 6.0, "csharp": 6.0}
 
 
-@pytest.mark.parametrize("language", LANGUAGES)
+@pytest.mark.parametrize("language", language_cases(PROGRAMS, fast={"python"}))  # each waits out its timeout
 def test_a_tree_that_ignores_sigterm_dies_at_the_timeout(pool, language):
     result = pool.run(CodeJob(language, PROGRAMS[language], stdin="hang\n",
                               timeout=HANG_TIMEOUT_S.get(language, 1.5), separate_stderr=True))
@@ -127,6 +127,7 @@ def test_a_tree_that_ignores_sigterm_dies_at_the_timeout(pool, language):
     assert wait_for(lambda: not os.path.exists(f"/proc/{shell}"), 5)
 
 
+@pytest.mark.slow
 def test_a_timed_out_tree_that_ignores_sigterm_dies_whole(pool):
     program = r'''#include <signal.h>
 #include <stdio.h>

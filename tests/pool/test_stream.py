@@ -78,6 +78,7 @@ def test_heartbeats_while_silent(pool):
     assert result.exit_code == 0
 
 
+@pytest.mark.slow
 def test_steady_output_resets_heartbeat_pacing(pool):
     """Output every 10 ms for three heartbeat intervals: none is due. (The
     interval leaves room for a loaded machine's scheduling stalls: at 0.1 s

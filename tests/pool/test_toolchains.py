@@ -184,7 +184,7 @@ printf v5.36.0
 """
 
 
-@pytest.mark.parametrize("why", ["busy", "slow"])
+@pytest.mark.parametrize("why", ["busy", pytest.param("slow", marks=pytest.mark.slow)])
 def test_a_probe_the_machine_failed_is_asked_again(private_home, monkeypatch, why):
     """Red team: a version probe that met EAGAIN (or a timeout) under
     process exhaustion was kept for the life of the process, and the

@@ -30,7 +30,7 @@ from tests.support.servers import sessionless_call
 
 pytest.importorskip("ray.serve")
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 EXECPOOL = [sys.executable, "-m", "execpool"]
@@ -190,6 +190,7 @@ def _sf_run(url: str, code: str, attempts: int = 1):
                        max_attempts=attempts, client_timeout=120)
 
 
+@pytest.mark.slow
 def test_the_command_deploys_serves_through_the_proxy_and_leaves_nothing(cluster):
     from sandbox_fusion import RunStatus
 
@@ -217,6 +218,7 @@ def service(cluster):
     assert command.stop(signal.SIGTERM) == 0, "".join(command.lines)
 
 
+@pytest.mark.slow
 def test_every_route_answers_through_the_proxy(service):
     from sandbox_fusion import RunJupyterRequest, RunStatus, run_jupyter
 
@@ -255,6 +257,7 @@ def _open_on_both(url: str, each: int) -> Dict[str, List[str]]:
     raise AssertionError(f"the sessions did not spread over both replicas: {held}")
 
 
+@pytest.mark.slow
 def test_sessions_stay_on_their_replica_under_load_on_both_nodes(service, cluster):
     """Every request for a session reaches its replica, entering through
     either node's proxy in turn, while both replicas run a flood of jobs
@@ -345,6 +348,7 @@ class _Crossing(httpx2.AsyncBaseTransport):
         await self.inner.aclose()
 
 
+@pytest.mark.slow
 def test_mcp_sessions_stay_on_their_replica_through_both_nodes(service, cluster):
     """Two MCP clients (the SDK's), each keeping Python state across its
     calls, every call through the next of both proxies and both replicas:
@@ -439,6 +443,7 @@ print("handle API: OK")
 """
 
 
+@pytest.mark.slow
 def test_jobs_run_at_niceness_zero_not_the_ray_workers(service):
     """A replica is a Ray worker, at niceness 15; its pool's jobs were
     too, until the replicas' pools were given niceness 0 as RayPool's are.
@@ -452,6 +457,7 @@ def test_jobs_run_at_niceness_zero_not_the_ray_workers(service):
         assert answer["executor_pod_name"] == name and answer["run_result"]["stdout"] == "0\n", answer
 
 
+@pytest.mark.slow
 def test_the_handle_api_needs_no_http_and_prefers_the_callers_node(service, cluster):
     held = _open_on_both(service.url, 1)
     done = subprocess.run([sys.executable, "-c", HANDLE_CALLER, cluster.address,
@@ -527,6 +533,7 @@ print("router: OK", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_a_replica_chosen_for_a_request_goes_to_that_request(service, cluster):
     """Ray Serve's two-choices router gave a replica chosen for one request
     to the oldest waiting request, whatever replica that one was pinned to:
@@ -539,6 +546,7 @@ def test_a_replica_chosen_for_a_request_goes_to_that_request(service, cluster):
     assert done.returncode == 0 and "router: OK" in done.stdout, (done.stdout, done.stderr[-2500:])
 
 
+@pytest.mark.slow
 def test_a_node_killed_mid_load_loses_only_its_own(service, cluster):
     """SIGKILL of one node's raylet while both run jobs: what ran there and
     came in through the other node's proxy is answered as clients retry --

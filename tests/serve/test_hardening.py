@@ -267,6 +267,7 @@ def test_an_answer_nobody_reads_holds_its_slot_not_the_servers_memory(tmp_path):
         assert s.stop() == 0
 
 
+@pytest.mark.slow
 def test_env_and_memory_limits_past_their_bounds_are_refused_not_500(server_any):
     s = server_any
     huge_env = {f"K{i}": "v" for i in range(2000)}

@@ -220,6 +220,7 @@ def test_v1_stream_runs_a_language_live(server):
     assert outputs == "héllo live ✓\n" and record["status"] == "ok" and record["compile_status"] == "ok"
 
 
+@pytest.mark.slow
 def test_the_sandbox_fusion_client_runs_compiled_languages(server):
     from sandbox_fusion import RunCodeRequest, RunStatus
     from sandbox_fusion import run_code as sf_run_code

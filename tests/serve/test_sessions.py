@@ -163,6 +163,7 @@ def test_run_jupyter_through_the_sandbox_fusion_client(server):
     assert base64.b64decode(answer.files["out.txt"]) == b"made"
 
 
+@pytest.mark.slow
 def test_run_jupyter_past_its_total_timeout_fails_and_a_cell_timeout_interrupts(server):
     from sandbox_fusion import RunJupyterRequest, RunStatus, run_jupyter
 

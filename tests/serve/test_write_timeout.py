@@ -106,7 +106,6 @@ def _take_the_rest(sock: socket.socket) -> tuple:
     return received, False
 
 
-@pytest.mark.slow
 def test_answers_nobody_reads_are_dropped_and_their_slots_serve_others():
     s = Server("--workers", "2", "--max-in-flight", "2", "--queue-timeout", "0.5",
                "--write-timeout", str(WRITE_TIMEOUT_S))

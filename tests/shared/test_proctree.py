@@ -30,7 +30,7 @@ def tagged():
             pass
 
 
-@pytest.fixture(params=["select", "thread"])
+@pytest.fixture(params=["select", pytest.param("thread", marks=pytest.mark.slow)])
 def reader(request, monkeypatch):
     """Runs a test with the POSIX reader and with the Windows thread reader."""
     if request.param == "thread":

@@ -351,11 +351,11 @@ def toolchains() -> dict:
 FAST_LANGUAGES = frozenset({"python", "bash", "c", "cpp"})
 
 
-def language_cases(names: Iterable[str]) -> list:
+def language_cases(names: Iterable[str], fast: Iterable[str] = FAST_LANGUAGES) -> list:
     """``names`` as test parameters, each needing its language
-    (``toolchain``), and slow unless in FAST_LANGUAGES."""
-    return [pytest.param(name, marks=[pytest.mark.toolchain(name),
-                                      *([] if name in FAST_LANGUAGES else [pytest.mark.slow])])
+    (``toolchain``), and slow unless in ``fast``."""
+    fast = set(fast)
+    return [pytest.param(name, marks=[pytest.mark.toolchain(name), *([] if name in fast else [pytest.mark.slow])])
             for name in names]
 
 

@@ -200,7 +200,7 @@ def test_cancelling_a_running_cell_interrupts_it_and_a_queued_one_never_runs(poo
     py.close()
 
 
-@pytest.mark.parametrize("language", ["python", "bash"])
+@pytest.mark.parametrize("language", ["python", pytest.param("bash", marks=pytest.mark.slow)])
 def test_a_cancelled_cell_takes_what_it_started_and_spares_what_earlier_cells_did(pool, doomed, language):
     """A cancel kills the call's tree as a job's does (SPEC §2), the
     interpreter and what earlier cells left running excepted; a timeout

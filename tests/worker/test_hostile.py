@@ -648,7 +648,16 @@ ESCAPES = {
 }
 
 
-@pytest.mark.parametrize("name", list(ESCAPES))
+#: The escapes the fast tier tries (the whole suite tries each): a new
+#: session, a double fork, a new process group.
+FAST_ESCAPES = {"setsid-swarm-bash", "double-fork-swarm-python", "new-pgid-orphans"}
+
+
+def _escapes(names) -> list:
+    return [pytest.param(name, marks=[] if name in FAST_ESCAPES else [pytest.mark.slow]) for name in names]
+
+
+@pytest.mark.parametrize("name", _escapes(ESCAPES))
 def test_escaped_processes_die_with_their_job_on_a_busy_worker(busy_pool, name):
     result = busy_pool.run(ESCAPES[name])
     assert result.exit_code == 0 and result.error is None, result.text[:300]
@@ -658,7 +667,7 @@ def test_escaped_processes_die_with_their_job_on_a_busy_worker(busy_pool, name):
     assert not leftovers(), describe(leftovers())
 
 
-@pytest.mark.parametrize("name", ["200-background-sleepers", "new-pgid-orphans", "setsid-swarm-bash"])
+@pytest.mark.parametrize("name", _escapes(["200-background-sleepers", "new-pgid-orphans", "setsid-swarm-bash"]))
 def test_escaped_processes_die_at_the_timeout(pool, name):
     job = ESCAPES[name]
     job = type(job)(job.source + ("\nsleep 100\n" if job.kind == "shell" else "\nimport time; time.sleep(100)\n"),
