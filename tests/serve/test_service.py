@@ -459,6 +459,19 @@ def test_files_that_cannot_be_written_or_fetched_are_answered_not_500(server):
 
 
 @pytest.mark.slow
+def test_a_disk_budget_below_the_default_disk_bound_starts_with_the_bound_given():
+    """The server's first job (which asks whether a memory cap can be a
+    cgroup here) took Limits()'s 1 GiB disk bound, not --disk-mb's: with
+    a budget under 1 GiB the server did not start."""
+    s = Server("--workers", "1", "--disk-mb", "64", "--disk-budget-mb", "128")
+    try:
+        answer = s.client.post("/v1/run", json={"shell": "echo fits"}).json()
+        assert answer["output"] == "fits\n", answer
+    finally:
+        assert s.stop() == 0
+
+
+@pytest.mark.slow
 def test_jobs_run_warm_by_default_with_the_interpreter_given(tmp_path):
     """``--python``: the service's jobs run with a runtime of their own,
     warm by default and with ``--cold``; the server keeps its own."""
