@@ -44,8 +44,8 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shlex
-import tempfile
 import threading
 import time
 from collections import deque
@@ -132,7 +132,8 @@ def _recorded() -> Dict[str, float]:
     """The record's digests still believed, with when each ran; empty
     where there is none or it cannot be read as one."""
     try:
-        with open(os.path.join(cache_dir(), RECORD_FILE), encoding="utf-8") as f:
+        fd = os.open(os.path.join(cache_dir(), RECORD_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, encoding="utf-8") as f:
             record = json.load(f)
     except (OSError, ValueError):
         return {}
@@ -146,22 +147,33 @@ def _recorded() -> Dict[str, float]:
 def _record(digest: str) -> None:
     """Add ``digest`` to the record, replacing the file whole: a reader
     never sees half of one, and of two writers at once the last wins (what
-    the other wrote is checked again next time). Nothing where the cache
-    directory cannot be written."""
+    the other wrote is checked again next time). Done through the cache
+    directory's descriptor, no link followed: whoever can swap a name in
+    it for a link leads no write elsewhere. Nothing where the directory
+    cannot be written."""
     directory = cache_dir()
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
+        home = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        logger.debug("execpool: the languages' checks are not recorded in %s: %s", directory, exc)
+        return
+    temporary = f".toolchains-{secrets.token_hex(8)}"
+    try:
         record = {**_recorded(), digest: time.time()}
-        fd, temporary = tempfile.mkstemp(prefix=".toolchains-", dir=directory)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=home)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(record, f)
-            os.replace(temporary, os.path.join(directory, RECORD_FILE))
+            os.replace(temporary, RECORD_FILE, src_dir_fd=home, dst_dir_fd=home)
         except BaseException:
-            os.unlink(temporary)
+            os.unlink(temporary, dir_fd=home)
             raise
     except OSError as exc:
         logger.debug("execpool: the languages' checks are not recorded in %s: %s", directory, exc)
+    finally:
+        os.close(home)
 
 
 class Checks:

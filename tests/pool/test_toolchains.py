@@ -378,6 +378,28 @@ def test_a_record_is_believed_for_a_day_and_only_for_what_it_names(tmp_path, mon
     assert toolchains.known(key) is None
 
 
+def test_the_record_follows_no_link(tmp_path, monkeypatch):
+    """A record that is a link is read as none and replaced, its target
+    untouched; a cache directory that is a link gets nothing."""
+    target = tmp_path / "elsewhere"
+    target.write_text("{}")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / toolchains.RECORD_FILE).symlink_to(target)
+    monkeypatch.setenv(toolchains.CACHE_DIR_ENV, str(cache))
+    row = table.TABLE[0]
+    ran = table.Toolchain(row.name, True, row.compiles, "a version", None)
+    toolchains.keep((row, ran, "", "", ""), ran)
+    assert target.read_text() == "{}" and not (cache / toolchains.RECORD_FILE).is_symlink()
+    assert len(json.loads((cache / toolchains.RECORD_FILE).read_text())) == 1
+    linked = tmp_path / "linked"
+    linked.symlink_to(target.parent / "other", target_is_directory=True)
+    (target.parent / "other").mkdir()
+    monkeypatch.setenv(toolchains.CACHE_DIR_ENV, str(linked))
+    toolchains.keep((row, ran, "", "", "more"), ran)
+    assert list((target.parent / "other").iterdir()) == []
+
+
 def test_a_cache_directory_that_cannot_be_written_records_nothing_and_fails_nothing(tmp_path, monkeypatch):
     blocked = tmp_path / "a file, not a directory"
     blocked.write_text("")
