@@ -190,10 +190,9 @@ class Kernel:
             kind, content = msg["header"]["msg_type"], msg["content"]
             if kind == "stream":
                 setattr(seen, content["name"], getattr(seen, content["name"]) + content["text"])
-                if cell.interrupt_after and cell.interrupt_after in seen.stdout.replace("\r\n", "\n"):  # a pty's
-                    # What interrupt_kernel() does, without its own event loop
-                    # (a second one, in a thread, while this hook runs in the first).
-                    os.kill(self.manager.provisioner.process.pid, signal.SIGINT)
+                if (cell.interrupt_after and cell.interrupt_after in seen.stdout.replace("\r\n", "\n")  # a pty's
+                        and not interrupting.is_alive()):
+                    interrupting.start()
             elif kind in ("display_data", "execute_result"):
                 clear_if_pending()
                 display_id = (content.get("transient") or {}).get("display_id")
@@ -210,7 +209,27 @@ class Kernel:
             elif kind == "error":
                 seen.ename, seen.evalue = content["ename"], content["evalue"]
 
-        reply = self.client.execute_interactive(cell.code, output_hook=hook, allow_stdin=False, timeout=120)
+        answered = threading.Event()
+
+        def interrupt() -> None:
+            """What interrupt_kernel() does, without its own event loop (a
+            second one, in a thread, while the hook runs in the first); and
+            again each second until the cell ends, as a user presses it
+            again: a SIGINT that lands in the kernel's own code rather than
+            the cell's is only logged ("KeyboardInterrupt caught in kernel"),
+            and the cell slept on past the test's timeout once."""
+            while True:
+                os.kill(self.manager.provisioner.process.pid, signal.SIGINT)
+                if answered.wait(1.0):
+                    return
+
+        interrupting = threading.Thread(target=interrupt, name="interrupt-kernel")
+        try:
+            reply = self.client.execute_interactive(cell.code, output_hook=hook, allow_stdin=False, timeout=120)
+        finally:
+            answered.set()
+            if interrupting.is_alive():
+                interrupting.join()
         for payload in reply["content"].get("payload", ()) if notebook else ():
             if payload.get("source") == "page":  # a frontend's pager; a session prints it
                 seen.stdout += payload["data"]["text/plain"] + "\n"
