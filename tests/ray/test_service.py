@@ -572,7 +572,7 @@ def test_a_node_killed_mid_load_loses_only_its_own(service, cluster):
     def call(entry: str, on: str, path: str, body: dict) -> object:
         try:
             return httpx.post(f"{entry}{path}", json=body, headers={"serve_multiplexed_model_id": f"{on}."},
-                              timeout=120)
+                              timeout=600)
         except httpx.TransportError as exc:
             return exc
 
@@ -581,20 +581,34 @@ def test_a_node_killed_mid_load_loses_only_its_own(service, cluster):
         "jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
     }).headers["mcp-session-id"]
-    long, short = "import time; time.sleep(60)", "import time; time.sleep(3)"
-    calls = {  # what, and the replica's jobs in flight it makes
-        "lost run_code": (url, doomed_name, "/run_code", {"code": long, "language": "python"}),
-        "lost v1/run": (url, doomed_name, "/v1/run", {"code": long, "language": "python"}),
-        "lost cell": (url, doomed_name, f"/v1/sessions/{doomed_session}/run", {"code": long}),
-        "kept run_code": (url, kept_name, "/run_code", {"code": short, "language": "python"}),
-        "through the lost proxy": (lost_url, kept_name, "/run_code", {"code": short, "language": "python"}),
+    # The lost replica's three run until the kill ends them, each with a time
+    # limit of its own; the kept replica's two are sent once those three are
+    # in flight, and run long enough to be seen beside them however slowly
+    # the cluster answers. CI once saw the five never in flight at once: the
+    # lost /run_code ended at its default limit (10 s) and the kept ones
+    # (3 s) ended before the lost ones had all begun.
+    long, short = "import time; time.sleep(500)", "import time; time.sleep(20)"
+    doomed_calls = {
+        "lost run_code": (url, doomed_name, "/run_code", {"code": long, "language": "python", "run_timeout": 550}),
+        "lost v1/run": (url, doomed_name, "/v1/run", {"code": long, "language": "python", "timeout": 550}),
+        "lost cell": (url, doomed_name, f"/v1/sessions/{doomed_session}/run", {"code": long, "timeout": 550}),
     }
-    with ThreadPoolExecutor(len(calls)) as clients:
-        running = {what: clients.submit(call, *args) for what, args in calls.items()}
+    kept_calls = {
+        "kept run_code": (url, kept_name, "/run_code", {"code": short, "language": "python", "run_timeout": 60}),
+        "through the lost proxy": (lost_url, kept_name, "/run_code",
+                                   {"code": short, "language": "python", "run_timeout": 60}),
+    }
+    with ThreadPoolExecutor(len(doomed_calls) + len(kept_calls)) as clients:
+        running = {what: clients.submit(call, *args) for what, args in doomed_calls.items()}
 
         def in_flight() -> Dict[str, int]:
             return {replica["replica"]: replica["jobs_in_flight"] or 0 for replica in service.cluster_view()}
-        assert wait_for(lambda: in_flight() == {doomed_name: 3, kept_name: 2}, timeout=60), in_flight()
+
+        def answered() -> Dict[str, object]:
+            return {what: done.result() for what, done in running.items() if done.done()}
+        assert wait_for(lambda: in_flight() == {doomed_name: 3, kept_name: 0}, timeout=120), (in_flight(), answered())
+        running.update({what: clients.submit(call, *args) for what, args in kept_calls.items()})
+        assert wait_for(lambda: in_flight() == {doomed_name: 3, kept_name: 2}, timeout=120), (in_flight(), answered())
         raylet.kill()
         answers = {what: done.result() for what, done in running.items()}
     lost = answers["lost run_code"]
