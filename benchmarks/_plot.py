@@ -51,13 +51,9 @@ def log_scales(ax: Any, x_base: Optional[int] = 10) -> None:
 
 
 @contextlib.contextmanager
-def figure(path: Optional[str], title: str, figures: dict, panels: int = 1) -> Iterator[Sequence[Any]]:
+def figure(path: str, title: str, figures: dict, panels: int = 1) -> Iterator[Sequence[Any]]:
     """Axes for ``panels`` side-by-side plots, saved to ``path`` as a PNG
-    with ``title`` and the machine's caption once the block ends. With no
-    path, the block gets no axes and draws nothing."""
-    if path is None:
-        yield ()
-        return
+    with ``title`` and the machine's caption once the block ends."""
     import matplotlib
     matplotlib.use("Agg")  # no display: a file is all that is wanted
     import matplotlib.pyplot as plt

@@ -226,6 +226,8 @@ def plot(path: str | None, figures: dict) -> None:
     program each time: execpool compiles it once), and the first request's
     latency (a compile where the language compiles), side by side. A side
     that answered any request wrong has no bar there, and an x under it."""
+    if path is None:  # no --plot
+        return
     languages = list(figures["hello"])
     sides = [side for side in _PLOTTED_SIDES if any(side[0] in f for f in figures["hello"].values())]
     with P.figure(path, "Hello world through /run_code, per language", figures, panels=2) as axes:

@@ -719,6 +719,8 @@ def plot(path: str | None, result: dict) -> None:
     """Latency against concurrency, one panel per workload: each side's
     median (solid) and p99 (dashed) per request, SandboxFusion's beside
     execpool's where it was asked."""
+    if path is None:  # no --plot
+        return
     workloads = result["workloads"]
     with P.figure(path, "POST /run_code: latency against concurrency", result, panels=len(workloads)) as axes:
         # The JSON line sorts its keys; the plot keeps the run's order of workloads.

@@ -330,6 +330,8 @@ _PLOTTED_FORKS = (("cgroup", "a cgroup each"), ("no_cgroup", "no cgroup"), ("str
 def plot(path: str | None, figures: dict) -> None:
     """Fork time against what the session holds: ``fork()`` alone, and
     with the copy's first cell, for each kind of session."""
+    if path is None:  # no --plot
+        return
     held = figures["fork_mb"]
     with P.figure(path, "Forking a Python session: time against what it holds", figures, panels=2) as axes:
         for ax, what, title in ((axes[0], "fork", "fork()"),

@@ -705,6 +705,8 @@ def plot(path: Optional[str], figures: dict) -> None:
     """This process's memory at each checkpoint against the time into the
     measured run: RSS as it was and after ``malloc_trim(0)``, and the
     Python heap tracemalloc sees; a leak is a line that climbs."""
+    if path is None:  # no --plot
+        return
     points = figures["rss_checkpoints"]
     seconds = [c["s"] for c in points]
     title = (f"Soak: the caller's memory over {figures['jobs']} mixed jobs at concurrency {figures['concurrency']} "

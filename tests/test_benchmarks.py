@@ -66,6 +66,22 @@ def _positive(*values: object) -> bool:
     return all(isinstance(v, (int, float)) and v > 0 for v in values)
 
 
+def test_a_benchmark_run_without_plot_draws_nothing():
+    """``--plot`` is optional, but the four benchmarks that draw indexed
+    the axes of a figure that was not made, and crashed after their JSON
+    line (``python benchmarks/sessions.py``: IndexError). Each module's
+    ``plot`` is called as its ``main`` calls it with no ``--plot``; the
+    smoke runs above draw with one."""
+    import importlib
+    import pathlib
+
+    drawing = [path.stem for path in sorted(pathlib.Path(BENCHMARKS).glob("*.py"))
+               if "\ndef plot(" in path.read_text(encoding="utf-8")]
+    assert {"languages", "serve", "sessions", "soak"} <= set(drawing)
+    for name in drawing:
+        importlib.import_module(f"benchmarks.{name}").plot(None, {})
+
+
 def test_every_runnable_benchmark_has_a_smoke_test_here():
     """A new benchmark comes with its test below, named after it."""
     runnable = set()
