@@ -208,6 +208,15 @@ def test_serve(tmp_path):
 
 
 @pytest.mark.slow
+def test_session_start():
+    """Its own checkout as the baseline: the child runs from the tree it
+    is given (its CHILD checks where execpool came from)."""
+    figures = benchmark("session_start", "--baseline", REPO)
+    assert set(figures["cpu_ms_per_start"]) == {"ipython", "plain", "baseline"}
+    assert all(len(rounds) == 1 for rounds in figures["cpu_ms_per_start_rounds"].values())
+
+
+@pytest.mark.slow
 def test_sessions(tmp_path):
     figures = plotted("sessions", tmp_path)
     for side in ("execpool", "plain"):  # IPython (where installed, as the test extra has it) and plain Python
