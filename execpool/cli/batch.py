@@ -169,6 +169,7 @@ class _Batch:
         args = self.args
         return {"workers": args.workers or os.cpu_count() or 2, "max_output_chars": args.max_output_chars,
                 "non_dumpable": NON_DUMPABLE, "sandbox": "strict" if args.sandbox else None, "preload": args.preload,
+                "warm_ipython": False,
                 "python": args.python, **disk_options(args.disk_mb, args.disk_budget_mb)}
 
     def _start_pool(self, options: dict) -> tuple:

@@ -79,7 +79,7 @@ def _options(args: argparse.Namespace) -> EvalOptions:
 def _pool(args: argparse.Namespace) -> Tuple[Any, int]:
     workers = args.workers or os.cpu_count() or 2
     options = {"workers": workers, "non_dumpable": NON_DUMPABLE, "sandbox": "strict" if args.sandbox else None,
-               "preload": (JUDGE_MODULE,),
+               "preload": (JUDGE_MODULE,), "warm_ipython": False,
                **disk_options(args.disk_mb, args.disk_budget_mb)}
     if args.ray is None:
         return ExecPool(**options), args.max_in_flight or 2 * workers

@@ -72,6 +72,14 @@ class PoolConfig:
     #: Modules every worker's warm template imports, so that warm jobs
     #: (``PythonJob(warm=True)``) importing them start fast.
     preload: Tuple[str, ...] = ()
+    #: Build IPython's shell in every worker's warm template, where the
+    #: pool's Python has IPython, so that a session speaking it starts in
+    #: milliseconds. False for a pool that opens no IPython session
+    #: (``execpool eval`` and ``execpool batch`` pass it): the template is
+    #: then about half the size, and every warm job, being a copy of it,
+    #: costs less to start and to end (docs/batch/evaluation.md). An
+    #: IPython session still runs there, building its shell as it starts.
+    warm_ipython: bool = True
     #: Make the calling process non-dumpable, so tools running as the same
     #: user cannot read its environment (its secrets) through ``/proc``. It
     #: applies to the whole process and disables its core dumps.
@@ -128,6 +136,7 @@ class PoolConfig:
         checks.integer("warm_spares", self.warm_spares, minimum=0, maximum=MAX_WARM_SPARES)
         checks.flag("non_dumpable", self.non_dumpable)
         checks.flag("cgroups", self.cgroups)
+        checks.flag("warm_ipython", self.warm_ipython)
         if self.niceness is not None:
             checks.integer("niceness", self.niceness, minimum=-20, maximum=19)
         settle(self, "sandbox", pool_sandbox(self.sandbox))

@@ -384,7 +384,8 @@ class Workers:
         worker = WorkerProcess(proc, Connection(to_worker_w, readable=False),
                                Connection(from_worker_r, writable=False), token, jobs_dir, group)
         worker.send(worker_wire.WorkerConfig(
-            token=token, spawn_method=config.spawn_method, preload=config.preload, cgroups=config.cgroups,
+            token=token, spawn_method=config.spawn_method, preload=config.preload,
+            warm_ipython=config.warm_ipython, cgroups=config.cgroups,
             jobs_dir=jobs_dir, warm_spares=config.warm_spares, python=config.python or sys.executable,
         ))
         self._on_change()

@@ -58,6 +58,7 @@ class WorkerConfig:
     token: str  # names the worker's processes, cgroups and job markers
     spawn_method: str  # "vfork" or "fork" (execpool/worker/spawn.py)
     preload: Tuple[str, ...]  # modules the warm template imports
+    warm_ipython: bool  # whether the warm template builds IPython's shell
     cgroups: bool  # whether the worker may create cgroups for its jobs
     jobs_dir: str  # where jobs without a cwd get their private directory
     warm_spares: int  # spares kept parked once warm jobs came

@@ -49,7 +49,7 @@ def unfindable(names: Iterable[str]) -> List[str]:
 def main(argv: list) -> NoReturn:
     """The template's life: set up once, then one spare per request until
     the worker closes its socket."""
-    worker_pid, preload = int(argv[0]), [name for name in argv[1].split(",") if name]
+    worker_pid, preload, ipython = int(argv[0]), [name for name in argv[1].split(",") if name], argv[2] == "ipython"
     try:
         # The worker's socket came as stdin; the template writes nothing.
         sock = socket.socket(fileno=os.dup(0))
@@ -68,10 +68,12 @@ def main(argv: list) -> NoReturn:
         # session's start when each spare imported them -- and shared by
         # every clone.
         importlib.import_module("execpool.tool.python_session")
-        # And IPython, where the pool's Python has it: imported and its
-        # shell built here, once (80 ms), not in each session that speaks it.
+        # And IPython, where the pool's Python has it and the pool wants it
+        # warm: imported and its shell built here, once (80 ms), not in each
+        # session that speaks it.
         try:
-            importlib.import_module("execpool.tool.ipython_shell").prepare()
+            if ipython:
+                importlib.import_module("execpool.tool.ipython_shell").prepare()
         except Exception:  # noqa: BLE001 - no IPython, or a broken one: sessions say so when asked for it
             pass
         spare.rehearse(shell=True)

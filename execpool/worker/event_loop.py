@@ -109,7 +109,8 @@ class Worker:
         self.dirs = JobDirs(config.jobs_dir)
         self.launcher = Launcher(config.token, config.spawn_method, config.cgroups, self.dirs, self._reap, self.sel)
         self.python = config.python
-        self.warm = WarmJobs(self.sel, config.spawn_method, config.python, config.preload, config.warm_spares,
+        self.warm = WarmJobs(self.sel, config.spawn_method, config.python, config.preload, config.warm_ipython,
+                             config.warm_spares,
                              Hooks(started=self.running, failed=self.fail_start,
                                    stopping=lambda: self.stopping, idle_since=lambda: self.idle_since))
         self.tree = Tree(self.pid, self._helpers, self.warm.spares.made)

@@ -271,8 +271,8 @@ def test_a_worker_takes_its_configuration_as_its_first_message_and_nothing_else(
 
     jobs_dir = tmp_path / "jobs"
     jobs_dir.mkdir()
-    config = worker_wire.WorkerConfig(token="abcdef012345", spawn_method="fork", preload=("json",), cgroups=False,
-                                  jobs_dir=str(jobs_dir), warm_spares=0, python=sys.executable)
+    config = worker_wire.WorkerConfig(token="abcdef012345", spawn_method="fork", preload=("json",), warm_ipython=False,
+                                  cgroups=False, jobs_dir=str(jobs_dir), warm_spares=0, python=sys.executable)
     code, got = _bare_worker(config, tmp_path)
     assert isinstance(got, worker_wire.Ready) and got.preload_errors == ()
     start = worker_wire.Start(job_id=1, argv_kind="shell", source="true", cwd=None, env={}, timeout=None,

@@ -200,6 +200,22 @@ def test_warm_spares_option():
             ExecPool(workers=1, warm_spares=bad)
 
 
+def test_warm_ipython_false_keeps_ipython_out_of_warm_jobs_and_sessions_still_speak_it():
+    """``warm_ipython=False`` (what ``execpool eval`` and ``execpool
+    batch`` pass): the template builds no IPython shell, so warm jobs are
+    copies of a smaller process; an IPython session there builds its own."""
+    pytest.importorskip("IPython")
+    probe = PythonJob("import sys; print('IPython' in sys.modules)", warm=True)
+    with ExecPool(workers=1) as warm, ExecPool(workers=1, warm_ipython=False) as lean:
+        assert warm.run(probe).output == "True\n"
+        assert lean.run(probe).output == "False\n"
+        with lean.session("python", ipython=True) as session:
+            ran = session.run("%time x = 1\nx + 1")
+            assert (ran.status, ran.value) == ("ok", "2") and ran.stdout.startswith("CPU times"), ran
+    with pytest.raises(TypeError, match="warm_ipython must be a bool"):
+        ExecPool(workers=1, warm_ipython="no")
+
+
 def test_exit_codes_and_tracebacks(warm_pool):
     assert warm_pool.run(PythonJob(CORPUS["exit_int"], warm=True)).exit_code == 3
     assert warm_pool.run(PythonJob(CORPUS["keyboard_interrupt"], warm=True)).exit_code == -2

@@ -48,9 +48,9 @@ class WarmJobs:
     """The warm jobs waiting for a spare, and the spares they get."""
 
     def __init__(self, sel: selectors.BaseSelector, spawn_method: str, python: str, preload: tuple,
-                 spares_parked: int, hooks: Hooks) -> None:
+                 warm_ipython: bool, spares_parked: int, hooks: Hooks) -> None:
         self.hooks = hooks
-        self.spares = SpareSupply(sel, spawn_method, python, preload, spares_parked, self.serve)
+        self.spares = SpareSupply(sel, spawn_method, python, preload, warm_ipython, spares_parked, self.serve)
         # Oldest first.
         self.waiting: deque[RunningJob] = deque()
 

@@ -85,13 +85,14 @@ class WarmTemplate:
     start-up (tens of milliseconds), once per worker, or again after the
     template died."""
 
-    def __init__(self, spawn_method: str, python: str, preload: tuple) -> None:
+    def __init__(self, spawn_method: str, python: str, preload: tuple, warm_ipython: bool) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             # The pool's interpreter, not necessarily the worker's: a warm
             # job runs with what a cold one would (execpool comes from the
             # worker's PYTHONPATH, which the spare takes off the job's path).
-            argv = [python, "-m", "execpool.tool.template", str(os.getpid()), ",".join(preload)]
+            argv = [python, "-m", "execpool.tool.template", str(os.getpid()), ",".join(preload),
+                    "ipython" if warm_ipython else "no-ipython"]
             env = {"GLIBC_TUNABLES": MALLOC_TUNABLES, **os.environ}
             template = Tool(argv, env, Setup("/", UNLIMITED), stdin_fd=theirs.fileno())
             self.pid, readers = start_tool(template, spawn_method)
@@ -184,12 +185,13 @@ class SpareSupply:
     ``on_change`` is called whenever a spare arrives or one is lost, so the
     worker can hand out waiting jobs and ask for more."""
 
-    def __init__(self, sel: selectors.BaseSelector, spawn_method: str, python: str, preload: tuple, parked: int,
-                 on_change: Callable[[], None]) -> None:
+    def __init__(self, sel: selectors.BaseSelector, spawn_method: str, python: str, preload: tuple,
+                 warm_ipython: bool, parked: int, on_change: Callable[[], None]) -> None:
         self.sel = sel
         self.spawn_method = spawn_method
         self.python = python
         self.preload = preload
+        self.warm_ipython = warm_ipython
         self.target = parked
         self.on_change = on_change
         self.template: Optional[WarmTemplate] = None
@@ -209,7 +211,7 @@ class SpareSupply:
                 self.failures = 0
                 return f"the warm template exited {MAX_TEMPLATE_FAILURES} times before it made a spare"
             try:
-                self.template = WarmTemplate(self.spawn_method, self.python, self.preload)
+                self.template = WarmTemplate(self.spawn_method, self.python, self.preload, self.warm_ipython)
             except OSError as exc:
                 return f"cannot start the warm template: {exc}"
             self.sel.register(self.template.sock, selectors.EVENT_READ, self._on_template)
